@@ -1,0 +1,48 @@
+// Executors on the host: the CPU executor of any Plan (fp32 math, partials and
+// merge exactly as the GPU does them) and the fp64 dense per-query reference.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "treeattn/plan.hpp"
+
+namespace treeattn {
+
+// Pointers to one batch's tensors (host or device memory, per executor), all of
+// the workload's layout.dtype:
+//   q, out: [num_queries, num_qo_heads, head_dim]
+//   k, v:   [num_pages, page_size, num_kv_heads, head_dim]
+struct AttentionArgs {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float scale = 0.f;  // 0: 1/sqrt(head_dim)
+};
+
+float effective_scale(const Workload& w, float scale);
+
+// Host tensors of one batch filled with seeded uniform(-1, 1) values.
+struct HostTensors {
+  DType dtype;
+  std::vector<uint8_t> q, k, v, out;
+  AttentionArgs args(float scale = 0.f);
+};
+HostTensors make_random_inputs(const Workload& w, uint64_t seed);
+
+// Element i of a buffer of type t as float.
+float load_element(const void* data, DType t, int64_t i);
+void store_element(void* data, DType t, int64_t i, float value);
+
+// Runs a validated plan on host tensors; threads = 0: hardware concurrency.
+void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threads = 0);
+
+// fp64 dense attention of every query over its materialised path:
+// result [num_queries, num_qo_heads, head_dim].
+std::vector<double> reference_attention(const Workload& w, const AttentionArgs& a);
+
+// ||out - ref|| / ||ref|| over all elements; NaN/inf in out gives +inf.
+double relative_error(const Workload& w, const void* out, const std::vector<double>& ref);
+
+}  // namespace treeattn

@@ -1,0 +1,116 @@
+// The Plan IR: what every planner produces and every executor consumes.
+// Flat arrays (CSR) that upload to the GPU as they are; see DESIGN.md.
+//
+// A unit is one CTA's work per kv head: a list of KV segments and a set of
+// queries. Its Q tile rows are (its queries) x (the qo heads of one kv head).
+// Each (unit, query) entry carries a bit mask over the unit's segments (bit s:
+// the query sees segment s) and a partial slot: -1 when the query is covered
+// by this unit alone (output written directly, no merge).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+inline constexpr int kMaxSegmentsPerUnit = 64;
+
+// Q tile rows (m) x KV tile tokens (n). The set is fixed at compile time: the
+// CUDA executor instantiates exactly these, and planners pick among them.
+struct TileConfig {
+  int m;
+  int n;
+};
+inline constexpr std::array<TileConfig, 4> kTileConfigs = {{
+    {16, 64}, {32, 64}, {64, 64}, {128, 64},
+}};
+inline constexpr int kMaxTileRows = 128;
+int num_tile_configs();
+// Smallest compiled tile whose m holds `rows`; throws Error if none does.
+int smallest_tile_for_rows(int rows);
+
+// Tokens [begin, end) of a node.
+struct Segment {
+  int32_t node;
+  int32_t begin;
+  int32_t end;
+  int32_t size() const { return end - begin; }
+};
+
+struct Plan {
+  std::string planner;
+
+  // Units (CSR). unit u owns segments[unit_segment_offset[u] .. [u+1]) and the
+  // entries unit_query_offset[u] .. [u+1) of the three parallel arrays below.
+  std::vector<int32_t> unit_segment_offset{0};
+  std::vector<Segment> segments;
+  std::vector<int32_t> unit_query_offset{0};
+  std::vector<int32_t> entry_query;    // query id
+  std::vector<uint64_t> entry_mask;    // bit s: sees segment s of the unit
+  std::vector<int32_t> entry_slot;     // partial slot, -1: write output directly
+  std::vector<uint8_t> unit_tile;      // index into kTileConfigs
+  std::vector<uint8_t> unit_masked;    // 1 when some entry's mask is not full
+
+  // Merge lists (CSR over queries): slots of query q are
+  // query_slots[query_slot_offset[q] .. [q+1]); empty for single-unit queries.
+  std::vector<int32_t> query_slot_offset{0};
+  std::vector<int32_t> query_slots;
+  int32_t num_slots = 0;
+
+  int32_t num_units() const { return static_cast<int32_t>(unit_tile.size()); }
+  int32_t unit_num_segments(int32_t u) const {
+    return unit_segment_offset[u + 1] - unit_segment_offset[u];
+  }
+  int32_t unit_num_queries(int32_t u) const {
+    return unit_query_offset[u + 1] - unit_query_offset[u];
+  }
+};
+
+inline uint64_t full_mask(int num_segments) {
+  return num_segments >= 64 ? ~0ull : ((1ull << num_segments) - 1);
+}
+
+// Builds a Plan unit by unit and derives the slots and merge lists, so that
+// planners only say which segments and queries go together.
+class PlanBuilder {
+ public:
+  PlanBuilder(const Workload& w, std::string planner_name);
+  // Starts a unit; tile < 0 picks the smallest tile that holds its rows at end.
+  void begin_unit(int tile = -1);
+  void add_segment(int32_t node, int32_t begin, int32_t end);
+  // mask defaults to "sees every segment of this unit".
+  void add_query(int32_t query, uint64_t mask = ~0ull);
+  void end_unit();
+  // Assigns partial slots (only queries in more than one unit get them).
+  Plan finish();
+
+ private:
+  const Workload& w_;
+  Plan plan_;
+  int pending_tile_ = -1;
+  bool open_ = false;
+};
+
+struct PlanSummary {
+  std::string planner;
+  int64_t units = 0;
+  int64_t rows = 0;          // sum over units of queries x group size, per kv head
+  int64_t segments = 0;
+  int64_t kv_bytes = 0;      // KV bytes the plan loads (all kv heads)
+  int64_t unique_kv_bytes = 0;
+  int64_t partial_bytes = 0; // partials written + read by the merge
+  int64_t padded_rows = 0;   // tile rows wasted by padding, per kv head
+  int64_t masked_units = 0;
+  int64_t max_unit_tokens = 0;
+};
+PlanSummary summarize(const Workload& w, const Plan& p);
+
+// Checks DESIGN.md's invariants (coverage, capacity, segments <= 64, masks,
+// merge slots); throws Error describing the first violation found.
+void validate_plan(const Workload& w, const Plan& p);
+
+}  // namespace treeattn

@@ -1,0 +1,84 @@
+// The prefix tree of KV tokens and the decode queries attached to it: the
+// input of every planner. A Workload is a tree, its queries, the head shape and
+// the KV pool layout; validate() is the single gate for all of them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "treeattn/types.hpp"
+
+namespace treeattn {
+
+// A run of tokens. Its tokens start at a page boundary; token t lives in page
+// pages[t / page_size] at slot t % page_size; all pages are full except
+// possibly the last. A node may be empty (no tokens, no pages).
+struct Node {
+  int32_t parent = -1;  // -1: a root
+  int32_t num_tokens = 0;
+  std::vector<int32_t> pages;
+};
+
+// A forest in general (several roots are allowed, e.g. PAT's B=2,... specs);
+// builders that need exactly one root check it themselves.
+struct Tree {
+  std::vector<Node> nodes;
+};
+
+// Derived, read-only views of a validated tree, computed once.
+struct TreeIndex {
+  std::vector<int32_t> roots;
+  std::vector<int32_t> child_offset;  // CSR over nodes: children of v are
+  std::vector<int32_t> children;      // children[child_offset[v] .. child_offset[v+1])
+  std::vector<int32_t> bfs_order;     // parents before children
+  std::vector<int32_t> depth;         // roots have depth 0
+  std::vector<int64_t> path_tokens;   // tokens root..v inclusive
+  std::vector<int32_t> subtree_queries;  // queries attached in v's subtree
+
+  // Throws Error on a parent out of range or a cycle.
+  static TreeIndex build(const Tree& tree, const std::vector<int32_t>& query_nodes);
+  int num_children(int32_t v) const { return child_offset[v + 1] - child_offset[v]; }
+};
+
+struct Workload {
+  std::string name;
+  Tree tree;
+  std::vector<int32_t> query_nodes;  // query i attends to the path root..query_nodes[i]
+  HeadConfig heads;
+  KvLayout layout;
+
+  int32_t num_queries() const { return static_cast<int32_t>(query_nodes.size()); }
+  // Nodes on the path root..node, root first.
+  std::vector<int32_t> path(int32_t node) const;
+  int64_t total_tokens() const;  // tokens stored in the tree (each once)
+  // Bytes of one token's K and V over all kv heads.
+  int64_t kv_bytes_per_token() const;
+  int64_t unique_kv_bytes() const { return total_tokens() * kv_bytes_per_token(); }
+
+  // Checks everything a planner or executor relies on; throws Error naming the
+  // field and value: heads, head_dim, page size, parents (range, cycles), page
+  // ids (range, reuse), node length vs page count, query nodes, empty tree,
+  // sizes that overflow the 32-bit row / 64-bit element indexing.
+  void validate() const;
+};
+
+// Hands out page ids for builders. Pages are shuffled (seeded) so that no
+// executor can rely on a node's pages being contiguous in the pool.
+class PageAllocator {
+ public:
+  explicit PageAllocator(int page_size, uint64_t seed = 0x9e3779b97f4a7c15ull)
+      : page_size_(page_size), seed_(seed) {}
+  // Appends a node of `num_tokens` tokens under `parent` to `tree`; returns its id.
+  int32_t add_node(Tree& tree, int32_t parent, int32_t num_tokens);
+  // Renumbers all handed-out pages by a seeded permutation; returns the pool size.
+  int64_t finish(Tree& tree) const;
+  int page_size() const { return page_size_; }
+
+ private:
+  int page_size_;
+  uint64_t seed_;
+  int64_t next_page_ = 0;
+};
+
+}  // namespace treeattn

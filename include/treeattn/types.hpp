@@ -1,0 +1,50 @@
+// Basic vocabulary shared by every layer: errors, element types, head shapes,
+// the paged KV layout. No dependencies beyond the standard library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace treeattn {
+
+// Every bad input raises this; the message names the field and the value.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType : uint8_t { fp16, bf16, fp32 };
+
+size_t dtype_size(DType t);
+std::string_view to_string(DType t);
+DType parse_dtype(std::string_view name);  // "fp16" | "bf16" | "fp32"
+
+// Attention shape. With grouped-query attention qo head h reads kv head
+// h / group_size().
+struct HeadConfig {
+  int num_qo_heads = 32;
+  int num_kv_heads = 8;
+  int head_dim = 128;
+
+  int group_size() const { return num_qo_heads / num_kv_heads; }
+  void validate() const;  // throws Error
+};
+
+// Head dims the executors support (the CUDA kernels are compiled for these).
+bool is_supported_head_dim(int head_dim);
+
+// Storage of the K and V pools: each shaped
+// [num_pages, page_size, num_kv_heads, head_dim] ("NHD"), element type dtype.
+struct KvLayout {
+  int page_size = 16;
+  int64_t num_pages = 0;
+  DType dtype = DType::fp16;
+};
+
+// Parses "32/8" into (32, 8); throws Error naming `field` on bad text.
+HeadConfig parse_heads(std::string_view text, int head_dim);
+
+}  // namespace treeattn

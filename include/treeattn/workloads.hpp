@@ -1,0 +1,82 @@
+// Builders of workloads: the JSON tree format, vLLM-style block tables, the
+// papers' generators, seeded random trees and the recorded real workloads.
+// One spec string names any of them (see docs/formats.md), e.g.
+//   fasttree:N=1,4,16:C=128,32,32     pat:B=1,4,16:L=128,256,1024
+//   fewshot:prompt=4000:branches=32:len=256
+//   random:seed=7:nodes=40           json:FILE
+//   tot:FILE:task=3:iter=200         medusa:FILE:record=0:step=10:prefix=4096
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+// Shape and storage shared by every builder.
+struct WorkloadParams {
+  HeadConfig heads;
+  int page_size = 16;
+  DType dtype = DType::fp16;
+  uint64_t seed = 1;  // page shuffling and random trees
+};
+
+// Parses a spec (above) and builds the workload; the result is validated.
+Workload make_workload(std::string_view spec, const WorkloadParams& p);
+
+struct WorkloadFamily {
+  std::string prefix;   // "fasttree", "pat", ...
+  std::string syntax;   // e.g. "fasttree:N=1,4,16:C=128,32,32"
+  std::string description;
+};
+const std::vector<WorkloadFamily>& workload_families();
+
+// FastTree level spec: level i has N[i] nodes of C[i] tokens, children spread
+// evenly over the previous level's nodes; one query per leaf.
+Workload fasttree_workload(const std::vector<int>& N, const std::vector<int>& C,
+                           const WorkloadParams& p);
+// PAT spec: levels of B[i] nodes of L[i] tokens; the last level is one leaf per
+// query (its own non-shared KV); B[0] > 1 gives several roots.
+Workload pat_workload(const std::vector<int>& B, const std::vector<int>& L,
+                      const WorkloadParams& p);
+// One prompt of `prompt` tokens, `branches` children of `len` tokens, a query per branch.
+Workload fewshot_workload(int prompt, int branches, int len, const WorkloadParams& p);
+
+struct RandomTreeOptions {
+  int max_nodes = 24;
+  int max_tokens = 300;        // per node
+  double empty_node_prob = 0.05;
+  double internal_query_prob = 0.2;  // queries also on internal nodes
+  int max_queries_per_node = 3;
+};
+Workload random_workload(uint64_t seed, const WorkloadParams& p,
+                         const RandomTreeOptions& o = {});
+
+// Tree-of-thoughts replay of ../shared/workloads/*ToT.json: task k at iteration t.
+Workload tot_workload(const std::string& path, int task, int iter, const WorkloadParams& p);
+// Medusa token tree (APPS_tree_size*.json) of a record at a step, on top of a
+// sequence of `prefix` tokens plus the tokens accepted before that step.
+Workload medusa_workload(const std::string& path, int record, int step, int prefix,
+                         const WorkloadParams& p);
+
+// vLLM-style batch: per sequence its block table (page ids) and length.
+// Equal leading page ids are shared prefixes; they become one radix tree
+// (PAT's tree-structure block table). One query per sequence.
+Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables,
+                           const std::vector<int32_t>& seq_lens, int64_t num_pages,
+                           const WorkloadParams& p);
+
+// The same from the JSON block-table format of docs/formats.md
+// ({"block_tables": [[...], ...], "seq_lens": [...], "num_pages": N}).
+Workload block_tables_from_json(std::string_view text, const WorkloadParams& defaults);
+Workload read_block_tables_file(const std::string& path, const WorkloadParams& defaults);
+
+// The JSON tree format of docs/formats.md.
+Workload workload_from_json(std::string_view text, const WorkloadParams& defaults);
+Workload read_workload_file(const std::string& path, const WorkloadParams& defaults);
+std::string workload_to_json(const Workload& w);
+
+}  // namespace treeattn

@@ -1,0 +1,42 @@
+// `treeattn plan`: what each planner does with a workload, as a table or JSON.
+#include <cstdio>
+
+#include "cli/commands.hpp"
+#include "cli/common.hpp"
+
+namespace treeattn::cli {
+
+void add_plan_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "summarise the plans of planners on workloads (validated)");
+  auto o = std::make_shared<CommonOptions>();
+  add_common_options(cmd, *o);
+  cmd->callback([o] {
+    const PlanOptions opt = plan_options(*o);
+    nlohmann::json records = nlohmann::json::array();
+    for (const Workload& w : load_workloads(*o, {})) {
+      if (!o->json)
+        std::printf("%s  (%d queries, %zu nodes, heads %d/%d, d=%d, %s, page %d)\n", w.name.c_str(),
+                    w.num_queries(), w.tree.nodes.size(), w.heads.num_qo_heads, w.heads.num_kv_heads,
+                    w.heads.head_dim, std::string(to_string(w.layout.dtype)).c_str(), w.layout.page_size);
+      if (!o->json)
+        std::printf("  %-12s %7s %8s %9s %12s %9s %12s %8s\n", "planner", "units", "rows", "segments",
+                    "kv_bytes", "x floor", "partials", "padded");
+      for (const std::string& name : selected_planners(*o)) {
+        const Plan p = make_plan(name, w, opt);
+        validate_plan(w, p);
+        const PlanSummary s = summarize(w, p);
+        if (o->json) {
+          records.push_back(summary_json(w, s));
+        } else {
+          std::printf("  %-12s %7lld %8lld %9lld %12s %9.3f %12s %8lld\n", name.c_str(), (long long)s.units,
+                      (long long)s.rows, (long long)s.segments, format_bytes(double(s.kv_bytes)).c_str(),
+                      double(s.kv_bytes) / double(s.unique_kv_bytes), format_bytes(double(s.partial_bytes)).c_str(),
+                      (long long)s.padded_rows);
+        }
+      }
+    }
+    if (o->json) std::printf("%s\n", records.dump(2).c_str());
+  });
+}
+
+}  // namespace treeattn::cli

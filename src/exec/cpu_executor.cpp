@@ -1,0 +1,140 @@
+// The CPU executor: runs any valid Plan with fp32 math, writing partials and
+// merging them exactly as the GPU executor does. It is the no-GPU path of the
+// demo and the second opinion in every GPU test.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "treeattn/executor.hpp"
+#include "treeattn/numeric.hpp"
+
+namespace treeattn {
+
+namespace {
+
+constexpr int kBlock = 32;  // KV tokens converted to fp32 at once, shared by a unit's rows
+
+struct Partials {
+  std::vector<float> o;    // [slot, qo head, head_dim], normalised
+  std::vector<float> lse;  // [slot, qo head], natural log; -inf when nothing was seen
+};
+
+// One unit for one kv head: every row (entry x qo head of the group) streams
+// the unit's segments with an online softmax.
+void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, float scale, int32_t u, int kvh,
+              Partials& part) {
+  const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads, D = w.heads.head_dim;
+  const int g = w.heads.group_size(), ps = w.layout.page_size;
+  const DType t = w.layout.dtype;
+  const int32_t e0 = p.unit_query_offset[u], ne = p.unit_num_queries(u);
+  const int rows = ne * g;
+
+  std::vector<float> q(size_t(rows) * D), acc(size_t(rows) * D, 0.f);
+  std::vector<SoftmaxState> st(rows);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t qh = int64_t(p.entry_query[e0 + r / g]) * H + kvh * g + r % g;
+    for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = load_element(a.q, t, qh * D + d) * scale;
+  }
+
+  std::vector<float> kb(size_t(kBlock) * D), vb(size_t(kBlock) * D), s(kBlock);
+  for (int32_t k = 0; k < p.unit_num_segments(u); ++k) {
+    const Segment& seg = p.segments[p.unit_segment_offset[u] + k];
+    const Node& node = w.tree.nodes[seg.node];
+    for (int32_t t0 = seg.begin; t0 < seg.end; t0 += kBlock) {
+      const int n = std::min<int32_t>(kBlock, seg.end - t0);
+      for (int j = 0; j < n; ++j) {
+        const int32_t tok = t0 + j;
+        const int64_t base = ((int64_t(node.pages[tok / ps]) * ps + tok % ps) * Hkv + kvh) * D;
+        for (int d = 0; d < D; ++d) {
+          kb[size_t(j) * D + d] = load_element(a.k, t, base + d);
+          vb[size_t(j) * D + d] = load_element(a.v, t, base + d);
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        if (!(p.entry_mask[e0 + r / g] >> k & 1)) continue;
+        const float* qr = &q[size_t(r) * D];
+        float mx = st[r].m;
+        for (int j = 0; j < n; ++j) {
+          float dot = 0.f;
+          for (int d = 0; d < D; ++d) dot += qr[d] * kb[size_t(j) * D + d];
+          s[j] = dot;
+          mx = std::max(mx, dot);
+        }
+        const float rescale = std::exp(st[r].m - mx);  // exp(-inf) = 0 for the empty state
+        float* o = &acc[size_t(r) * D];
+        for (int d = 0; d < D; ++d) o[d] *= rescale;
+        float sum = st[r].d * rescale;
+        for (int j = 0; j < n; ++j) {
+          const float pj = std::exp(s[j] - mx);
+          sum += pj;
+          for (int d = 0; d < D; ++d) o[d] += pj * vb[size_t(j) * D + d];
+        }
+        st[r] = {mx, sum};
+      }
+    }
+  }
+
+  for (int r = 0; r < rows; ++r) {
+    const int32_t e = e0 + r / g, h = kvh * g + r % g;
+    const float inv = st[r].empty() ? 0.f : 1.f / st[r].d;  // fully masked row: zeros
+    const float* o = &acc[size_t(r) * D];
+    if (p.entry_slot[e] < 0) {
+      const int64_t off = (int64_t(p.entry_query[e]) * H + h) * D;
+      for (int d = 0; d < D; ++d) store_element(a.out, t, off + d, o[d] * inv);
+    } else {
+      const size_t off = (size_t(p.entry_slot[e]) * H + h) * D;
+      for (int d = 0; d < D; ++d) part.o[off + d] = o[d] * inv;
+      part.lse[size_t(p.entry_slot[e]) * H + h] = st[r].lse();
+    }
+  }
+}
+
+void merge_query(const Workload& w, const Plan& p, const AttentionArgs& a, const Partials& part, int32_t q) {
+  const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
+  std::vector<float> o(D);
+  for (int h = 0; h < H; ++h) {
+    std::fill(o.begin(), o.end(), 0.f);
+    float lse = -INFINITY;
+    for (int32_t k = p.query_slot_offset[q]; k < p.query_slot_offset[q + 1]; ++k) {
+      const int32_t slot = p.query_slots[k];
+      const MergeWeights mw = merge_weights(lse, part.lse[size_t(slot) * H + h]);
+      const float* po = &part.o[(size_t(slot) * H + h) * D];
+      for (int d = 0; d < D; ++d) o[d] = mw.wa * o[d] + mw.wb * po[d];
+      lse = mw.lse;
+    }
+    for (int d = 0; d < D; ++d) store_element(a.out, w.layout.dtype, (int64_t(q) * H + h) * D + d, o[d]);
+  }
+}
+
+template <class F>
+void parallel_for(int64_t n, int threads, F&& f) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<int64_t>(threads, n));
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    for (int64_t i; (i = next.fetch_add(1)) < n;) f(i);
+  };
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace
+
+void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threads) {
+  const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads;
+  Partials part;
+  part.o.assign(size_t(p.num_slots) * H * w.heads.head_dim, 0.f);
+  part.lse.assign(size_t(p.num_slots) * H, -INFINITY);
+  const float scale = effective_scale(w, a.scale);
+  parallel_for(int64_t(p.num_units()) * Hkv, threads,
+               [&](int64_t i) { run_unit(w, p, a, scale, int32_t(i / Hkv), int(i % Hkv), part); });
+  std::vector<int32_t> merged;
+  for (int32_t q = 0; q < w.num_queries(); ++q)
+    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q]) merged.push_back(q);
+  parallel_for(int64_t(merged.size()), threads, [&](int64_t i) { merge_query(w, p, a, part, merged[i]); });
+}
+
+}  // namespace treeattn

@@ -1,0 +1,69 @@
+// Host tensors: element access by dtype, seeded random inputs, error metrics.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "treeattn/executor.hpp"
+#include "treeattn/numeric.hpp"
+
+namespace treeattn {
+
+float effective_scale(const Workload& w, float scale) {
+  return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(w.heads.head_dim));
+}
+
+float load_element(const void* data, DType t, int64_t i) {
+  switch (t) {
+    case DType::fp16: return half_bits_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(data)[i]);
+    case DType::fp32: return static_cast<const float*>(data)[i];
+  }
+  return 0.f;
+}
+
+void store_element(void* data, DType t, int64_t i, float value) {
+  switch (t) {
+    case DType::fp16: static_cast<uint16_t*>(data)[i] = float_to_half_bits(value); break;
+    case DType::bf16: static_cast<uint16_t*>(data)[i] = float_to_bf16_bits(value); break;
+    case DType::fp32: static_cast<float*>(data)[i] = value; break;
+  }
+}
+
+AttentionArgs HostTensors::args(float scale) {
+  return {q.data(), k.data(), v.data(), out.data(), scale};
+}
+
+HostTensors make_random_inputs(const Workload& w, uint64_t seed) {
+  const size_t es = dtype_size(w.layout.dtype);
+  const int64_t q_elems = int64_t(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim;
+  const int64_t kv_elems = w.layout.num_pages * w.layout.page_size * w.heads.num_kv_heads * w.heads.head_dim;
+  HostTensors t{w.layout.dtype, {}, {}, {}, {}};
+  t.q.resize(q_elems * es);
+  t.k.resize(kv_elems * es);
+  t.v.resize(kv_elems * es);
+  t.out.resize(q_elems * es);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  for (int64_t i = 0; i < q_elems; ++i) store_element(t.q.data(), t.dtype, i, uni(rng));
+  for (int64_t i = 0; i < kv_elems; ++i) store_element(t.k.data(), t.dtype, i, uni(rng));
+  for (int64_t i = 0; i < kv_elems; ++i) store_element(t.v.data(), t.dtype, i, uni(rng));
+  // Poisoned: an element the executor forgets to write shows up as NaN.
+  for (int64_t i = 0; i < q_elems; ++i)
+    store_element(t.out.data(), t.dtype, i, std::numeric_limits<float>::quiet_NaN());
+  return t;
+}
+
+double relative_error(const Workload& w, const void* out, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double o = load_element(out, w.layout.dtype, static_cast<int64_t>(i));
+    if (!std::isfinite(o)) return std::numeric_limits<double>::infinity();
+    num += (o - ref[i]) * (o - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  if (den == 0) return std::sqrt(num);  // all-zero reference (empty contexts)
+  return std::sqrt(num / den);
+}
+
+}  // namespace treeattn

@@ -1,0 +1,127 @@
+// Tile table lookups, the PlanBuilder (slot and merge-list derivation shared
+// by every planner) and the plan summary.
+#include <algorithm>
+#include <string>
+
+#include "treeattn/plan.hpp"
+
+namespace treeattn {
+
+int num_tile_configs() { return static_cast<int>(kTileConfigs.size()); }
+
+int smallest_tile_for_rows(int rows) {
+  for (int i = 0; i < num_tile_configs(); ++i)
+    if (kTileConfigs[i].m >= rows) return i;
+  throw Error("unit rows: " + std::to_string(rows) + " exceed the largest Q tile (" +
+              std::to_string(kMaxTileRows) + " rows)");
+}
+
+PlanBuilder::PlanBuilder(const Workload& w, std::string planner_name) : w_(w) {
+  plan_.planner = std::move(planner_name);
+}
+
+void PlanBuilder::begin_unit(int tile) {
+  if (open_) throw Error("PlanBuilder: begin_unit inside an open unit");
+  open_ = true;
+  pending_tile_ = tile;
+}
+
+void PlanBuilder::add_segment(int32_t node, int32_t begin, int32_t end) {
+  if (!open_) throw Error("PlanBuilder: add_segment outside a unit");
+  plan_.segments.push_back({node, begin, end});
+}
+
+void PlanBuilder::add_query(int32_t query, uint64_t mask) {
+  if (!open_) throw Error("PlanBuilder: add_query outside a unit");
+  plan_.entry_query.push_back(query);
+  plan_.entry_mask.push_back(mask);
+  plan_.entry_slot.push_back(-1);
+}
+
+void PlanBuilder::end_unit() {
+  if (!open_) throw Error("PlanBuilder: end_unit without begin_unit");
+  open_ = false;
+  const int32_t seg_begin = plan_.unit_segment_offset.back();
+  const int32_t nseg = static_cast<int32_t>(plan_.segments.size()) - seg_begin;
+  const int32_t q_begin = plan_.unit_query_offset.back();
+  const int32_t nq = static_cast<int32_t>(plan_.entry_query.size()) - q_begin;
+  const uint64_t full = full_mask(std::min(nseg, kMaxSegmentsPerUnit));
+  bool masked = false;
+  for (int32_t e = q_begin; e < q_begin + nq; ++e) {
+    if (plan_.entry_mask[e] == ~0ull) plan_.entry_mask[e] = full;
+    masked |= plan_.entry_mask[e] != full;
+  }
+  const int rows = nq * w_.heads.group_size();
+  const int tile = pending_tile_ >= 0 ? pending_tile_ : smallest_tile_for_rows(std::max(rows, 1));
+  plan_.unit_segment_offset.push_back(static_cast<int32_t>(plan_.segments.size()));
+  plan_.unit_query_offset.push_back(static_cast<int32_t>(plan_.entry_query.size()));
+  plan_.unit_tile.push_back(static_cast<uint8_t>(tile));
+  plan_.unit_masked.push_back(masked ? 1 : 0);
+}
+
+Plan PlanBuilder::finish() {
+  if (open_) throw Error("PlanBuilder: finish with an open unit");
+  const int32_t nq = w_.num_queries();
+  std::vector<int32_t> count(nq, 0);
+  for (int32_t q : plan_.entry_query)
+    if (q >= 0 && q < nq) ++count[q];
+
+  // A query whose whole path is empty still needs a unit to write its zeros.
+  std::vector<int32_t> uncovered;
+  const TreeIndex ix = TreeIndex::build(w_.tree, w_.query_nodes);
+  for (int32_t q = 0; q < nq; ++q)
+    if (count[q] == 0 && ix.path_tokens[w_.query_nodes[q]] == 0) uncovered.push_back(q);
+  const int per_unit = std::max(1, kMaxTileRows / w_.heads.group_size());
+  for (size_t i = 0; i < uncovered.size(); i += per_unit) {
+    begin_unit();
+    for (size_t j = i; j < std::min(uncovered.size(), i + per_unit); ++j) {
+      add_query(uncovered[j]);
+      ++count[uncovered[j]];
+    }
+    end_unit();
+  }
+
+  // Only queries covered by more than one unit get partial slots; slots of a
+  // query are consecutive, so its merge list is a range.
+  plan_.query_slot_offset.assign(nq + 1, 0);
+  for (int32_t q = 0; q < nq; ++q)
+    plan_.query_slot_offset[q + 1] = plan_.query_slot_offset[q] + (count[q] > 1 ? count[q] : 0);
+  plan_.num_slots = plan_.query_slot_offset[nq];
+  plan_.query_slots.resize(plan_.num_slots);
+  std::vector<int32_t> next(plan_.query_slot_offset.begin(), plan_.query_slot_offset.end() - 1);
+  for (size_t e = 0; e < plan_.entry_query.size(); ++e) {
+    const int32_t q = plan_.entry_query[e];
+    if (q < 0 || q >= nq || count[q] <= 1) continue;
+    const int32_t slot = next[q]++;
+    plan_.entry_slot[e] = slot;
+    plan_.query_slots[slot] = slot;
+  }
+  return std::move(plan_);
+}
+
+PlanSummary summarize(const Workload& w, const Plan& p) {
+  PlanSummary s;
+  s.planner = p.planner;
+  s.units = p.num_units();
+  s.segments = static_cast<int64_t>(p.segments.size());
+  s.unique_kv_bytes = w.unique_kv_bytes();
+  const int g = w.heads.group_size();
+  int64_t tokens = 0;
+  for (int32_t u = 0; u < p.num_units(); ++u) {
+    int64_t unit_tokens = 0;
+    for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k)
+      unit_tokens += p.segments[k].size();
+    tokens += unit_tokens;
+    s.max_unit_tokens = std::max(s.max_unit_tokens, unit_tokens);
+    const int64_t rows = int64_t(p.unit_num_queries(u)) * g;
+    s.rows += rows;
+    s.padded_rows += kTileConfigs[p.unit_tile[u]].m - rows;
+    s.masked_units += p.unit_masked[u];
+  }
+  s.kv_bytes = tokens * w.kv_bytes_per_token();
+  // fp32 partial O + lse per (slot, qo head), written once and read once.
+  s.partial_bytes = int64_t(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2;
+  return s;
+}
+
+}  // namespace treeattn

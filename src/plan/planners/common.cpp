@@ -1,0 +1,53 @@
+// Helpers shared by planners: KV splitting and query grouping.
+#include <algorithm>
+
+#include "plan/planners/planners.hpp"
+
+namespace treeattn::planning {
+
+std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& segs, int64_t max_tokens) {
+  max_tokens = std::max<int64_t>(max_tokens, 1);
+  std::vector<std::vector<Segment>> pieces;
+  std::vector<Segment> cur;
+  int64_t cur_tokens = 0;
+  for (Segment s : segs) {
+    while (s.size() > 0) {
+      if (cur_tokens == max_tokens || cur.size() == size_t(kMaxSegmentsPerUnit)) {
+        pieces.push_back(std::move(cur));
+        cur.clear();
+        cur_tokens = 0;
+      }
+      const int32_t take = static_cast<int32_t>(std::min<int64_t>(s.size(), max_tokens - cur_tokens));
+      cur.push_back({s.node, s.begin, s.begin + take});
+      cur_tokens += take;
+      s.begin += take;
+    }
+  }
+  if (!cur.empty()) pieces.push_back(std::move(cur));
+  return pieces;
+}
+
+int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt) {
+  const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
+  const int64_t even = (std::max<int64_t>(work_tokens, 1) + slots - 1) / slots;
+  return std::max<int64_t>(even, opt.min_split_tokens);
+}
+
+std::vector<std::vector<int32_t>> subtree_queries(const Workload& w, const TreeIndex& ix) {
+  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
+  std::vector<std::vector<int32_t>> at(n);
+  for (int32_t q = 0; q < w.num_queries(); ++q) at[w.query_nodes[q]].push_back(q);
+  // Post-order DFS: a node's list is its own queries, then each child's list.
+  std::vector<std::vector<int32_t>> sub(n);
+  for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
+    const int32_t v = *it;
+    sub[v] = at[v];
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+      const auto& c = sub[ix.children[k]];
+      sub[v].insert(sub[v].end(), c.begin(), c.end());
+    }
+  }
+  return sub;
+}
+
+}  // namespace treeattn::planning

@@ -1,0 +1,32 @@
+// Declarations of the built-in planners and the helpers they share. Each
+// planner is a pure function; src/plan/registry.cpp lists them by name.
+#pragma once
+
+#include <vector>
+
+#include "treeattn/planner.hpp"
+
+namespace treeattn {
+
+Plan plan_per_query(const Workload& w, const PlanOptions& opt);
+Plan plan_node(const Workload& w, const PlanOptions& opt);
+
+namespace planning {
+
+// Cuts an ordered list of segments into pieces of at most `max_tokens` tokens
+// (cuts may fall inside a segment) and at most kMaxSegmentsPerUnit segments.
+// Empty segments are dropped; an all-empty list gives no piece.
+std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& segs, int64_t max_tokens);
+
+// The longest unit (in tokens) that keeps the GPU evenly busy: the even share
+// of `work_tokens` over the resident CTA slots per kv head, never below
+// opt.min_split_tokens. Longer units are split along KV (flash-decoding), so
+// one long node cannot become the tail of the whole launch.
+int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt);
+
+// Queries grouped by the node they attach to, and each node's subtree
+// queries in depth-first order (so groups of consecutive queries share paths).
+std::vector<std::vector<int32_t>> subtree_queries(const Workload& w, const TreeIndex& ix);
+
+}  // namespace planning
+}  // namespace treeattn

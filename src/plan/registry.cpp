@@ -1,0 +1,36 @@
+// The planner registry: name -> pure planning function.
+#include <algorithm>
+#include <string>
+
+#include "plan/planners/planners.hpp"
+
+namespace treeattn {
+
+int PlanOptions::target_ctas(const HeadConfig&) const { return num_sms * ctas_per_sm; }
+
+double PlanOptions::get(const std::string& key, double fallback) const {
+  auto it = extra.find(key);
+  return it == extra.end() ? fallback : it->second;
+}
+
+const std::vector<PlannerInfo>& planners() {
+  static const std::vector<PlannerInfo> table = {
+      {"per-query", "query-centric baseline: one unit per query over its whole path, KV split to fill the GPU (FlashAttention/FlashInfer decode)", plan_per_query},
+      {"node", "KV-guided grouping (DeFT-Node): one unit per node per Q tile of the queries below it; long nodes split only when the GPU would not fill", plan_node},
+  };
+  return table;
+}
+
+const PlannerInfo& find_planner(const std::string& name) {
+  for (const PlannerInfo& p : planners())
+    if (p.name == name) return p;
+  std::string known;
+  for (const PlannerInfo& p : planners()) known += (known.empty() ? "" : ", ") + p.name;
+  throw Error("planner: unknown planner '" + name + "' (known: " + known + ")");
+}
+
+Plan make_plan(const std::string& name, const Workload& w, const PlanOptions& opt) {
+  return find_planner(name).fn(w, opt);
+}
+
+}  // namespace treeattn

@@ -1,0 +1,146 @@
+// The plan validator: DESIGN.md's invariants, checked for any planner's output.
+#include <algorithm>
+#include <string>
+#include <tuple>
+
+#include "treeattn/plan.hpp"
+
+namespace treeattn {
+
+namespace {
+[[noreturn]] void fail(const std::string& planner, const std::string& what) {
+  throw Error("plan '" + planner + "' is invalid: " + what);
+}
+std::string str(int64_t v) { return std::to_string(v); }
+
+void check_csr(const Plan& p, const std::vector<int32_t>& off, size_t rows, size_t total,
+               const char* name) {
+  if (off.size() != rows + 1) fail(p.planner, std::string(name) + " has " + str(off.size()) +
+                                              " entries, expected " + str(rows + 1));
+  if (off.front() != 0 || size_t(off.back()) != total)
+    fail(p.planner, std::string(name) + " must run from 0 to " + str(total));
+  for (size_t i = 0; i + 1 < off.size(); ++i)
+    if (off[i] > off[i + 1]) fail(p.planner, std::string(name) + " decreases at " + str(i));
+}
+}  // namespace
+
+void validate_plan(const Workload& w, const Plan& p) {
+  const int32_t U = p.num_units();
+  const int32_t Q = w.num_queries();
+  const int32_t N = static_cast<int32_t>(w.tree.nodes.size());
+  const size_t E = p.entry_query.size();
+
+  // Shapes of the flat arrays.
+  if (p.unit_masked.size() != size_t(U)) fail(p.planner, "unit_masked size differs from unit count");
+  check_csr(p, p.unit_segment_offset, U, p.segments.size(), "unit_segment_offset");
+  check_csr(p, p.unit_query_offset, U, E, "unit_query_offset");
+  if (p.entry_mask.size() != E || p.entry_slot.size() != E)
+    fail(p.planner, "entry_query, entry_mask and entry_slot differ in length");
+  check_csr(p, p.query_slot_offset, Q, p.query_slots.size(), "query_slot_offset");
+  if (p.num_slots != int32_t(p.query_slots.size()))
+    fail(p.planner, "num_slots = " + str(p.num_slots) + " but query_slots has " + str(p.query_slots.size()));
+
+  // Per-unit capacity, segments and masks; gather each query's visible ranges.
+  std::vector<std::vector<std::tuple<int32_t, int32_t, int32_t>>> seen(Q);
+  std::vector<int32_t> units_of_query(Q, 0);
+  std::vector<int32_t> slot_writes(p.num_slots, 0);
+  const int g = w.heads.group_size();
+  for (int32_t u = 0; u < U; ++u) {
+    const std::string unit = "unit " + str(u) + ": ";
+    if (p.unit_tile[u] >= kTileConfigs.size()) fail(p.planner, unit + "tile " + str(p.unit_tile[u]) + " unknown");
+    const int32_t nseg = p.unit_num_segments(u), nq = p.unit_num_queries(u);
+    if (nseg > kMaxSegmentsPerUnit) fail(p.planner, unit + str(nseg) + " segments exceed " + str(kMaxSegmentsPerUnit));
+    if (nq == 0) fail(p.planner, unit + "has no queries");
+    if (nq * g > kTileConfigs[p.unit_tile[u]].m)
+      fail(p.planner, unit + str(nq) + " queries x " + str(g) + " heads exceed the tile's " +
+                          str(kTileConfigs[p.unit_tile[u]].m) + " rows");
+    const int32_t s0 = p.unit_segment_offset[u];
+    for (int32_t k = 0; k < nseg; ++k) {
+      const Segment& s = p.segments[s0 + k];
+      if (s.node < 0 || s.node >= N) fail(p.planner, unit + "segment node " + str(s.node) + " out of range");
+      if (s.begin < 0 || s.begin > s.end || s.end > w.tree.nodes[s.node].num_tokens)
+        fail(p.planner, unit + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
+                            str(s.node) + " of " + str(w.tree.nodes[s.node].num_tokens) + " tokens");
+    }
+    const uint64_t full = full_mask(nseg);
+    bool any_partial_mask = false;
+    for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
+      const int32_t q = p.entry_query[e];
+      if (q < 0 || q >= Q) fail(p.planner, unit + "query " + str(q) + " out of range");
+      for (int32_t e2 = p.unit_query_offset[u]; e2 < e; ++e2)
+        if (p.entry_query[e2] == q) fail(p.planner, unit + "query " + str(q) + " appears twice");
+      const uint64_t mask = p.entry_mask[e];
+      if (mask & ~full) fail(p.planner, unit + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
+      any_partial_mask |= mask != full;
+      for (int32_t k = 0; k < nseg; ++k)
+        if (mask >> k & 1) {
+          const Segment& s = p.segments[s0 + k];
+          if (s.end > s.begin) seen[q].emplace_back(s.node, s.begin, s.end);
+        }
+      ++units_of_query[q];
+      const int32_t slot = p.entry_slot[e];
+      if (slot != -1) {
+        if (slot < 0 || slot >= p.num_slots) fail(p.planner, unit + "slot " + str(slot) + " out of range");
+        ++slot_writes[slot];
+      }
+    }
+    if (any_partial_mask != bool(p.unit_masked[u]))
+      fail(p.planner, unit + "unit_masked = " + str(p.unit_masked[u]) + " disagrees with its masks");
+  }
+
+  // Coverage: a query's visible ranges tile its path exactly, each token once.
+  for (int32_t q = 0; q < Q; ++q) {
+    const std::string query = "query " + str(q) + ": ";
+    if (units_of_query[q] == 0) fail(p.planner, query + "is in no unit");
+    auto& r = seen[q];
+    std::sort(r.begin(), r.end());
+    std::vector<int32_t> path = w.path(w.query_nodes[q]);
+    std::sort(path.begin(), path.end());
+    size_t i = 0;
+    for (int32_t v : path) {
+      int32_t at = 0;
+      for (; i < r.size() && std::get<0>(r[i]) == v; ++i) {
+        if (std::get<1>(r[i]) != at)
+          fail(p.planner, query + "node " + str(v) + " tokens " + (std::get<1>(r[i]) < at ? "overlap" : "missing") +
+                              " at " + str(std::min(at, std::get<1>(r[i]))));
+        at = std::get<2>(r[i]);
+      }
+      if (at != w.tree.nodes[v].num_tokens)
+        fail(p.planner, query + "node " + str(v) + " covered up to " + str(at) + " of " +
+                            str(w.tree.nodes[v].num_tokens) + " tokens");
+      if (i < r.size() && std::get<0>(r[i]) < v)
+        fail(p.planner, query + "sees node " + str(std::get<0>(r[i])) + " which is not on its path");
+    }
+    if (i != r.size()) fail(p.planner, query + "sees node " + str(std::get<0>(r[i])) + " which is not on its path");
+  }
+
+  // Merge: a query in one unit has no slot; otherwise every entry of it has a
+  // slot, written once, and its merge list holds exactly those slots.
+  std::vector<int32_t> slot_reads(p.num_slots, 0);
+  for (int32_t q = 0; q < Q; ++q)
+    for (int32_t k = p.query_slot_offset[q]; k < p.query_slot_offset[q + 1]; ++k) {
+      const int32_t slot = p.query_slots[k];
+      if (slot < 0 || slot >= p.num_slots) fail(p.planner, "query " + str(q) + ": merge slot " + str(slot) + " out of range");
+      ++slot_reads[slot];
+    }
+  std::vector<int32_t> slot_owner(p.num_slots, -1);
+  for (size_t e = 0; e < E; ++e) {
+    const int32_t q = p.entry_query[e], slot = p.entry_slot[e];
+    const int32_t listed = p.query_slot_offset[q + 1] - p.query_slot_offset[q];
+    if (units_of_query[q] == 1 && slot != -1) fail(p.planner, "query " + str(q) + " is in one unit but has a slot");
+    if (units_of_query[q] > 1 && slot == -1) fail(p.planner, "query " + str(q) + " is in several units but an entry has no slot");
+    if (units_of_query[q] > 1 && listed != units_of_query[q])
+      fail(p.planner, "query " + str(q) + " merges " + str(listed) + " slots but is in " + str(units_of_query[q]) + " units");
+    if (slot >= 0) slot_owner[slot] = q;
+  }
+  for (int32_t s = 0; s < p.num_slots; ++s) {
+    if (slot_writes[s] != 1) fail(p.planner, "slot " + str(s) + " is written " + str(slot_writes[s]) + " times");
+    if (slot_reads[s] != 1) fail(p.planner, "slot " + str(s) + " is read " + str(slot_reads[s]) + " times");
+  }
+  for (int32_t q = 0; q < Q; ++q)
+    for (int32_t k = p.query_slot_offset[q]; k < p.query_slot_offset[q + 1]; ++k)
+      if (slot_owner[p.query_slots[k]] != q)
+        fail(p.planner, "query " + str(q) + " merges slot " + str(p.query_slots[k]) + " written for another query");
+}
+
+}  // namespace treeattn

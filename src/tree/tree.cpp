@@ -1,0 +1,175 @@
+// Tree indexing, workload validation and page allocation.
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "treeattn/tree.hpp"
+
+namespace treeattn {
+
+namespace {
+std::string node_field(int32_t v, const char* field) {
+  return "node " + std::to_string(v) + ": " + field;
+}
+}  // namespace
+
+TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_nodes) {
+  const int32_t n = static_cast<int32_t>(tree.nodes.size());
+  TreeIndex ix;
+  ix.child_offset.assign(n + 1, 0);
+  for (int32_t v = 0; v < n; ++v) {
+    int32_t p = tree.nodes[v].parent;
+    if (p == -1) {
+      ix.roots.push_back(v);
+    } else if (p < 0 || p >= n) {
+      throw Error(node_field(v, "parent") + " = " + std::to_string(p) + " is out of range [-1, " +
+                  std::to_string(n) + ")");
+    } else if (p == v) {
+      throw Error(node_field(v, "parent") + " = " + std::to_string(p) + " is the node itself (a cycle)");
+    } else {
+      ++ix.child_offset[p + 1];
+    }
+  }
+  std::partial_sum(ix.child_offset.begin(), ix.child_offset.end(), ix.child_offset.begin());
+  ix.children.resize(ix.child_offset[n]);
+  std::vector<int32_t> fill(ix.child_offset.begin(), ix.child_offset.end() - 1);
+  for (int32_t v = 0; v < n; ++v)
+    if (tree.nodes[v].parent >= 0) ix.children[fill[tree.nodes[v].parent]++] = v;
+
+  // BFS from the roots; nodes never reached lie on a cycle.
+  ix.depth.assign(n, -1);
+  ix.path_tokens.assign(n, 0);
+  ix.bfs_order.reserve(n);
+  for (int32_t r : ix.roots) {
+    ix.depth[r] = 0;
+    ix.path_tokens[r] = tree.nodes[r].num_tokens;
+    ix.bfs_order.push_back(r);
+  }
+  for (size_t i = 0; i < ix.bfs_order.size(); ++i) {
+    int32_t v = ix.bfs_order[i];
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+      int32_t c = ix.children[k];
+      ix.depth[c] = ix.depth[v] + 1;
+      ix.path_tokens[c] = ix.path_tokens[v] + tree.nodes[c].num_tokens;
+      ix.bfs_order.push_back(c);
+    }
+  }
+  if (static_cast<int32_t>(ix.bfs_order.size()) != n) {
+    for (int32_t v = 0; v < n; ++v)
+      if (ix.depth[v] < 0)
+        throw Error(node_field(v, "parent") + " = " + std::to_string(tree.nodes[v].parent) +
+                    " closes a cycle (node is not reachable from any root)");
+  }
+
+  ix.subtree_queries.assign(n, 0);
+  for (size_t i = 0; i < query_nodes.size(); ++i) {
+    int32_t q = query_nodes[i];
+    if (q < 0 || q >= n)
+      throw Error("query " + std::to_string(i) + ": node = " + std::to_string(q) +
+                  " is out of range [0, " + std::to_string(n) + ")");
+    ++ix.subtree_queries[q];
+  }
+  for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it)
+    if (int32_t p = tree.nodes[*it].parent; p >= 0) ix.subtree_queries[p] += ix.subtree_queries[*it];
+  return ix;
+}
+
+std::vector<int32_t> Workload::path(int32_t node) const {
+  std::vector<int32_t> p;
+  for (int32_t v = node; v >= 0; v = tree.nodes[v].parent) p.push_back(v);
+  std::reverse(p.begin(), p.end());
+  return p;
+}
+
+int64_t Workload::total_tokens() const {
+  int64_t t = 0;
+  for (const Node& n : tree.nodes) t += n.num_tokens;
+  return t;
+}
+
+int64_t Workload::kv_bytes_per_token() const {
+  return int64_t(heads.num_kv_heads) * heads.head_dim * 2 * int64_t(dtype_size(layout.dtype));
+}
+
+void Workload::validate() const {
+  heads.validate();
+  const int ps = layout.page_size;
+  if (ps <= 0 || ps > 65536)
+    throw Error("page_size: " + std::to_string(ps) + " is out of range [1, 65536]");
+  if (layout.num_pages < 0)
+    throw Error("num_pages: " + std::to_string(layout.num_pages) + " is negative");
+  if (tree.nodes.empty()) throw Error("tree: the tree has no nodes");
+  if (tree.nodes.size() > size_t(std::numeric_limits<int32_t>::max() / 2))
+    throw Error("tree: " + std::to_string(tree.nodes.size()) + " nodes exceed the 32-bit node index");
+  if (query_nodes.empty()) throw Error("queries: the workload has no queries");
+
+  // Pool element count must fit 64-bit offsets with room; per-node token offsets are 32-bit.
+  const __int128 pool_elems = __int128(layout.num_pages) * ps * heads.num_kv_heads * heads.head_dim;
+  if (pool_elems > (__int128(1) << 46))
+    throw Error("num_pages: " + std::to_string(layout.num_pages) + " pages of " + std::to_string(ps) +
+                " tokens x " + std::to_string(heads.num_kv_heads) + " kv heads x " +
+                std::to_string(heads.head_dim) + " exceed the supported pool size (2^46 elements)");
+  const __int128 q_elems = __int128(query_nodes.size()) * heads.num_qo_heads * heads.head_dim;
+  if (q_elems > std::numeric_limits<int32_t>::max())
+    throw Error("queries: " + std::to_string(query_nodes.size()) + " queries x " +
+                std::to_string(heads.num_qo_heads) + " qo heads x " + std::to_string(heads.head_dim) +
+                " overflow 32-bit row indexing");
+
+  // (page, node) pairs, sorted below to find reuse: memory follows the pages
+  // the tree uses, not num_pages (which may be up to 2^46 / row size).
+  std::vector<std::pair<int32_t, int32_t>> page_owner;
+  int64_t total = 0;
+  for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v) {
+    const Node& n = tree.nodes[v];
+    if (n.num_tokens < 0)
+      throw Error(node_field(v, "num_tokens") + " = " + std::to_string(n.num_tokens) + " is negative");
+    const int64_t need = (int64_t(n.num_tokens) + ps - 1) / ps;
+    if (int64_t(n.pages.size()) != need)
+      throw Error(node_field(v, "pages") + ": " + std::to_string(n.pages.size()) + " pages for " +
+                  std::to_string(n.num_tokens) + " tokens with page_size " + std::to_string(ps) +
+                  " (expected " + std::to_string(need) + ")");
+    for (int32_t pg : n.pages) {
+      if (pg < 0 || pg >= layout.num_pages)
+        throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) +
+                    " is out of range [0, " + std::to_string(layout.num_pages) + ")");
+      page_owner.emplace_back(pg, v);
+    }
+    total += n.num_tokens;
+  }
+  if (total > (int64_t(1) << 40)) throw Error("tree: " + std::to_string(total) + " tokens is absurd");
+  std::sort(page_owner.begin(), page_owner.end());
+  for (size_t i = 1; i < page_owner.size(); ++i)
+    if (page_owner[i].first == page_owner[i - 1].first)
+      throw Error(node_field(page_owner[i].second, "pages") + ": page id " + std::to_string(page_owner[i].first) +
+                  " is used by more than one node position (also by node " +
+                  std::to_string(page_owner[i - 1].second) + ")");
+  TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
+}
+
+int32_t PageAllocator::add_node(Tree& tree, int32_t parent, int32_t num_tokens) {
+  if (num_tokens < 0) throw Error("num_tokens: " + std::to_string(num_tokens) + " is negative");
+  Node n;
+  n.parent = parent;
+  n.num_tokens = num_tokens;
+  const int64_t pages = (int64_t(num_tokens) + page_size_ - 1) / page_size_;
+  for (int64_t i = 0; i < pages; ++i) n.pages.push_back(static_cast<int32_t>(next_page_++));
+  if (next_page_ > std::numeric_limits<int32_t>::max())
+    throw Error("num_pages: more than 2^31 pages requested");
+  tree.nodes.push_back(std::move(n));
+  return static_cast<int32_t>(tree.nodes.size() - 1);
+}
+
+int64_t PageAllocator::finish(Tree& tree) const {
+  std::vector<int32_t> perm(static_cast<size_t>(next_page_));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937_64 rng(seed_);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (Node& n : tree.nodes)
+    for (int32_t& p : n.pages) p = perm[p];
+  return next_page_;
+}
+
+}  // namespace treeattn

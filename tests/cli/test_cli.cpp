@@ -1,0 +1,71 @@
+// The `treeattn` tool end to end: exit codes and error messages on bad input,
+// the keys of `plan --json`, and the demo's byte savings.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(TREEATTN_CLI_PATH) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  Result r{-1, {}};
+  if (!f) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(f);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+void expect_error(const std::string& args, const std::string& needle) {
+  const Result r = run(args);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << args << "\n" << r.out;
+}
+
+}  // namespace
+
+TEST(Cli, BadInputExitsWithCodeTwoAndNamesTheProblem) {
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --heads 30/8", "not a multiple");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --head-dim 96", "head_dim");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --dtype fp8", "dtype");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --planner nope", "unknown planner 'nope'");
+  expect_error("plan -w nosuchfamily:x=1", "nosuchfamily");
+  expect_error("plan -w json:/nonexistent/tree.json", "/nonexistent/tree.json");
+  expect_error("plan", "workload");
+  expect_error("plan --bogus-flag", "bogus");
+}
+
+TEST(Cli, PlanJsonHasTheSummaryKeys) {
+  const Result r = run("plan --json -w pat:B=1,4,16:L=128,256,1024 -w fasttree:N=1,4,16:C=128,32,32");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.is_array());
+  ASSERT_GE(j.size(), 4u);
+  for (const auto& rec : j)
+    for (const char* key : {"planner", "units", "rows", "segments", "kv_bytes", "unique_kv_bytes",
+                            "partial_bytes", "padded_rows"})
+      EXPECT_TRUE(rec.contains(key)) << key;
+}
+
+TEST(Cli, DemoShowsNodeLoadingTheFloor) {
+  const Result r = run("demo --planner per-query --planner node --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("match the fp64 reference"), std::string::npos) << r.out;
+}
+
+TEST(Cli, VerifyPassesOnSmallWorkloads) {
+  const Result r = run("verify -w fasttree:N=1,4,16:C=64,32,16 -w pat:B=2,8:L=64,16 --heads 8/2 --dtype bf16");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+}
