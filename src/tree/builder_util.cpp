@@ -1,0 +1,74 @@
+// Shared builder helpers: size budgets, file reading, the common final step.
+#include "tree/builder_util.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace treeattn::detail {
+
+namespace {
+std::string i128_str(__int128 v) {
+  if (v == 0) return "0";
+  bool neg = v < 0;
+  if (neg) v = -v;
+  std::string s;
+  while (v > 0) {
+    s.insert(s.begin(), char('0' + int(v % 10)));
+    v /= 10;
+  }
+  return neg ? "-" + s : s;
+}
+}  // namespace
+
+void check_budget(__int128 nodes, __int128 pages, const std::string& what) {
+  if (nodes > kMaxBuilderNodes)
+    throw Error(what + ": " + i128_str(nodes) + " nodes exceed the builder limit of " +
+                std::to_string(kMaxBuilderNodes));
+  if (pages > kMaxBuilderPages)
+    throw Error(what + ": " + i128_str(pages) + " pages exceed the builder limit of " +
+                std::to_string(kMaxBuilderPages));
+}
+
+void check_page_size(int page_size) {
+  if (page_size <= 0 || page_size > 65536)
+    throw Error("page_size: " + std::to_string(page_size) + " is out of range [1, 65536]");
+}
+
+std::string read_text_file(const std::string& path, std::string_view field) {
+  errno = 0;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const char* why = errno ? std::strerror(errno) : "cannot open";
+    throw Error(std::string(field) + ": cannot read '" + path + "': " + why);
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error(std::string(field) + ": cannot read '" + path + "': read error");
+  return std::move(ss).str();
+}
+
+Workload finish_workload(std::string name, Tree tree, std::vector<int32_t> query_nodes,
+                         const PageAllocator& alloc, const WorkloadParams& p) {
+  Workload w;
+  w.name = std::move(name);
+  w.layout.page_size = alloc.page_size();
+  w.layout.dtype = p.dtype;
+  w.layout.num_pages = alloc.finish(tree);
+  w.tree = std::move(tree);
+  w.query_nodes = std::move(query_nodes);
+  w.heads = p.heads;
+  w.validate();
+  return w;
+}
+
+uint64_t mix_seed(uint64_t a, uint64_t b) {
+  // splitmix64 of a ^ rotated b: cheap, well mixed, portable.
+  uint64_t z = a ^ ((b << 29) | (b >> 35)) ^ 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace treeattn::detail

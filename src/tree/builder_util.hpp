@@ -1,0 +1,45 @@
+// Helpers shared by the workload builders (src/tree/*.cpp only, not public):
+// size budgets checked before anything is allocated, file reading, and the
+// common final step that fills the layout and validates.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "treeattn/workloads.hpp"
+
+namespace treeattn::detail {
+
+// Builders refuse shapes whose host-side description alone would not fit in
+// memory, before allocating: a typo like N=1,65536,1073741824 must give an
+// Error, not bad_alloc or a swap storm. Far above any real decode batch.
+inline constexpr int64_t kMaxBuilderNodes = int64_t(1) << 22;
+inline constexpr int64_t kMaxBuilderPages = int64_t(1) << 26;
+
+// Throws Error naming `what` when `nodes` or `pages` exceed the budgets above.
+void check_budget(__int128 nodes, __int128 pages, const std::string& what);
+
+// ceil(tokens / page_size) in 128 bits (callers sum these before checking).
+inline __int128 pages_for(__int128 tokens, int page_size) {
+  return (tokens + page_size - 1) / page_size;
+}
+
+// Throws Error if the page size is not usable for building (the later
+// validate() would say so too, but only after allocating).
+void check_page_size(int page_size);
+
+// Reads a whole file; throws Error "<field>: cannot read '<path>': <reason>".
+std::string read_text_file(const std::string& path, std::string_view field);
+
+// Fills name, heads and layout (pages renumbered by the allocator's seeded
+// permutation), then validates. Every generated workload goes through here.
+Workload finish_workload(std::string name, Tree tree, std::vector<int32_t> query_nodes,
+                         const PageAllocator& alloc, const WorkloadParams& p);
+
+// A seed for page shuffling derived from the params' seed and a builder salt,
+// so that two builders with the same p.seed do not share a permutation.
+uint64_t mix_seed(uint64_t a, uint64_t b);
+
+}  // namespace treeattn::detail

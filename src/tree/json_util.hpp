@@ -1,0 +1,99 @@
+// nlohmann::json helpers for the builders that read JSON files (src/tree only;
+// public headers never expose nlohmann). Every accessor takes the field path
+// used in error messages, e.g. "nodes[3].parent".
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "treeattn/types.hpp"
+
+namespace treeattn::detail {
+
+using json = nlohmann::json;
+
+// A short rendering of a JSON value for messages (long values are cut).
+inline std::string brief(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+// Parses text; a syntax error becomes Error "<what>: parse error at byte N: ...".
+inline json parse_json(std::string_view text, const std::string& what) {
+  try {
+    return json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    throw Error(what + ": parse error at byte " + std::to_string(e.byte) + ": " + e.what());
+  }
+}
+
+// An integer in [lo, hi]; throws Error naming `field` otherwise.
+inline int64_t get_int(const json& v, const std::string& field,
+                       int64_t lo = std::numeric_limits<int32_t>::min(),
+                       int64_t hi = std::numeric_limits<int32_t>::max()) {
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      throw Error(field + " = " + brief(v) + " is out of range [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + "]");
+    x = static_cast<int64_t>(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else {
+    throw Error(field + " = " + brief(v) + " is not an integer");
+  }
+  if (x < lo || x > hi)
+    throw Error(field + " = " + std::to_string(x) + " is out of range [" + std::to_string(lo) + ", " +
+                std::to_string(hi) + "]");
+  return x;
+}
+
+// The member `key` of object `obj` (whose own path is `where`, "" for the top).
+inline std::string member_field(const std::string& where, std::string_view key) {
+  return where.empty() ? std::string(key) : where + "." + std::string(key);
+}
+
+inline const json& require(const json& obj, std::string_view key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end()) throw Error(member_field(where, key) + ": missing");
+  return *it;
+}
+
+inline void require_object(const json& v, const std::string& field) {
+  if (!v.is_object()) throw Error(field + " = " + brief(v) + " is not an object");
+}
+inline void require_array(const json& v, const std::string& field) {
+  if (!v.is_array()) throw Error(field + " = " + brief(v) + " is not a list");
+}
+
+// Rejects keys outside `allowed` (typos must not be ignored silently).
+template <size_t K>
+void check_keys(const json& obj, const std::string& where, const std::string_view (&allowed)[K]) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    bool ok = false;
+    for (std::string_view a : allowed) ok = ok || it.key() == a;
+    if (!ok) {
+      std::string list;
+      for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      throw Error(member_field(where, it.key()) + ": unknown key (expected one of " + list + ")");
+    }
+  }
+}
+
+}  // namespace treeattn::detail
+
+#include "treeattn/workloads.hpp"
+
+namespace treeattn::detail {
+
+// The optional shape keys shared by the JSON files (tree and block-table
+// formats): "heads" {qo, kv, head_dim}, "page_size", "dtype". Missing keys keep
+// the defaults; errors name the JSON field ("heads.kv = 3 ...").
+WorkloadParams parse_shape_keys(const json& top, const WorkloadParams& defaults);
+
+}  // namespace treeattn::detail

@@ -1,0 +1,204 @@
+// Replays of recorded tree-structured decoding runs (the formats of
+// data/workloads/README.md): tree-of-thoughts trees at an iteration, and Medusa
+// token trees at a step. Any file of the same format works.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tree/builder_util.hpp"
+#include "tree/json_util.hpp"
+#include "treeattn/workloads.hpp"
+
+namespace treeattn {
+
+using detail::get_int;
+using detail::json;
+
+namespace {
+
+struct TotNode {
+  int64_t id;
+  int32_t value, start, end;
+  std::vector<int64_t> children;
+};
+
+}  // namespace
+
+// Replay rule (README): at iteration t a node exists when start <= t (the root,
+// the prefilled prompt, always); its length is min(value, t - start + 1), the
+// root's is its full value (the recorded prompt length in tokens: we use the
+// file's count, not a tokenisation of the prompt text). A node generates when
+// start <= t <= end and then holds one decode query. A finished node stays
+// only while its subtree still holds a generating node: it is the shared
+// prefix of those; finished subtrees with nothing generating below are dropped,
+// as a decode engine would have evicted them, and they get no query.
+Workload tot_workload(const std::string& path, int task, int iter, const WorkloadParams& p) {
+  const std::string name = "tot:" + path + ":task=" + std::to_string(task) + ":iter=" + std::to_string(iter);
+  detail::check_page_size(p.page_size);
+  if (iter < 0) throw Error("tot: iter = " + std::to_string(iter) + " must be >= 0");
+  const json top = detail::parse_json(detail::read_text_file(path, "tot"), "tot: " + path);
+  if (!top.is_array()) throw Error("tot: " + path + ": the top level is not a list of tasks");
+  if (task < 0 || size_t(task) >= top.size())
+    throw Error("tot: task = " + std::to_string(task) + " is out of range [0, " + std::to_string(top.size()) +
+                ") in " + path);
+  const std::string where = "tot: " + path + ": [" + std::to_string(task) + "]";
+  const json& jt = top[task];
+  detail::require_object(jt, where);
+  const json& data = detail::require(jt, "data", where);
+  detail::require_object(data, where + ".data");
+  if (data.empty()) throw Error(where + ".data: empty (no nodes)");
+
+  std::vector<TotNode> nodes;
+  std::unordered_map<int64_t, int32_t> index;  // recorded id -> position in `nodes`
+  for (auto it = data.begin(); it != data.end(); ++it) {
+    const std::string f = where + ".data[\"" + it.key() + "\"]";
+    detail::require_object(*it, f);
+    TotNode n;
+    n.id = get_int(detail::require(*it, "id", f), f + ".id", 0);
+    n.value = int32_t(get_int(detail::require(*it, "value", f), f + ".value", 0));
+    n.start = int32_t(get_int(detail::require(*it, "start", f), f + ".start"));
+    n.end = int32_t(get_int(detail::require(*it, "end", f), f + ".end"));
+    const json& ch = detail::require(*it, "children", f);
+    detail::require_array(ch, f + ".children");
+    for (size_t k = 0; k < ch.size(); ++k)
+      n.children.push_back(get_int(ch[k], f + ".children[" + std::to_string(k) + "]", 0));
+    if (!index.emplace(n.id, int32_t(nodes.size())).second)
+      throw Error(f + ".id = " + std::to_string(n.id) + " is a duplicate");
+    nodes.push_back(std::move(n));
+  }
+  const int32_t n = int32_t(nodes.size());
+  detail::check_budget(n, 0, where);
+  std::vector<int32_t> parent(n, -1);
+  for (int32_t v = 0; v < n; ++v)
+    for (int64_t c : nodes[v].children) {
+      auto it = index.find(c);
+      if (it == index.end())
+        throw Error(where + ": node " + std::to_string(nodes[v].id) + ": child " + std::to_string(c) +
+                    " does not exist");
+      if (parent[it->second] >= 0)
+        throw Error(where + ": node " + std::to_string(c) + " is a child of both node " +
+                    std::to_string(nodes[parent[it->second]].id) + " and node " + std::to_string(nodes[v].id));
+      parent[it->second] = v;
+    }
+  int32_t root = -1;
+  for (int32_t v = 0; v < n; ++v) {
+    if (parent[v] >= 0) continue;
+    if (root >= 0)
+      throw Error(where + ": node " + std::to_string(nodes[v].id) + " is a second root (node " +
+                  std::to_string(nodes[root].id) + " is the first; a ToT tree has one root)");
+    root = v;
+  }
+  if (root < 0) throw Error(where + ": no root (every node is some node's child: a cycle)");
+  std::vector<int32_t> order{root};  // BFS, parents first
+  for (size_t i = 0; i < order.size(); ++i)
+    for (int64_t c : nodes[order[i]].children) order.push_back(index.at(c));
+  if (int32_t(order.size()) != n)
+    throw Error(where + ": " + std::to_string(n - int32_t(order.size())) +
+                " nodes are not reachable from the root (a cycle)");
+
+  std::vector<uint8_t> exists(n, 0), generating(n, 0), keep(n, 0);
+  int32_t last_iter = 0;
+  for (int32_t v : order) {
+    const TotNode& t = nodes[v];
+    last_iter = std::max(last_iter, t.end);
+    exists[v] = v == root || (exists[parent[v]] && t.start <= iter);
+    generating[v] = exists[v] && t.start <= iter && iter <= t.end;
+  }
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    keep[*it] |= generating[*it];
+    if (keep[*it] && parent[*it] >= 0) keep[parent[*it]] = 1;
+  }
+  if (!keep[root])
+    throw Error("tot: task " + std::to_string(task) + " has no generating node at iter " + std::to_string(iter) +
+                " (last iteration " + std::to_string(last_iter) + ")");
+
+  __int128 pages = 0;
+  for (int32_t v : order) pages += keep[v] ? detail::pages_for(nodes[v].value, p.page_size) : 0;
+  detail::check_budget(n, pages, name);
+  PageAllocator alloc(p.page_size, detail::mix_seed(p.seed, 0x7071));
+  Tree tree;
+  std::vector<int32_t> out(n, -1), queries;
+  for (int32_t v : order) {
+    if (!keep[v]) continue;
+    const TotNode& t = nodes[v];
+    const int32_t len = v == root ? t.value : int32_t(std::min<int64_t>(t.value, int64_t(iter) - t.start + 1));
+    out[v] = alloc.add_node(tree, v == root ? -1 : out[parent[v]], len);
+    if (generating[v]) queries.push_back(out[v]);
+  }
+  return detail::finish_workload(name, std::move(tree), std::move(queries), alloc, p);
+}
+
+// The sequence node holds prefix + Accept_length[0..step) tokens; its last
+// token is the token tree's root (the base model's token, counted in
+// Token_Tree_size and verified with the drafts), so it holds one query too.
+// Each path of Tree_Structure is a one-token node under the node of the path
+// without its last element (the sequence node for one-element paths), with one
+// query. Queries: 1 + len(Tree_Structure) = Token_Tree_size.
+Workload medusa_workload(const std::string& path, int record, int step, int prefix, const WorkloadParams& p) {
+  const std::string name = "medusa:" + path + ":record=" + std::to_string(record) + ":step=" +
+                           std::to_string(step) + ":prefix=" + std::to_string(prefix);
+  detail::check_page_size(p.page_size);
+  if (prefix <= 0) throw Error("medusa: prefix = " + std::to_string(prefix) + " must be positive");
+  if (step < 0) throw Error("medusa: step = " + std::to_string(step) + " must be >= 0");
+  const json top = detail::parse_json(detail::read_text_file(path, "medusa"), "medusa: " + path);
+  const std::string where = "medusa: " + path + ": ";
+  detail::require_object(top, where + "top level");
+  const json& ts = detail::require(top, "Tree_Structure", "");
+  detail::require_array(ts, where + "Tree_Structure");
+  const json& recs = detail::require(top, "Records", "");
+  detail::require_array(recs, where + "Records");
+  if (record < 0 || size_t(record) >= recs.size())
+    throw Error("medusa: record = " + std::to_string(record) + " is out of range [0, " +
+                std::to_string(recs.size()) + ") in " + path);
+  const std::string rf = where + "Records[" + std::to_string(record) + "]";
+  detail::require_object(recs[record], rf);
+  const json& acc = detail::require(recs[record], "Accept_length", rf);
+  detail::require_array(acc, rf + ".Accept_length");
+  if (size_t(step) >= acc.size())
+    throw Error("medusa: step = " + std::to_string(step) + " is out of range [0, " + std::to_string(acc.size()) +
+                ") for record " + std::to_string(record) + " in " + path);
+  int64_t seq = prefix;
+  for (int i = 0; i < step; ++i)
+    seq += get_int(acc[i], rf + ".Accept_length[" + std::to_string(i) + "]", 0);
+  if (seq > std::numeric_limits<int32_t>::max())
+    throw Error("medusa: prefix = " + std::to_string(prefix) + " plus " + std::to_string(seq - prefix) +
+                " accepted tokens overflow a node's 32-bit token count");
+
+  // Paths, shortest first so that a path's parent exists before it.
+  std::vector<std::vector<int64_t>> paths(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const std::string f = where + "Tree_Structure[" + std::to_string(i) + "]";
+    detail::require_array(ts[i], f);
+    if (ts[i].empty()) throw Error(f + ": empty path");
+    for (size_t k = 0; k < ts[i].size(); ++k)
+      paths[i].push_back(get_int(ts[i][k], f + "[" + std::to_string(k) + "]", 0));
+  }
+  detail::check_budget(__int128(paths.size()) + 1, detail::pages_for(seq, p.page_size) + paths.size(), name);
+  std::vector<size_t> order(paths.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return paths[a].size() < paths[b].size(); });
+
+  PageAllocator alloc(p.page_size, detail::mix_seed(p.seed, 0x3ed05a));
+  Tree tree;
+  const int32_t root = alloc.add_node(tree, -1, int32_t(seq));
+  std::vector<int32_t> queries{root};
+  std::map<std::vector<int64_t>, std::pair<int32_t, size_t>> node_of;  // path -> (node, index in file)
+  for (size_t i : order) {
+    const std::string f = where + "Tree_Structure[" + std::to_string(i) + "] = " + detail::brief(ts[i]);
+    int32_t par = root;
+    if (paths[i].size() > 1) {
+      auto it = node_of.find(std::vector<int64_t>(paths[i].begin(), paths[i].end() - 1));
+      if (it == node_of.end()) throw Error(f + ": its parent path is not in the tree");
+      par = it->second.first;
+    }
+    const int32_t v = alloc.add_node(tree, par, 1);
+    if (auto [it, fresh] = node_of.emplace(paths[i], std::make_pair(v, i)); !fresh)
+      throw Error(f + " is a duplicate of Tree_Structure[" + std::to_string(it->second.second) + "]");
+    queries.push_back(v);
+  }
+  return detail::finish_workload(name, std::move(tree), std::move(queries), alloc, p);
+}
+
+}  // namespace treeattn

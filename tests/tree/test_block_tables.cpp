@@ -1,0 +1,191 @@
+// Block-table builder tests: the radix tree found in hand-made vLLM-style
+// batches, a property check against trees with page-aligned prefixes, the
+// JSON block-table file, and the errors for pages that cannot be shared.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "tree/builder_test_util.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+using Tables = std::vector<std::vector<int32_t>>;
+
+Workload bt(const Tables& t, const std::vector<int32_t>& lens, int64_t num_pages = 100, int ps = 16) {
+  WorkloadParams p;
+  p.page_size = ps;
+  return from_block_tables(t, lens, num_pages, p);
+}
+
+// Node of the query of sequence s, and its (parent, tokens, pages).
+void expect_node(const Workload& w, int32_t v, int32_t parent, int32_t tokens, std::vector<int32_t> pages) {
+  ASSERT_LT(size_t(v), w.tree.nodes.size());
+  EXPECT_EQ(w.tree.nodes[v].parent, parent) << "node " << v;
+  EXPECT_EQ(w.tree.nodes[v].num_tokens, tokens) << "node " << v;
+  EXPECT_EQ(w.tree.nodes[v].pages, pages) << "node " << v;
+}
+
+}  // namespace
+
+TEST(BlockTables, TwoSequencesShareTwoPagesThenDiverge) {
+  const Workload w = bt({{1, 2, 3}, {1, 2, 4}}, {48, 40});
+  ASSERT_EQ(w.tree.nodes.size(), 3u);
+  expect_node(w, 0, -1, 32, {1, 2});
+  expect_node(w, 1, 0, 16, {3});
+  expect_node(w, 2, 0, 8, {4});
+  EXPECT_EQ(w.query_nodes, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(w.layout.num_pages, 100);
+  EXPECT_EQ(w.name, "blocktable");
+}
+
+TEST(BlockTables, NestedSharing) {
+  // All three share page 1; seqs 0 and 1 also share 2, 3; seq 2 goes its own way.
+  const Workload w = bt({{1, 2, 3, 4}, {1, 2, 3, 5}, {1, 6}}, {64, 50, 20});
+  ASSERT_EQ(w.tree.nodes.size(), 5u);
+  expect_node(w, 0, -1, 16, {1});
+  const int32_t q0 = w.query_nodes[0], q1 = w.query_nodes[1], q2 = w.query_nodes[2];
+  const int32_t mid = w.tree.nodes[q0].parent;
+  EXPECT_EQ(w.tree.nodes[q1].parent, mid);
+  expect_node(w, mid, 0, 32, {2, 3});
+  expect_node(w, q0, mid, 16, {4});
+  expect_node(w, q1, mid, 2, {5});
+  expect_node(w, q2, 0, 4, {6});
+}
+
+TEST(BlockTables, NoSharing) {
+  const Workload w = bt({{1, 2}, {3}, {4, 5, 6}}, {17, 16, 40});
+  ASSERT_EQ(w.tree.nodes.size(), 3u);
+  expect_node(w, 0, -1, 17, {1, 2});
+  expect_node(w, 1, -1, 16, {3});
+  expect_node(w, 2, -1, 40, {4, 5, 6});
+  EXPECT_EQ(w.query_nodes, (std::vector<int32_t>{0, 1, 2}));
+}
+
+TEST(BlockTables, IdenticalSequences) {
+  const Workload w = bt({{1, 2}, {1, 2}, {1, 2}}, {20, 20, 20});
+  ASSERT_EQ(w.tree.nodes.size(), 1u);
+  expect_node(w, 0, -1, 20, {1, 2});
+  EXPECT_EQ(w.query_nodes, (std::vector<int32_t>{0, 0, 0}));
+}
+
+TEST(BlockTables, SequenceThatIsAPrefixOfAnother) {
+  const Workload w = bt({{1, 2}, {1, 2, 3}}, {32, 40});
+  ASSERT_EQ(w.tree.nodes.size(), 2u);
+  expect_node(w, 0, -1, 32, {1, 2});
+  expect_node(w, 1, 0, 8, {3});
+  EXPECT_EQ(w.query_nodes, (std::vector<int32_t>{0, 1}));
+}
+
+TEST(BlockTables, PaddingPastTheLastPageIsIgnored) {
+  const Workload w = bt({{1, 2, 999, -1}}, {20}, 10);
+  expect_node(w, 0, -1, 20, {1, 2});
+}
+
+TEST(BlockTables, FixtureFile) {
+  const Workload w = make_workload("blocktable:" + treeattn_test::fixture("tiny_blocktable.json"), WorkloadParams{});
+  EXPECT_EQ(w.name, "blocktable:" + treeattn_test::fixture("tiny_blocktable.json"));
+  ASSERT_EQ(w.tree.nodes.size(), 5u);
+  EXPECT_EQ(w.layout.num_pages, 64);
+  expect_node(w, 0, -1, 32, {7, 3});
+  const auto& q = w.query_nodes;
+  expect_node(w, q[1], 0, 8, {9});
+  const int32_t shared = w.tree.nodes[q[0]].parent;
+  EXPECT_EQ(w.tree.nodes[q[2]].parent, shared);
+  expect_node(w, shared, 0, 16, {12});
+  expect_node(w, q[0], shared, 12, {40});
+  expect_node(w, q[2], shared, 2, {41});
+}
+
+// A tree whose non-leaf nodes hold whole pages is exactly representable as
+// block tables; rebuilding it must give every query the same context.
+TEST(BlockTables, RebuildsRandomTrees) {
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    WorkloadParams p;
+    p.page_size = seed % 2 ? 16 : 4;
+    const Workload r = random_workload(seed, p);
+    const TreeIndex ix = TreeIndex::build(r.tree, r.query_nodes);
+    // Round internal nodes up to whole pages, keep leaves ragged.
+    Tree t;
+    PageAllocator alloc(p.page_size, seed);
+    for (int32_t v = 0; v < int32_t(r.tree.nodes.size()); ++v) {
+      int32_t tok = r.tree.nodes[v].num_tokens;
+      if (ix.num_children(v) > 0) tok = (tok + p.page_size - 1) / p.page_size * p.page_size;
+      alloc.add_node(t, r.tree.nodes[v].parent, tok);
+    }
+    const int64_t num_pages = alloc.finish(t);
+    Tables tables;
+    std::vector<int32_t> lens;
+    int64_t unique = 0;
+    for (const Node& n : t.nodes) unique += n.num_tokens;
+    for (int32_t q : r.query_nodes) {
+      std::vector<int32_t> pages;
+      int32_t len = 0;
+      std::vector<int32_t> path;
+      for (int32_t v = q; v >= 0; v = t.nodes[v].parent) path.push_back(v);
+      for (auto it = path.rbegin(); it != path.rend(); ++it) {
+        pages.insert(pages.end(), t.nodes[*it].pages.begin(), t.nodes[*it].pages.end());
+        len += t.nodes[*it].num_tokens;
+      }
+      tables.push_back(pages);
+      lens.push_back(len);
+    }
+    const Workload w = from_block_tables(tables, lens, num_pages, p);
+    ASSERT_EQ(w.num_queries(), r.num_queries());
+    EXPECT_EQ(w.total_tokens(), unique);  // every node lies on some query's path
+    EXPECT_LE(w.tree.nodes.size(), t.nodes.size());
+    for (int32_t i = 0; i < w.num_queries(); ++i) {
+      std::vector<int32_t> pages;
+      int64_t len = 0;
+      for (int32_t v : w.path(w.query_nodes[i])) {
+        pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
+        len += w.tree.nodes[v].num_tokens;
+      }
+      EXPECT_EQ(pages, tables[i]) << "query " << i;
+      EXPECT_EQ(len, lens[i]) << "query " << i;
+    }
+    // Radix property: a node with one child has a query on it (else they would be one run).
+    const TreeIndex wx = TreeIndex::build(w.tree, w.query_nodes);
+    std::vector<int> queries_on(w.tree.nodes.size(), 0);
+    for (int32_t q : w.query_nodes) ++queries_on[q];
+    for (int32_t v = 0; v < int32_t(w.tree.nodes.size()); ++v)
+      if (wx.num_children(v) == 1) {
+        EXPECT_GT(queries_on[v], 0) << "node " << v;
+      }
+  }
+}
+
+TEST(BlockTablesBadInput, SharedPartialPage) {
+  EXPECT_ERROR_WITH(bt({{1, 2}, {1, 2, 3}}, {20, 40}), "seq 1: page 2 is shared but partially filled");
+  EXPECT_ERROR_WITH(bt({{1, 2, 3}, {1, 2}}, {40, 20}), "seq 1: page 2 is shared but partially filled");
+  EXPECT_ERROR_WITH(bt({{1, 2}, {1, 2}}, {20, 30}), "seq 1: page 2 is shared but partially filled");
+}
+
+TEST(BlockTablesBadInput, PageBeyondPool) {
+  EXPECT_ERROR_WITH(bt({{1, 2}, {1, 17}}, {32, 32}, 10), "seq 1", "page 17", "beyond the pool (num_pages 10)");
+  EXPECT_ERROR_WITH(bt({{-4}}, {3}, 10), "seq 0", "page -4");
+}
+
+TEST(BlockTablesBadInput, PageWithTwoPrefixes) {
+  EXPECT_ERROR_WITH(bt({{1, 2}, {3, 2}}, {32, 32}), "seq 1", "page 2", "only one prefix");
+  EXPECT_ERROR_WITH(bt({{1, 1}}, {32}), "seq 0", "page 1", "only one prefix");
+  EXPECT_ERROR_WITH(bt({{5}, {1, 5}}, {16, 32}), "seq 1", "page 5");
+}
+
+TEST(BlockTablesBadInput, Shapes) {
+  EXPECT_ERROR_WITH(bt({{1, 2}}, {40}), "seq 0: seq_len = 40 needs 3 pages", "has 2");
+  EXPECT_ERROR_WITH(bt({{1, 2}}, {0}), "seq 0: seq_len = 0");
+  EXPECT_ERROR_WITH(bt({{1, 2}, {3}}, {20}), "block_tables: 2 sequences but seq_lens has 1");
+  EXPECT_ERROR_WITH(bt({}, {}), "block_tables: empty");
+  EXPECT_ERROR_WITH(bt({{1}}, {1}, 0), "num_pages: 0");
+  EXPECT_ERROR_WITH(block_tables_from_json(R"({"block_tables": [[1, 2]], "seq_lens": [20, "x"]})", WorkloadParams{}),
+                    "seq_lens[1]");
+  EXPECT_ERROR_WITH(block_tables_from_json(R"({"block_tables": [[1, 2]], "seq_len": [20]})", WorkloadParams{}),
+                    "seq_len", "unknown key");
+  EXPECT_ERROR_WITH(block_tables_from_json(R"({"block_tables": [[1, 2]] "seq_lens": [20]})", WorkloadParams{}),
+                    "parse error at byte");
+  EXPECT_ERROR_WITH(make_workload("blocktable:/nonexistent.json", WorkloadParams{}), "cannot read '/nonexistent.json'");
+}
