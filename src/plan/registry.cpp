@@ -17,6 +17,11 @@ const std::vector<PlannerInfo>& planners() {
   static const std::vector<PlannerInfo> table = {
       {"per-query", "query-centric baseline: one unit per query over its whole path, KV split to fill the GPU (FlashAttention/FlashInfer decode)", plan_per_query},
       {"node", "KV-guided grouping (DeFT-Node): one unit per node per Q tile of the queries below it; long nodes split only when the GPU would not fill", plan_node},
+      {"node-chunk", "DeFT-Node-Chunk: one unit per node per Q tile of the queries below it, nodes cut into fixed chunks of chunk_tokens (128)", plan_node_chunk},
+      {"flatten", "DeFT-Flatten: depth-first flattened KV cut into even blocks, a block's queries masked per segment (tree-structured queries too)", plan_flatten},
+      {"fasttree", "FastTree: greedy edge concatenation by the alpha/beta/gamma padding + reduction cost model, two Q-tile phases, long-context KV split", plan_fasttree},
+      {"pat", "PAT: TreeHeuristic merge rule 4*s_c > l_u, long-KV split above the mean, tile selector from a rule table, units grouped by tile", plan_pat},
+      {"forge", "FlashForge: cost table C(n_q, n), KV division bounded by a binary-searched makespan, LPT assignment to the resident CTAs", plan_forge},
   };
   return table;
 }

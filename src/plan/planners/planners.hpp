@@ -10,6 +10,11 @@ namespace treeattn {
 
 Plan plan_per_query(const Workload& w, const PlanOptions& opt);
 Plan plan_node(const Workload& w, const PlanOptions& opt);
+Plan plan_node_chunk(const Workload& w, const PlanOptions& opt);
+Plan plan_flatten(const Workload& w, const PlanOptions& opt);
+Plan plan_fasttree(const Workload& w, const PlanOptions& opt);
+Plan plan_pat(const Workload& w, const PlanOptions& opt);
+Plan plan_forge(const Workload& w, const PlanOptions& opt);
 
 namespace planning {
 

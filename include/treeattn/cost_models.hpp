@@ -1,0 +1,165 @@
+// The cost models and decision rules of the paper planners, as plain functions
+// that the planners call and the tests check against the papers' worked cases:
+// FastTree's padding + reduction costs and Algorithm 1, PAT's merge rule and
+// tile-rule table, FlashForge's cost table, makespan bound and LPT schedule.
+// docs/planners.md explains each rule and where it deviates from its paper.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "treeattn/planner.hpp"
+
+namespace treeattn {
+
+// ---- FastTree (MLSys'25) ---------------------------------------------------
+
+// Cost-model parameters; the defaults are those of the authors' artifact.
+// Tiles are per phase: phase 0 (many queries, near the root) and phase 1 (few
+// queries, near the leaves). q_tile_rows counts Q tile rows (queries x group
+// size), so a GQA group of g heads fits q_tile_rows / g queries.
+struct FastTreeParams {
+  double alpha = 0.66;  // weight of Q-tile padding
+  double beta = 0.33;   // weight of KV-tile padding
+  double gamma = 0.1;   // weight of one extra partial result (reduction)
+  std::array<int, 2> q_tile_rows = {64, 16};
+  std::array<int, 2> kv_tile = {64, 64};
+  int group_size = 1;
+  int head_dim = 128;
+
+  int q_tile_queries(int phase) const;
+  // Phase of a group of nq queries: 0 when it does not fit phase 1's Q tile.
+  int phase_of(int64_t nq) const { return nq > q_tile_queries(1) ? 0 : 1; }
+  // Reads alpha, beta, gamma, q_tile0, q_tile1 (rows), kv_tile0, kv_tile1 from
+  // opt.extra; group size and head dim from the workload.
+  static FastTreeParams from(const Workload& w, const PlanOptions& opt);
+};
+
+// Pad(TS, N) = TS - ((N - 1) mod TS + 1): slots left empty in the last tile; 0 for N = 0.
+int64_t fasttree_pad(int64_t tile, int64_t n);
+// C_P(nQ, len) = alpha * Pad(TS_q, nQ) * g * len * d + beta * nQ * g * Pad(TS_kv, min(len, TS_kv)) * d,
+// with the tiles of nQ's phase.
+double fasttree_padding_cost(const FastTreeParams& p, int64_t nq, int64_t len);
+// Keep the edge v -> l split: v's group (nq_curr queries) and l's group each
+// pay their padding, and l's nq_l queries write one more partial.
+double fasttree_split_kv_cost(const FastTreeParams& p, int64_t nq_curr, int64_t nq_l, int64_t len_v, int64_t len_l);
+// Concatenate v's KV into l's group: v keeps nq_curr - nq_l queries, l's
+// group reads len_v + len_l tokens.
+double fasttree_split_q_cost(const FastTreeParams& p, int64_t nq_curr, int64_t nq_l, int64_t len_v, int64_t len_l);
+
+// Algorithm 1: BFS over the nodes; for each child l of v, concatenate (mark
+// the edge, nQ_curr -= nQ_l, L[l] += L[v]) when SplitKVCost > SplitQCost.
+struct FastTreeAssignment {
+  std::vector<uint8_t> concat;        // concat[l] = 1: edge parent(l) -> l is concatenated
+  std::vector<int64_t> virtual_len;   // L[v]: tokens of v's group (v plus concatenated ancestors)
+};
+FastTreeAssignment fasttree_assign(const Workload& w, const TreeIndex& ix, const FastTreeParams& p);
+
+// ---- PAT (ASPLOS'26) -------------------------------------------------------
+
+// The memory-centric merge rule of TreeHeuristic: merge u's KV (l_u tokens,
+// u's own plus what u inherited) into child c's units when that saves memory
+// traffic. `S` queries are still in u's group, c holds s_c of them, a CTA
+// holds at most `mm` queries. Merging changes the number of times u's KV is
+// loaded by ceil(S/mm) - ceil((S-s_c)/mm) - ceil(s_c/mm) (usually -1: one more
+// load) and saves 4 units per query of c (partial O written and read, each
+// query's Q loaded once more). With every group in one CTA the rule is PAT's
+// 4 * s_c > l_u.
+bool pat_should_merge(int64_t S, int64_t s_c, int64_t l_u, int64_t mm);
+
+// Tile selector: m is the smallest compiled Q tile holding the rows; n comes
+// from the first rule with rows <= max_rows and kv_tokens <= max_kv, then the
+// compiled config with that m whose n is nearest (ties: the smaller n).
+struct PatTileRule {
+  int max_rows = kMaxTileRows;
+  int64_t max_kv = -1;  // -1: unbounded
+  int n = 64;
+};
+struct PatTileRules {
+  std::string source;  // "pat-artifact" (PAT's thresholds), "measured", ...
+  std::string note;
+  std::vector<PatTileRule> rules;
+};
+PatTileRules parse_pat_tile_rules(std::string_view json_text);  // throws Error
+PatTileRules load_pat_tile_rules(const std::string& path);       // throws Error
+std::string to_json(const PatTileRules& rules);
+// The table shipped in data/pat_tile_rules.json (a test keeps them equal).
+const PatTileRules& builtin_pat_tile_rules();
+// The rules the registered `pat` planner uses: the built-in table unless
+// replaced (e.g. by the CLI from a measured file). Thread-safe.
+std::shared_ptr<const PatTileRules> default_pat_tile_rules();
+void set_default_pat_tile_rules(std::shared_ptr<const PatTileRules> rules);
+int pat_select_tile(const PatTileRules& rules, int rows, int64_t kv_tokens);
+
+// PAT with explicit rules and no cache (what `pat` and PatPlanner run).
+Plan plan_pat_with(const Workload& w, const PlanOptions& opt, const PatTileRules& rules);
+
+// ---- FlashForge --------------------------------------------------------------
+
+// Time of one unit (one CTA, one kv head) with `q_rows` Q rows (queries x group
+// size) over `kv_tokens` KV tokens, on a grid of measured points; bilinear
+// interpolation between points, clamped in rows, linear extrapolation in KV
+// beyond the last column.
+struct ForgeCostTable {
+  std::string device;
+  std::string source;  // "model" (analytic, until `treeattn calibrate`) or "measured"
+  std::string note;
+  int head_dim = 128;
+  DType dtype = DType::fp16;
+  std::vector<double> q_rows;     // ascending
+  std::vector<double> kv_tokens;  // ascending
+  std::vector<double> cost_us;    // [q_rows.size() x kv_tokens.size()], row-major
+
+  double operator()(double rows, double kv) const;
+  void validate() const;  // throws Error naming the field
+};
+ForgeCostTable parse_forge_cost_table(std::string_view json_text);
+ForgeCostTable load_forge_cost_table(const std::string& path);
+std::string to_json(const ForgeCostTable& table);
+
+// Bandwidth/latency model of one CTA on a fully occupied GPU: a fixed start
+// cost, then max(KV + Q + partial bytes / per-CTA share of HBM bandwidth,
+// padded tensor-core FLOPs / per-CTA share of the tensor throughput).
+struct ForgeModelParams {
+  std::string device = "NVIDIA H100 SXM (model)";
+  double hbm_gbps = 3350;        // HBM bandwidth, GB/s
+  double tensor_tflops = 600;    // dense fp16 mma.sync throughput reachable, TFLOP/s
+  int num_sms = 132;
+  int ctas_per_sm = 2;
+  double cta_start_us = 2.0;     // launch, Q load, pipeline fill, epilogue
+  int head_dim = 128;
+  DType dtype = DType::fp16;
+};
+ForgeCostTable analytic_forge_cost_table(const ForgeModelParams& p = {});
+// What the registered `forge` planner uses: analytic_forge_cost_table() (the
+// content of data/forge_cost_h100.json until calibrated) unless replaced.
+std::shared_ptr<const ForgeCostTable> default_forge_cost_table();
+void set_default_forge_cost_table(std::shared_ptr<const ForgeCostTable> table);
+
+// KV division: the smallest cost_l such that sum_i min(ceil(cost[i] / cost_l),
+// max_parts[i]) <= slots (binary search), then parts[i] = that min. When even
+// one part per task exceeds the slots, cost_l = max cost and parts are 1.
+struct ForgeDivision {
+  double cost_l = 0;
+  std::vector<int32_t> parts;
+};
+ForgeDivision forge_divide(const std::vector<double>& cost, const std::vector<int32_t>& max_parts, int64_t slots);
+
+// Longest-processing-time list scheduling: subtasks by decreasing cost, each
+// to the least-loaded slot (ties: lowest slot). `order` lists subtask indices
+// in that order; slot[i] is the slot of subtask i.
+struct ForgeAssignment {
+  std::vector<int32_t> order;
+  std::vector<int32_t> slot;
+  double makespan = 0;
+};
+ForgeAssignment forge_lpt(const std::vector<double>& cost, int64_t slots);
+
+// FlashForge with an explicit cost table.
+Plan plan_forge_with(const Workload& w, const PlanOptions& opt, const ForgeCostTable& table);
+
+}  // namespace treeattn
