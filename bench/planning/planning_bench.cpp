@@ -1,0 +1,92 @@
+// Planning speed of every registered planner (and PAT's cached planner) on
+// random radix trees of 100, 1 000 and 10 000 nodes with 256 queries, heads
+// 32/8, d = 128, page 16. Planning runs on the host before every decode step,
+// so the target is <= 100 us for the 1 000-node tree on one core.
+//   treeattn_planning_bench [--benchmark_filter=/1000$]
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <string>
+
+#include "treeattn/pat_planner.hpp"
+#include "treeattn/planner.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+// A serving-like radix tree: internal nodes form a random recursive tree
+// (depth ~ ln n), then up to 256 leaves hang under random internal nodes;
+// the 256 queries go round-robin over the leaves (several per leaf when there
+// are fewer leaves than queries).
+Workload bench_tree(int nodes, int queries, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto uniform = [&](int lo, int hi) { return lo + int(rng() % uint64_t(hi - lo + 1)); };
+  Workload w;
+  w.name = "bench:nodes=" + std::to_string(nodes);
+  w.heads = {32, 8, 128};
+  w.layout.page_size = 16;
+  w.layout.dtype = DType::fp16;
+  PageAllocator alloc(16, seed);
+  const int leaves = std::min(queries, nodes - std::max(1, nodes / 4));
+  const int internal = nodes - leaves;
+  for (int v = 0; v < internal; ++v) alloc.add_node(w.tree, v == 0 ? -1 : uniform(0, v - 1), uniform(16, 512));
+  std::vector<int32_t> leaf_ids;
+  for (int i = 0; i < leaves; ++i) leaf_ids.push_back(alloc.add_node(w.tree, uniform(0, internal - 1), uniform(1, 256)));
+  for (int q = 0; q < queries; ++q) w.query_nodes.push_back(leaf_ids[q % leaves]);
+  w.layout.num_pages = alloc.finish(w.tree);
+  w.validate();
+  return w;
+}
+
+void plan_once(benchmark::State& state, const std::string& planner, int nodes) {
+  const Workload w = bench_tree(nodes, 256, 42);
+  const PlanOptions opt;
+  for (auto _ : state) {
+    Plan p = make_plan(planner, w, opt);
+    benchmark::DoNotOptimize(p.unit_tile.data());
+  }
+  state.counters["units"] = double(make_plan(planner, w, opt).num_units());
+}
+
+// PAT's lazy update: an unchanged batch (cache hit) and decode steps where
+// only the leaves grew (incremental path).
+void pat_cached(benchmark::State& state, int nodes, bool grow) {
+  Workload a = bench_tree(nodes, 256, 42), b = a;
+  std::vector<int> children(b.tree.nodes.size(), 0);
+  for (const Node& n : b.tree.nodes)
+    if (n.parent >= 0) ++children[n.parent];
+  for (size_t v = 0; v < b.tree.nodes.size(); ++v)
+    if (children[v] == 0) {
+      Node& n = b.tree.nodes[v];
+      n.num_tokens += 1;
+      while (int64_t(n.pages.size()) * b.layout.page_size < n.num_tokens) n.pages.push_back(int32_t(b.layout.num_pages++));
+    }
+  b.validate();
+  PatPlanner planner(nullptr, 1);
+  const PlanOptions opt;
+  bool flip = false;
+  for (auto _ : state) {
+    Plan p = planner.plan(grow && (flip = !flip) ? b : a, opt);
+    benchmark::DoNotOptimize(p.unit_tile.data());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (const PlannerInfo& info : planners())
+    for (const int nodes : {100, 1000, 10000})
+      benchmark::RegisterBenchmark(("plan/" + info.name + "/" + std::to_string(nodes)).c_str(), plan_once, info.name, nodes)
+          ->Unit(benchmark::kMicrosecond);
+  for (const int nodes : {100, 1000, 10000}) {
+    benchmark::RegisterBenchmark(("plan/pat-cache-hit/" + std::to_string(nodes)).c_str(), pat_cached, nodes, false)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("plan/pat-incremental/" + std::to_string(nodes)).c_str(), pat_cached, nodes, true)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
