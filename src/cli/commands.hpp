@@ -9,5 +9,6 @@ void add_workloads_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_bench_command(CLI::App& app);  // cmd_bench.cpp (GPU timing)
 
 }  // namespace treeattn::cli

@@ -1,0 +1,70 @@
+// GPU timing of plans: what `treeattn bench` and `treeattn demo` report.
+// Times CudaExecutor::run with CUDA events (warm-up, median of >= 50 runs, L2
+// flushed before each run), on device-generated random inputs; measures the
+// HBM bandwidth in the same process with a large device-to-device copy; checks
+// the output of sampled queries against the fp64 reference.
+// Declared in every build; without CUDA, gpu_available() is false and the
+// timing functions return nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "treeattn/plan.hpp"
+
+namespace treeattn {
+
+struct BenchOptions {
+  int warmup = 5;
+  int iters = 50;               // timed runs; the median is reported
+  bool flush_l2 = true;         // write a buffer of 2x the L2 size before each run
+  bool graph = true;            // also time the run replayed as a CUDA graph
+  int verify_queries = 8;       // sampled queries checked against fp64 (0: no check)
+  uint64_t seed = 1;            // inputs
+};
+
+struct GpuTiming {
+  std::string device;
+  double us = 0;                // median of the runs (stream launches)
+  double us_min = 0;
+  double us_graph = 0;          // median of graph replays (0: not measured)
+  double bandwidth_gbps = 0;    // measured HBM bandwidth (copy: bytes read + written)
+  int64_t kv_bytes = 0;         // KV bytes the plan loads
+  int64_t unique_kv_bytes = 0;
+  int64_t io_bytes = 0;         // q read + out written
+  int64_t partial_bytes = 0;    // partials written + read by the merge
+  double floor_us = 0;          // (unique KV + q + out) / bandwidth
+  double max_rel_err = -1;      // worst per-query relative L2 error of the sampled queries; -1: not checked
+  int units = 0, slots = 0, launches = 0;
+};
+
+// True when the library has CUDA and a device is visible.
+bool gpu_available();
+// Name of device 0 ("" without a GPU).
+std::string gpu_device_name();
+// HBM bandwidth in GB/s from a 1 GiB device-to-device copy (median of 10),
+// measured once per process.
+double measure_hbm_bandwidth_gbps();
+
+// Device inputs of one workload, reused across its plans.
+class GpuBench {
+ public:
+  explicit GpuBench(const Workload& w, uint64_t seed = 1);  // throws Error without a GPU
+  ~GpuBench();
+  GpuTiming time(const Plan& p, const BenchOptions& o = {});
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot: nullopt without a GPU.
+std::optional<GpuTiming> time_plan_on_gpu(const Workload& w, const Plan& p, const BenchOptions& o = {});
+
+// The commit the binary reports: $TREEATTN_COMMIT, else `git rev-parse` in
+// `source_dir`, else "unknown".
+std::string current_commit(const std::string& source_dir);
+
+}  // namespace treeattn

@@ -1,0 +1,85 @@
+// The CUDA executor (FlashInfer's plan/run split): construct it once per
+// (workload, plan) -- that packs the tree's page table and the plan arrays into
+// one pinned buffer, uploads it in one copy and sizes the partial workspace --
+// then run() as often as needed: it only launches (no allocation, no host
+// synchronisation), so it can be captured in a CUDA graph.
+// Available when the library is built with CUDA (TREEATTN_HAVE_CUDA).
+#pragma once
+
+#if !defined(TREEATTN_HAVE_CUDA)
+#error "treeattn/cuda_executor.hpp needs a CUDA build of treeattn (TREEATTN_HAVE_CUDA)"
+#endif
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "treeattn/executor.hpp"
+
+namespace treeattn {
+
+// Throws Error("<what>: <cudaGetErrorString> (<code>)") when `status` is not cudaSuccess.
+void check_cuda(cudaError_t status, const char* what);
+
+// Owning device allocation (cudaMalloc / cudaFree); movable, not copyable.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t size() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// One batch's tensors in device memory (test and benchmark helper).
+struct DeviceTensors {
+  DType dtype = DType::fp16;
+  DeviceBuffer q, k, v, out;
+
+  static DeviceTensors upload(const HostTensors& h);  // synchronous copies
+  // Copies out back into h.out (synchronous).
+  void download_out(HostTensors& h) const;
+  // Fills out with NaN (0xFFFF in 16-bit types), asynchronously on `stream`.
+  void poison_out(cudaStream_t stream = nullptr) const;
+  AttentionArgs args(float scale = 0.f) const;
+};
+
+class CudaExecutor {
+ public:
+  // Validates the plan against the workload and uploads it; synchronous
+  // (plan time, not run time). Uses the current CUDA device.
+  CudaExecutor(const Workload& w, const Plan& p);
+  ~CudaExecutor();
+  CudaExecutor(CudaExecutor&&) noexcept;
+  CudaExecutor& operator=(CudaExecutor&&) noexcept;
+
+  // Computes attention for device tensors `a` (the workload's shapes and
+  // dtype) on `stream`: the attention launches (one per tile config used,
+  // forked onto internal streams and joined back into `stream`), then the
+  // merge. Asynchronous. Not re-entrant: one run in flight per executor.
+  void run(const AttentionArgs& a, cudaStream_t stream) const;
+
+  size_t plan_bytes() const;       // the uploaded plan + page-table buffer
+  size_t workspace_bytes() const;  // fp32 partials and lse
+  int num_launches() const;        // attention launches per run (+1 merge when slots exist)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace treeattn

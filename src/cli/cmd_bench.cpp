@@ -1,0 +1,134 @@
+// `treeattn bench`: times workloads x planners on the GPU (CUDA events,
+// warm-up, median of --iters runs with the L2 flushed before each, random
+// device inputs), with the HBM bandwidth measured in the same process, and
+// reports per planner: time, KV bytes loaded, achieved GB/s, the fraction of
+// the unique-KV floor reached and the speedup over per-query. Sampled queries
+// are checked against the fp64 reference (exit 1 when over tolerance).
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <map>
+
+#include "cli/commands.hpp"
+#include "cli/common.hpp"
+#include "treeattn/bench.hpp"
+
+namespace treeattn::cli {
+
+namespace {
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "time planners on the GPU: us, GB/s, fraction of the unique-KV floor");
+  auto o = std::make_shared<CommonOptions>();
+  auto b = std::make_shared<BenchOptions>();
+  add_common_options(cmd, *o);
+  cmd->add_option("--iters", b->iters, "timed runs (median reported), at least 50")->capture_default_str();
+  cmd->add_option("--warmup", b->warmup, "untimed runs first")->capture_default_str();
+  cmd->add_option("--verify", b->verify_queries, "queries checked against fp64 (0: none)")->capture_default_str();
+  auto flags = std::make_shared<std::array<bool, 2>>();  // --no-flush, --no-graph
+  cmd->add_flag("--no-flush", (*flags)[0], "keep the L2 warm between runs");
+  cmd->add_flag("--no-graph", (*flags)[1], "skip the CUDA-graph replay timing");
+  cmd->callback([o, b, flags] {
+    if (b->iters < 50) throw Error("iters: " + std::to_string(b->iters) + " must be at least 50");
+    if (b->warmup < 0) throw Error("warmup: " + std::to_string(b->warmup) + " must not be negative");
+    if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");
+    b->flush_l2 = !(*flags)[0];
+    b->graph = !(*flags)[1];
+    b->seed = o->seed;
+    const PlanOptions opt = plan_options(*o);
+    const std::string commit = current_commit(TREEATTN_SOURCE_DIR);
+    const std::string device = gpu_device_name();
+    const double bw = measure_hbm_bandwidth_gbps();
+    nlohmann::json records = nlohmann::json::array();
+    bool ok = true;
+    if (!o->json)
+      std::printf("treeattn bench on %s (commit %s): HBM %.0f GB/s measured (1 GiB D2D copy)\n", device.c_str(),
+                  commit.c_str(), bw);
+    for (const Workload& w : load_workloads(*o, {})) {
+      const double tol = tolerance(w.layout.dtype);
+      if (!o->json) {
+        std::printf("\n%s  (%d queries, %zu nodes, heads %d/%d, d=%d, %s, page %d); unique KV %s\n", w.name.c_str(),
+                    w.num_queries(), w.tree.nodes.size(), w.heads.num_qo_heads, w.heads.num_kv_heads,
+                    w.heads.head_dim, std::string(to_string(w.layout.dtype)).c_str(), w.layout.page_size,
+                    format_bytes(double(w.unique_kv_bytes())).c_str());
+        std::printf("  %-11s %6s %3s %10s %10s %11s %8s %7s %8s %9s %9s\n", "planner", "units", "ln", "us", "us graph",
+                    "KV loaded", "GB/s", "floor", "vs p-q", "max err", "plan ms");
+      }
+      GpuBench bench(w, o->seed);
+      std::map<std::string, GpuTiming> done;
+      const std::vector<std::string> names = selected_planners(*o);
+      // per-query first, so every other planner has its baseline.
+      std::vector<std::string> order;
+      for (const std::string& n : names)
+        if (n == "per-query") order.push_back(n);
+      for (const std::string& n : names)
+        if (n != "per-query") order.push_back(n);
+      for (const std::string& name : order) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const Plan p = make_plan(name, w, opt);
+        const double plan_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const GpuTiming t = bench.time(p, *b);
+        done[name] = t;
+        const double gbps = double(t.kv_bytes) / (t.us * 1e3);
+        const double frac = t.floor_us / t.us;
+        const auto base = done.find("per-query");
+        const double speedup = base != done.end() ? base->second.us / t.us : NAN;
+        const bool err_ok = t.max_rel_err < 0 || t.max_rel_err <= tol;
+        ok &= err_ok;
+        if (o->json) {
+          nlohmann::json r = summary_json(w, summarize(w, p));
+          r["device"] = device;
+          r["commit"] = commit;
+          r["date"] = utc_now();
+          r["us"] = t.us;
+          r["us_min"] = t.us_min;
+          r["us_graph"] = t.us_graph;
+          r["unique_kv_bytes"] = t.unique_kv_bytes;
+          r["kv_bytes"] = t.kv_bytes;
+          r["io_bytes"] = t.io_bytes;
+          r["bandwidth_gbps"] = t.bandwidth_gbps;
+          r["achieved_gbps"] = gbps;
+          r["floor_us"] = t.floor_us;
+          r["fraction_of_floor"] = frac;
+          r["speedup_vs_per_query"] = std::isnan(speedup) ? nlohmann::json() : nlohmann::json(speedup);
+          r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
+          r["launches"] = t.launches;
+          r["slots"] = t.slots;
+          r["iters"] = b->iters;
+          r["l2_flush"] = b->flush_l2;
+          r["plan_ms"] = plan_ms;
+          records.push_back(r);
+        } else {
+          char err[32] = "-", sp[32] = "-";
+          if (t.max_rel_err >= 0) std::snprintf(err, sizeof err, "%.1e%s", t.max_rel_err, err_ok ? "" : "!");
+          if (!std::isnan(speedup)) std::snprintf(sp, sizeof sp, "%.2fx", speedup);
+          std::printf("  %-11s %6d %3d %10.1f %10.1f %11s %8.0f %6.0f%% %8s %9s %9.2f\n", name.c_str(), t.units,
+                      t.launches, t.us, t.us_graph, format_bytes(double(t.kv_bytes)).c_str(), gbps, 100 * frac, sp,
+                      err, plan_ms);
+        }
+      }
+      if (!o->json)
+        std::printf("  floor (unique KV + q + out at %.0f GB/s): %.1f us\n", bw,
+                    done.empty() ? 0.0 : done.begin()->second.floor_us);
+    }
+    if (o->json) std::printf("%s\n", records.dump(2).c_str());
+    if (!ok) {
+      std::fprintf(stderr, "treeattn bench: a sampled query is over the %s tolerance\n", "dtype's");
+      throw CLI::RuntimeError("verification failed", 1);
+    }
+  });
+}
+
+}  // namespace treeattn::cli

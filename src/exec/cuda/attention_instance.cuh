@@ -1,0 +1,38 @@
+// Turns one (dtype, head_dim, m) into a compiled kernel: included by each file
+// of kernels/, which holds nothing but TREEATTN_ATTENTION_INSTANCE(...).
+#pragma once
+
+#include <type_traits>
+
+#include "exec/cuda/attention_kernel.cuh"
+#include "exec/cuda/kernels.hpp"
+
+namespace treeattn::cuda {
+
+// n of the compiled tile whose m is `m` (m is unique in kTileConfigs).
+constexpr int tile_n_for_m(int m) {
+  for (const TileConfig& t : kTileConfigs)
+    if (t.m == m) return t.n;
+  return -1;
+}
+
+template <int kDType, int D, int M, int N>
+KernelEntry attention_entry() {
+  using T = std::conditional_t<kDType == 0, __half, __nv_bfloat16>;
+  using Tr = AttnTraits<T, D, M, N>;
+  KernelEntry e;
+  e.kernel = reinterpret_cast<const void*>(&attention_kernel<Tr>);
+  e.threads = Tr::kThreads;
+  e.smem_bytes = Tr::kSmemBytes;
+  e.stages = Tr::kStages;
+  e.m = M;
+  e.n = N;
+  return e;
+}
+
+}  // namespace treeattn::cuda
+
+#define TREEATTN_ATTENTION_INSTANCE(DTYPE_ID, D, M)                                              \
+  static_assert(::treeattn::cuda::tile_n_for_m(M) > 0, "m is not in kTileConfigs");            \
+  template ::treeattn::cuda::KernelEntry                                                        \
+  treeattn::cuda::attention_entry<DTYPE_ID, D, M, ::treeattn::cuda::tile_n_for_m(M)>();

@@ -1,0 +1,397 @@
+// The partial-attention kernel: one CTA computes one (unit, kv head) of a Plan.
+// Its Q rows (the unit's queries x the qo heads of the kv head) are staged once
+// in shared memory; the unit's KV tokens (the concatenation of its segments)
+// stream through a cp.async pipeline of `kStages` K/V tiles of N tokens,
+// gathered page by page; S = Q K^T and O += P V run on tensor cores (mma.sync
+// m16n8k16 via ldmatrix) with the online softmax in registers.
+//
+// Warps: kWarpsM row blocks of 16 rows x kWarpsN token slices. Small tiles
+// (m = 16, 32: decode) split every KV tile across warps so that all warps
+// stream KV, and the slices' softmax states are combined in shared memory at
+// the end (as FlashInfer's decode kernel does).
+//
+// Included only by the per-instantiation files in kernels/ (one TU each).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "exec/cuda/attention_params.hpp"
+#include "exec/cuda/primitives/cp_async.cuh"
+#include "exec/cuda/primitives/math.cuh"
+#include "exec/cuda/primitives/mma.cuh"
+#include "treeattn/plan.hpp"
+
+namespace treeattn::cuda {
+
+// Bookkeeping shared memory of one CTA; slot i of the ring describes the tile
+// loaded into stage i % kStages (the ring has one slot more than stages, so
+// the slot for tile t + S can be filled while tile t is computed and tile
+// t + S - 1 is being issued).
+template <int kSlots, int N, int M, int WN>
+struct SmemMisc {
+  int32_t seg_cum[kMaxSegmentsPerUnit + 1];  // unit position where segment s starts
+  int32_t seg_begin[kMaxSegmentsPerUnit];    // first token of segment s in its node
+  int32_t seg_pbase[kMaxSegmentsPerUnit];    // node_page_offset of segment s's node
+  int32_t row[kSlots][N];                    // token row (page * page_size + slot), -1: past the end
+  uint8_t seg[kSlots][N];                    // segment of each position, 255: past the end
+  uint32_t tile_flag[kSlots][N / 32];        // ballot: positions that need the mask
+  uint64_t any_missing;                      // OR over entries of the segments they do not see
+  float row_m[WN][M];                        // per-slice softmax state, log2 units
+  float row_d[WN][M];
+};
+
+template <class T_, int D_, int M_, int N_>
+struct AttnTraits {
+  using T = T_;
+  static constexpr int D = D_, M = M_, N = N_;
+  static constexpr int kWarpsM = M / 16;
+  static constexpr int kWarpsN = M >= 64 ? 1 : 64 / M;  // m = 16: 4 slices, m = 32: 2
+  static constexpr int kWarps = kWarpsM * kWarpsN;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpTokens = N / kWarpsN;  // tokens of a tile one warp handles
+  static constexpr int kChunks = D / 8;            // 16-byte chunks of a row
+  static constexpr int kRowBytes = D * 2;
+  static constexpr int kTileBytes = N * kRowBytes;  // one K or V stage
+  static constexpr int kQBytes = M * kRowBytes;
+
+  // Stages: as many as fit (up to 4) with two CTAs per SM (113 KB each on
+  // sm_90); where even two stages do not fit, one CTA per SM with up to 4.
+  static constexpr int kMiscGuess = 4096;
+  static constexpr int kStages2 = (113 * 1024 - kQBytes - kMiscGuess) / (2 * kTileBytes);
+  static constexpr int kStages1 = (225 * 1024 - kQBytes - kMiscGuess) / (2 * kTileBytes);
+  static constexpr int kStages = kStages2 >= 2 ? (kStages2 > 4 ? 4 : kStages2) : (kStages1 > 4 ? 4 : kStages1);
+  static constexpr int kSlots = kStages + 1;
+
+  using Misc = SmemMisc<kSlots, N, M, kWarpsN>;
+  static constexpr int kKvBytes = 2 * kStages * kTileBytes;
+  static constexpr int kMiscOffset = kQBytes + kKvBytes;
+  static constexpr int kSmemBytes = kMiscOffset + int(sizeof(Misc));
+  // Epilogue: each slice's unnormalised O in fp32, rows padded by 8 floats so
+  // the quads of a warp hit distinct banks; overlaps Q and the K/V stages.
+  static constexpr int kOStride = D + 8;
+  static constexpr int kScratchBytes = kWarpsN * M * kOStride * 4;
+
+  static_assert(M % 16 == 0 && M <= kMaxTileRows, "m must be a multiple of 16, at most 128");
+  static_assert(kWarpTokens % 16 == 0, "each warp needs whole k-steps of 16 tokens");
+  static_assert(N % 32 == 0 && N <= kThreads, "one filler thread per tile position");
+  static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks per row");
+  static_assert(kStages >= 2, "at least double buffering");
+  static_assert(kScratchBytes <= kMiscOffset, "epilogue scratch must fit in Q + K/V");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+};
+
+// Byte offset of chunk c of row r in a [rows][D] tile: the chunk index is
+// XORed with r % 8 so that the 8 rows an ldmatrix phase reads (same logical
+// chunk) and the 8 chunks a cp.async wavefront writes land in distinct banks.
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4));
+}
+
+template <class Tr>
+__global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid_constant__ AttnParams p) {
+  using T = typename Tr::T;
+  using MmaT = Mma<T>;
+  constexpr int D = Tr::D, M = Tr::M, N = Tr::N, S = Tr::kStages, kSlots = Tr::kSlots;
+  constexpr int WN = Tr::kWarpsN, WM = Tr::kWarpsM, WT = Tr::kWarpTokens;
+  constexpr int kThreads = Tr::kThreads, kChunks = Tr::kChunks, kRowBytes = Tr::kRowBytes;
+  constexpr float kNegInf = -INFINITY;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* sQ = smem;
+  uint8_t* sK = smem + Tr::kQBytes;
+  uint8_t* sV = sK + S * Tr::kTileBytes;
+  auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem + Tr::kMiscOffset);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % WM, wn = warp / WM;
+  const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
+  const int unit = p.unit_order[blockIdx.x / Hkv];
+  const int kvh = blockIdx.x % Hkv;
+  const int seg0 = p.unit_segment_offset[unit];
+  const int nseg = p.unit_segment_offset[unit + 1] - seg0;
+  const int e0 = p.unit_query_offset[unit];
+  const int nent = p.unit_query_offset[unit + 1] - e0;
+  const int rows = min(nent * G, M);  // the validator guarantees nent * G <= M
+  const bool masked = p.unit_masked[unit] != 0;
+
+  // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
+  {
+    const T* q = static_cast<const T*>(p.q);
+    for (int i = tid; i < M * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const T* src = q;
+      if (r < rows) src = q + (int64_t(p.entry_query[e0 + r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
+      cp_async_16_zfill(sQ + swz<kRowBytes>(r, c), src, r < rows);
+    }
+    cp_async_commit();
+  }
+
+  // ---- segment table (warp 0: two segments per lane, prefix sum by shuffles)
+  // and the segments some entry does not see (warp 1).
+  if (warp == 0) {
+    int len[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = 2 * lane + i;
+      len[i] = 0;
+      if (s < nseg) {
+        const int32_t* sg = p.segments + 3 * (seg0 + s);
+        len[i] = sg[2] - sg[1];
+        misc.seg_begin[s] = sg[1];
+        misc.seg_pbase[s] = p.node_page_offset[sg[0]];
+      }
+    }
+    const int own = len[0] + len[1];
+    int incl = own;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += x;
+    }
+    const int excl = incl - own;
+    if (2 * lane < nseg) misc.seg_cum[2 * lane] = excl;
+    if (2 * lane + 1 < nseg) misc.seg_cum[2 * lane + 1] = excl + len[0];
+    if (lane == 31) misc.seg_cum[nseg] = incl;
+  } else if (warp == 1) {
+    uint64_t miss = 0;
+    if (masked)
+      for (int e = lane; e < nent; e += 32) miss |= ~p.entry_mask[e0 + e];
+    miss = warp_or(miss);
+    if (nseg < 64) miss &= (1ull << nseg) - 1;
+    if (lane == 0) misc.any_missing = miss;
+  }
+  __syncthreads();
+
+  const int len = misc.seg_cum[nseg];
+  const int num_tiles = (len + N - 1) / N;
+  const uint64_t any_missing = misc.any_missing;
+
+  // Resolves the N positions of tile t (one thread each) to token rows of the
+  // pool: segment by binary search over seg_cum, then the node's page table.
+  auto fill = [&](int t, int sl) {
+    if (tid < N) {
+      const int pos = t * N + tid;
+      int row = -1, s = 255;
+      bool need = true;
+      if (pos < len) {
+        int lo = 0, hi = nseg - 1;  // first s with seg_cum[s + 1] > pos (skips empty segments)
+        while (lo < hi) {
+          const int mid = (lo + hi) >> 1;
+          if (misc.seg_cum[mid + 1] > pos) hi = mid; else lo = mid + 1;
+        }
+        s = lo;
+        const int tok = misc.seg_begin[s] + pos - misc.seg_cum[s];
+        row = p.page_ids[misc.seg_pbase[s] + tok / ps] * ps + tok % ps;
+        need = (any_missing >> s) & 1;
+      }
+      misc.row[sl][tid] = row;
+      misc.seg[sl][tid] = uint8_t(s);
+      const uint32_t b = __ballot_sync(0xffffffffu, need);
+      if (lane == 0) misc.tile_flag[sl][warp] = b;
+    }
+  };
+
+  // Issues the cp.async copies of the K and V rows of the tile described by
+  // slot sl into stage st; positions past the end are zero-filled (a masked
+  // score times a V row of garbage could be NaN).
+  const T* kpool = static_cast<const T*>(p.k);
+  const T* vpool = static_cast<const T*>(p.v);
+  auto issue = [&](int st, int sl) {
+    uint8_t* dk = sK + st * Tr::kTileBytes;
+    uint8_t* dv = sV + st * Tr::kTileBytes;
+#pragma unroll
+    for (int i = tid; i < N * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int row = misc.row[sl][r];
+      const int64_t off = (int64_t(row < 0 ? 0 : row) * Hkv + kvh) * D + c * 8;
+      const uint32_t so = swz<kRowBytes>(r, c);
+      cp_async_16_zfill(dk + so, kpool + off, row >= 0);
+      cp_async_16_zfill(dv + so, vpool + off, row >= 0);
+    }
+  };
+
+  // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
+#pragma unroll
+  for (int t = 0; t < S; ++t)
+    if (t < num_tiles) fill(t, t);
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < S - 1; ++t) {
+    if (t < num_tiles) issue(t, t);
+    cp_async_commit();
+  }
+
+  // Rows of this thread in the mma accumulators: r0 = lane / 4 and r0 + 8 of
+  // the warp's row block.
+  uint64_t rmask[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = wm * 16 + (lane >> 2) + 8 * i;
+    rmask[i] = (masked && r < rows) ? p.entry_mask[e0 + r / G] : ~0ull;
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[j][c] = 0.f;
+  float row_max[2] = {kNegInf, kNegInf};  // log2 units
+  float row_sum[2] = {0.f, 0.f};          // this thread's columns only; quad-summed at the end
+  const float sl2 = p.scale_log2;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait<S - 2>();  // tile t (and Q) landed for this thread's copies
+    __syncthreads();         // ... and everyone's; stage (t-1)%S is free again
+    if (t + S - 1 < num_tiles) issue((t + S - 1) % S, (t + S - 1) % kSlots);
+    cp_async_commit();
+    if (t + S < num_tiles) fill(t + S, (t + S) % kSlots);
+
+    const int st = t % S, sl = t % kSlots;
+    const uint8_t* Ks = sK + st * Tr::kTileBytes;
+    const uint8_t* Vs = sV + st * Tr::kTileBytes;
+
+    // S = Q K^T over this warp's WT tokens.
+    float s[WT / 8][4];
+#pragma unroll
+    for (int j = 0; j < WT / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, sQ + swz<kRowBytes>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+      for (int n2 = 0; n2 < WT / 16; ++n2) {
+        uint32_t b[4];
+        const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
+        ldmatrix_x4(b, Ks + swz<kRowBytes>(r, 2 * kk + ((lane >> 3) & 1)));
+        MmaT::run(s[2 * n2], a, b[0], b[1]);
+        MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Masks only where needed: a position past the end, or a segment some
+    // entry of the unit does not see.
+    uint32_t flag = 0;
+#pragma unroll
+    for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
+    if (flag) {
+#pragma unroll
+      for (int j = 0; j < WT / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int sg = misc.seg[sl][wn * WT + j * 8 + ((lane & 3) << 1) + c];
+          const bool ok = sg != 255;
+          if (!(ok && ((rmask[0] >> (sg & 63)) & 1))) s[j][c] = kNegInf;
+          if (!(ok && ((rmask[1] >> (sg & 63)) & 1))) s[j][2 + c] = kNegInf;
+        }
+    }
+
+    // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
+    // exp2(-inf - m_safe) = 0 instead of NaN.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+      mx = quad_max(mx) * sl2;
+      const float m_new = fmaxf(row_max[i], mx);
+      const float m_safe = m_new == kNegInf ? 0.f : m_new;
+      const float alpha = fast_exp2(row_max[i] - m_safe);
+      row_max[i] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < WT / 8; ++j) {
+        s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sl2, -m_safe));
+        s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sl2, -m_safe));
+        sum += s[j][2 * i] + s[j][2 * i + 1];
+      }
+      row_sum[i] = row_sum[i] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][2 * i] *= alpha;
+        o[j][2 * i + 1] *= alpha;
+      }
+    }
+
+    // O += P V: the S accumulators become A fragments directly.
+#pragma unroll
+    for (int kk = 0; kk < WT / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+#pragma unroll
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, Vs + swz<kRowBytes>(r, 2 * d2 + (lane >> 4)));
+        MmaT::run(o[2 * d2], a, b[0], b[1]);
+        MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // ---- epilogue: slices -> shared memory, combined per row, written out.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with Q and K/V: the scratch may overlap them
+  float* sO = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = wm * 16 + (lane >> 2) + 8 * i;
+    const float d = quad_sum(row_sum[i]);
+    if ((lane & 3) == 0) {
+      misc.row_m[wn][r] = row_max[i];
+      misc.row_d[wn][r] = d;
+    }
+    float* dst = sO + (wn * M + r) * Tr::kOStride + ((lane & 3) << 1);
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+  }
+  __syncthreads();
+
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int i = tid; i < rows * (D / 4); i += kThreads) {
+    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+    float mx = kNegInf;
+#pragma unroll
+    for (int w = 0; w < WN; ++w) mx = fmaxf(mx, misc.row_m[w][r]);
+    float sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < WN; ++w) {
+      const float mw = misc.row_m[w][r];
+      const float sc = mw == kNegInf ? 0.f : fast_exp2(mw - mx);  // empty slice: weight 0
+      sum += misc.row_d[w][r] * sc;
+      const float4 x = *reinterpret_cast<const float4*>(sO + (w * M + r) * Tr::kOStride + c);
+      acc.x += sc * x.x;
+      acc.y += sc * x.y;
+      acc.z += sc * x.z;
+      acc.w += sc * x.w;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row yields zeros
+    acc.x *= inv;
+    acc.y *= inv;
+    acc.z *= inv;
+    acc.w *= inv;
+    const int e = e0 + r / G, h = kvh * G + r % G;
+    const int slot = p.entry_slot[e];
+    if (slot < 0) {
+      const int64_t off = (int64_t(p.entry_query[e]) * Hqo + h) * D + c;
+      uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
+      *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) = packed;
+    } else {
+      const int64_t off = (int64_t(slot) * Hqo + h) * D + c;
+      *reinterpret_cast<float4*>(p.partial_o + off) = acc;
+      if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
+    }
+  }
+}
+
+}  // namespace treeattn::cuda

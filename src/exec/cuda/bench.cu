@@ -1,0 +1,289 @@
+// GPU timing of plans (bench.hpp): device-generated inputs, L2 flush, event
+// timing, graph replay, in-process HBM bandwidth, and the check of sampled
+// queries against the fp64 reference on a compact copy of their context.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "treeattn/bench.hpp"
+#include "treeattn/cuda_executor.hpp"
+#include "treeattn/numeric.hpp"
+
+namespace treeattn {
+
+namespace {
+
+// uniform(-1, 1) from a counter hash (splitmix64), written as 16-bit floats.
+__global__ void fill_uniform_kernel(uint16_t* p, int64_t n, uint64_t seed, int bf16) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + uint64_t(i) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = float(z >> 40) * (2.f / 16777216.f) - 1.f;
+    p[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(u)) : __half_as_ushort(__float2half_rn(u));
+  }
+}
+
+void fill_uniform(void* p, size_t bytes, uint64_t seed, DType t) {
+  const int64_t n = int64_t(bytes / 2);
+  if (n == 0) return;
+  fill_uniform_kernel<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed, t == DType::bf16);
+  check_cuda(cudaGetLastError(), "bench: fill inputs");
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+// Event pair around one enqueue, elapsed in microseconds.
+struct EventTimer {
+  cudaEvent_t a = nullptr, b = nullptr;
+  EventTimer() {
+    check_cuda(cudaEventCreate(&a), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&b), "cudaEventCreate");
+  }
+  ~EventTimer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  template <class F>
+  double time_us(cudaStream_t s, F&& f) {
+    check_cuda(cudaEventRecord(a, s), "cudaEventRecord");
+    f();
+    check_cuda(cudaEventRecord(b, s), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+    return double(ms) * 1000.0;
+  }
+};
+
+}  // namespace
+
+bool gpu_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string gpu_device_name() {
+  if (!gpu_available()) return "";
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "";
+  return prop.name;
+}
+
+double measure_hbm_bandwidth_gbps() {
+  static std::once_flag once;
+  static double gbps = 0;
+  std::call_once(once, [] {
+    const size_t bytes = size_t(1) << 30;
+    DeviceBuffer src(bytes), dst(bytes);
+    check_cuda(cudaMemset(src.get(), 1, bytes), "bench: bandwidth buffer");
+    EventTimer t;
+    std::vector<double> us;
+    for (int i = 0; i < 12; ++i) {
+      const double x = t.time_us(nullptr, [&] {
+        check_cuda(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, nullptr), "bench: copy");
+      });
+      if (i >= 2) us.push_back(x);
+    }
+    gbps = 2.0 * double(bytes) / (median(us) * 1e3);  // read + write
+  });
+  return gbps;
+}
+
+struct GpuBench::Impl {
+  const Workload& w;
+  DeviceTensors d;
+  DeviceBuffer flush;
+  cudaStream_t stream = nullptr;
+  ~Impl() {
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+GpuBench::GpuBench(const Workload& w, uint64_t seed) {
+  if (!gpu_available()) throw Error("bench: no CUDA device");
+  impl_.reset(new Impl{w, {}, {}, nullptr});
+  Impl& m = *impl_;
+  const size_t es = dtype_size(w.layout.dtype);
+  if (es != 2) throw Error("bench: dtype " + std::string(to_string(w.layout.dtype)) + " has no GPU kernels");
+  const size_t qb = size_t(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim * es;
+  const size_t kvb = size_t(w.layout.num_pages) * w.layout.page_size * w.heads.num_kv_heads * w.heads.head_dim * es;
+  m.d.dtype = w.layout.dtype;
+  m.d.q = DeviceBuffer(qb);
+  m.d.k = DeviceBuffer(kvb);
+  m.d.v = DeviceBuffer(kvb);
+  m.d.out = DeviceBuffer(qb);
+  fill_uniform(m.d.q.get(), qb, seed * 3 + 1, w.layout.dtype);
+  fill_uniform(m.d.k.get(), kvb, seed * 3 + 2, w.layout.dtype);
+  fill_uniform(m.d.v.get(), kvb, seed * 3 + 3, w.layout.dtype);
+  int dev = 0, l2 = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute(L2)");
+  m.flush = DeviceBuffer(size_t(std::max(l2, 1 << 20)) * 2);
+  check_cuda(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaDeviceSynchronize(), "bench: input generation");
+}
+
+GpuBench::~GpuBench() = default;
+
+namespace {
+
+// Relative L2 error of each sampled query's output against fp64 attention
+// over its context; returns the worst. The sampled queries' contexts are
+// copied into a compact workload (its own pages) so that the reference needs
+// only their tokens on the host.
+double check_sampled_queries(const Workload& w, const DeviceTensors& d, int count) {
+  const int nq = w.num_queries();
+  count = std::min(count, nq);
+  if (count <= 0) return -1;
+  const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads, D = w.heads.head_dim, ps = w.layout.page_size;
+  const size_t es = dtype_size(w.layout.dtype);
+  const size_t page_bytes = size_t(ps) * Hkv * D * es, row_bytes = size_t(H) * D * es;
+
+  Workload sub;
+  sub.name = w.name + " (sampled)";
+  sub.heads = w.heads;
+  sub.layout = w.layout;
+  std::map<int32_t, int32_t> node_map;  // old -> new
+  std::vector<int32_t> sampled, old_pages;
+  for (int i = 0; i < count; ++i) sampled.push_back(int32_t(int64_t(i) * nq / count));
+  for (int32_t q : sampled) {
+    int32_t parent = -1;
+    for (int32_t v : w.path(w.query_nodes[q])) {
+      auto it = node_map.find(v);
+      if (it == node_map.end()) {
+        Node n;
+        n.parent = parent;
+        n.num_tokens = w.tree.nodes[v].num_tokens;
+        for (int32_t pg : w.tree.nodes[v].pages) {
+          n.pages.push_back(int32_t(old_pages.size()));
+          old_pages.push_back(pg);
+        }
+        it = node_map.emplace(v, int32_t(sub.tree.nodes.size())).first;
+        sub.tree.nodes.push_back(std::move(n));
+      }
+      parent = it->second;
+    }
+    sub.query_nodes.push_back(parent);
+  }
+  sub.layout.num_pages = int64_t(old_pages.size());
+
+  HostTensors h{w.layout.dtype, {}, {}, {}, {}};
+  h.q.resize(sampled.size() * row_bytes);
+  h.out.resize(sampled.size() * row_bytes);
+  h.k.resize(old_pages.size() * page_bytes);
+  h.v.resize(old_pages.size() * page_bytes);
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    const size_t off = size_t(sampled[i]) * row_bytes;
+    check_cuda(cudaMemcpy(h.q.data() + i * row_bytes, d.q.as<uint8_t>() + off, row_bytes, cudaMemcpyDeviceToHost),
+               "bench: download q");
+    check_cuda(cudaMemcpy(h.out.data() + i * row_bytes, d.out.as<uint8_t>() + off, row_bytes, cudaMemcpyDeviceToHost),
+               "bench: download out");
+  }
+  for (size_t i = 0; i < old_pages.size(); ++i) {
+    const size_t off = size_t(old_pages[i]) * page_bytes;
+    check_cuda(cudaMemcpy(h.k.data() + i * page_bytes, d.k.as<uint8_t>() + off, page_bytes, cudaMemcpyDeviceToHost),
+               "bench: download k");
+    check_cuda(cudaMemcpy(h.v.data() + i * page_bytes, d.v.as<uint8_t>() + off, page_bytes, cudaMemcpyDeviceToHost),
+               "bench: download v");
+  }
+  const std::vector<double> ref = reference_attention(sub, h.args());
+  double worst = 0;
+  const size_t per_q = size_t(H) * D;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    double num = 0, den = 0;
+    for (size_t j = 0; j < per_q; ++j) {
+      const double o = load_element(h.out.data(), w.layout.dtype, int64_t(i * per_q + j));
+      if (!std::isfinite(o)) return INFINITY;
+      const double r = ref[i * per_q + j];
+      num += (o - r) * (o - r);
+      den += r * r;
+    }
+    worst = std::max(worst, den > 0 ? std::sqrt(num / den) : std::sqrt(num));
+  }
+  return worst;
+}
+
+}  // namespace
+
+GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
+  Impl& m = *impl_;
+  const Workload& w = m.w;
+  CudaExecutor ex(w, p);
+  const AttentionArgs args = m.d.args();
+  const PlanSummary s = summarize(w, p);
+
+  GpuTiming r;
+  r.device = gpu_device_name();
+  r.bandwidth_gbps = measure_hbm_bandwidth_gbps();
+  r.kv_bytes = s.kv_bytes;
+  r.unique_kv_bytes = s.unique_kv_bytes;
+  r.io_bytes = int64_t(m.d.q.size() + m.d.out.size());
+  r.partial_bytes = s.partial_bytes;
+  r.floor_us = double(r.unique_kv_bytes + r.io_bytes) / (r.bandwidth_gbps * 1e3);
+  r.units = p.num_units();
+  r.slots = p.num_slots;
+  r.launches = ex.num_launches();
+
+  // Verification first, on a poisoned output.
+  m.d.poison_out(m.stream);
+  ex.run(args, m.stream);
+  check_cuda(cudaStreamSynchronize(m.stream), "bench: verification run");
+  if (o.verify_queries > 0) r.max_rel_err = check_sampled_queries(w, m.d, o.verify_queries);
+
+  EventTimer t;
+  auto flush = [&] {
+    if (o.flush_l2) check_cuda(cudaMemsetAsync(m.flush.get(), 0, m.flush.size(), m.stream), "bench: L2 flush");
+  };
+  std::vector<double> us;
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    flush();
+    const double x = t.time_us(m.stream, [&] { ex.run(args, m.stream); });
+    if (i >= o.warmup) us.push_back(x);
+  }
+  r.us = median(us);
+  r.us_min = *std::min_element(us.begin(), us.end());
+
+  if (o.graph) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    check_cuda(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "bench: begin capture");
+    ex.run(args, m.stream);
+    check_cuda(cudaStreamEndCapture(m.stream, &graph), "bench: end capture");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "bench: graph instantiate");
+    std::vector<double> gus;
+    for (int i = 0; i < o.warmup + o.iters; ++i) {
+      flush();
+      const double x = t.time_us(m.stream, [&] { check_cuda(cudaGraphLaunch(exec, m.stream), "bench: graph launch"); });
+      if (i >= o.warmup) gus.push_back(x);
+    }
+    r.us_graph = median(gus);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  check_cuda(cudaStreamSynchronize(m.stream), "bench: timing");
+  return r;
+}
+
+std::optional<GpuTiming> time_plan_on_gpu(const Workload& w, const Plan& p, const BenchOptions& o) {
+  if (!gpu_available()) return std::nullopt;
+  GpuBench b(w, o.seed);
+  return b.time(p, o);
+}
+
+}  // namespace treeattn

@@ -1,0 +1,320 @@
+// CudaExecutor: plan-time packing and upload of the plan + page table, the
+// partial workspace, and the run-time launch sequence (attention launches per
+// tile config, forked over internal streams, then the merge). Also the RAII
+// device buffer and the device-tensor helper of cuda_executor.hpp.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "exec/cuda/attention_params.hpp"
+#include "exec/cuda/kernels.hpp"
+#include "treeattn/cuda_executor.hpp"
+
+namespace treeattn {
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  throw Error(std::string(what) + ": " + cudaGetErrorString(status) + " (" + std::to_string(int(status)) + ")");
+}
+
+// ---- DeviceBuffer -------------------------------------------------------------
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes > 0)
+    check_cuda(cudaMalloc(&ptr_, bytes), ("cudaMalloc(" + std::to_string(bytes) + " bytes)").c_str());
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);  // no throw from a destructor; a failure here leaks nothing more
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+// ---- DeviceTensors ------------------------------------------------------------
+
+namespace {
+DeviceBuffer upload_bytes(const std::vector<uint8_t>& h, const char* what) {
+  DeviceBuffer d(h.size());
+  if (!h.empty()) check_cuda(cudaMemcpy(d.get(), h.data(), h.size(), cudaMemcpyHostToDevice), what);
+  return d;
+}
+}  // namespace
+
+DeviceTensors DeviceTensors::upload(const HostTensors& h) {
+  DeviceTensors d;
+  d.dtype = h.dtype;
+  d.q = upload_bytes(h.q, "upload q");
+  d.k = upload_bytes(h.k, "upload k");
+  d.v = upload_bytes(h.v, "upload v");
+  d.out = upload_bytes(h.out, "upload out");
+  return d;
+}
+
+void DeviceTensors::download_out(HostTensors& h) const {
+  if (h.out.size() != out.size())
+    throw Error("download_out: host out has " + std::to_string(h.out.size()) + " bytes, device " +
+                std::to_string(out.size()));
+  if (!h.out.empty()) check_cuda(cudaMemcpy(h.out.data(), out.get(), out.size(), cudaMemcpyDeviceToHost), "download out");
+}
+
+void DeviceTensors::poison_out(cudaStream_t stream) const {
+  if (out.size()) check_cuda(cudaMemsetAsync(out.get(), 0xff, out.size(), stream), "poison out");
+}
+
+AttentionArgs DeviceTensors::args(float scale) const { return {q.get(), k.get(), v.get(), out.get(), scale}; }
+
+// ---- CudaExecutor -------------------------------------------------------------
+
+namespace {
+
+// Lays out arrays in one buffer, each 16-byte aligned, and remembers where.
+class Packer {
+ public:
+  template <class T>
+  size_t add(const T* data, size_t count) {
+    size_t off = (size_ + 15) & ~size_t(15);
+    items_.push_back({off, static_cast<const void*>(data), count * sizeof(T)});
+    size_ = off + count * sizeof(T);
+    return off;
+  }
+  template <class T>
+  size_t add(const std::vector<T>& v) { return add(v.data(), v.size()); }
+  size_t size() const { return std::max<size_t>(size_, 16); }
+  void write(uint8_t* dst) const {
+    for (const Item& it : items_)
+      if (it.bytes) std::memcpy(dst + it.offset, it.src, it.bytes);
+  }
+
+ private:
+  struct Item {
+    size_t offset;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<Item> items_;
+  size_t size_ = 0;
+};
+
+struct Launch {
+  cuda::KernelEntry kernel;
+  int32_t first_unit;  // into unit_order
+  int32_t num_units;
+};
+
+}  // namespace
+
+struct CudaExecutor::Impl {
+  DType dtype;
+  int head_dim, num_kv_heads;
+  DeviceBuffer plan_buf, workspace;
+  std::vector<Launch> launches;
+  cuda::AttnParams attn{};  // plan pointers filled at plan time, tensors per run
+  cuda::MergeParams merge{};
+  std::vector<cudaStream_t> aux;  // aux[i] runs launches[i + 1]
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> join;
+
+  ~Impl() {
+    for (cudaEvent_t e : join) cudaEventDestroy(e);
+    if (fork) cudaEventDestroy(fork);
+    for (cudaStream_t s : aux) cudaStreamDestroy(s);
+  }
+};
+
+CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_unique<Impl>()) {
+  validate_plan(w, p);
+  Impl& m = *impl_;
+  m.dtype = w.layout.dtype;
+  m.head_dim = w.heads.head_dim;
+  m.num_kv_heads = w.heads.num_kv_heads;
+  if (m.dtype != DType::fp16 && m.dtype != DType::bf16)
+    throw Error("cuda executor: dtype " + std::string(to_string(m.dtype)) + " is not supported (fp16, bf16)");
+
+  // The tree's page table as CSR.
+  std::vector<int32_t> node_page_offset(w.tree.nodes.size() + 1, 0), page_ids;
+  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
+    const auto& pages = w.tree.nodes[v].pages;
+    page_ids.insert(page_ids.end(), pages.begin(), pages.end());
+    node_page_offset[v + 1] = int32_t(page_ids.size());
+  }
+
+  // Units grouped by tile config, longest first within each group (the
+  // longest CTAs start first, so the tail is short ones).
+  const int U = p.num_units();
+  std::vector<int64_t> unit_tokens(U, 0);
+  for (int u = 0; u < U; ++u)
+    for (int s = p.unit_segment_offset[u]; s < p.unit_segment_offset[u + 1]; ++s) unit_tokens[u] += p.segments[s].size();
+  std::vector<int32_t> unit_order;
+  unit_order.reserve(U);
+  for (int tile = 0; tile < int(kTileConfigs.size()); ++tile) {
+    const size_t first = unit_order.size();
+    for (int u = 0; u < U; ++u)
+      if (p.unit_tile[u] == tile) unit_order.push_back(u);
+    if (unit_order.size() == first) continue;
+    std::stable_sort(unit_order.begin() + first, unit_order.end(),
+                     [&](int32_t a, int32_t b) { return unit_tokens[a] > unit_tokens[b]; });
+    Launch l{cuda::find_attention_kernel(m.dtype, m.head_dim, tile), int32_t(first),
+             int32_t(unit_order.size() - first)};
+    if (int64_t(l.num_units) * m.num_kv_heads > int64_t(INT32_MAX))
+      throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +
+                  " kv heads exceed the grid");
+    m.launches.push_back(l);
+  }
+
+  std::vector<int32_t> merge_queries;
+  for (int32_t q = 0; q < w.num_queries(); ++q)
+    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q]) merge_queries.push_back(q);
+
+  static_assert(sizeof(Segment) == 3 * sizeof(int32_t), "segments upload as (node, begin, end) triples");
+  Packer pk;
+  const size_t o_seg_off = pk.add(p.unit_segment_offset);
+  const size_t o_segs = pk.add(p.segments);
+  const size_t o_q_off = pk.add(p.unit_query_offset);
+  const size_t o_eq = pk.add(p.entry_query);
+  const size_t o_em = pk.add(p.entry_mask);
+  const size_t o_es = pk.add(p.entry_slot);
+  const size_t o_um = pk.add(p.unit_masked);
+  const size_t o_order = pk.add(unit_order);
+  const size_t o_npo = pk.add(node_page_offset);
+  const size_t o_pages = pk.add(page_ids);
+  const size_t o_qso = pk.add(p.query_slot_offset);
+  const size_t o_qs = pk.add(p.query_slots);
+  const size_t o_mq = pk.add(merge_queries);
+
+  // One pinned staging buffer, one copy.
+  void* host = nullptr;
+  check_cuda(cudaMallocHost(&host, pk.size()), "cuda executor: pinned plan buffer");
+  std::unique_ptr<void, decltype(&cudaFreeHost)> host_guard(host, &cudaFreeHost);
+  pk.write(static_cast<uint8_t*>(host));
+  m.plan_buf = DeviceBuffer(pk.size());
+  cudaStream_t up = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking), "cuda executor: upload stream");
+  cudaError_t st = cudaMemcpyAsync(m.plan_buf.get(), host, pk.size(), cudaMemcpyHostToDevice, up);
+  if (st == cudaSuccess) st = cudaStreamSynchronize(up);
+  cudaStreamDestroy(up);
+  check_cuda(st, "cuda executor: plan upload");
+
+  const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
+  const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
+  m.workspace = DeviceBuffer(o_bytes + size_t(p.num_slots) * H * sizeof(float));
+
+  auto at = [&](size_t off) { return static_cast<const uint8_t*>(m.plan_buf.get()) + off; };
+  cuda::AttnParams& a = m.attn;
+  a.partial_o = m.workspace.as<float>();
+  a.partial_lse = reinterpret_cast<float*>(m.workspace.as<uint8_t>() + o_bytes);
+  a.unit_order = reinterpret_cast<const int32_t*>(at(o_order));
+  a.unit_segment_offset = reinterpret_cast<const int32_t*>(at(o_seg_off));
+  a.segments = reinterpret_cast<const int32_t*>(at(o_segs));
+  a.unit_query_offset = reinterpret_cast<const int32_t*>(at(o_q_off));
+  a.entry_query = reinterpret_cast<const int32_t*>(at(o_eq));
+  a.entry_mask = reinterpret_cast<const uint64_t*>(at(o_em));
+  a.entry_slot = reinterpret_cast<const int32_t*>(at(o_es));
+  a.unit_masked = at(o_um);
+  a.node_page_offset = reinterpret_cast<const int32_t*>(at(o_npo));
+  a.page_ids = reinterpret_cast<const int32_t*>(at(o_pages));
+  a.num_qo_heads = H;
+  a.num_kv_heads = w.heads.num_kv_heads;
+  a.group = w.heads.group_size();
+  a.page_size = w.layout.page_size;
+
+  cuda::MergeParams& mg = m.merge;
+  mg.partial_o = a.partial_o;
+  mg.partial_lse = a.partial_lse;
+  mg.merge_queries = reinterpret_cast<const int32_t*>(at(o_mq));
+  mg.query_slot_offset = reinterpret_cast<const int32_t*>(at(o_qso));
+  mg.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
+  mg.num_merge_queries = int32_t(merge_queries.size());
+  mg.num_qo_heads = H;
+
+  int dev = 0, smem_optin = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  for (const Launch& l : m.launches) {
+    if (l.kernel.smem_bytes > smem_optin)
+      throw Error("cuda executor: tile m=" + std::to_string(l.kernel.m) + " head_dim " + std::to_string(D) + " needs " +
+                  std::to_string(l.kernel.smem_bytes) + " bytes of shared memory, the device allows " +
+                  std::to_string(smem_optin));
+    check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.kernel.smem_bytes),
+               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  }
+
+  // Tile configs run concurrently: each extra launch gets its own stream,
+  // forked from and joined back into the caller's stream with events (which
+  // also works under stream capture).
+  if (m.launches.size() > 1) {
+    check_cuda(cudaEventCreateWithFlags(&m.fork, cudaEventDisableTiming), "cudaEventCreate");
+    for (size_t i = 1; i < m.launches.size(); ++i) {
+      cudaStream_t s = nullptr;
+      check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+      m.aux.push_back(s);
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      m.join.push_back(e);
+    }
+  }
+}
+
+CudaExecutor::~CudaExecutor() = default;
+CudaExecutor::CudaExecutor(CudaExecutor&&) noexcept = default;
+CudaExecutor& CudaExecutor::operator=(CudaExecutor&&) noexcept = default;
+
+size_t CudaExecutor::plan_bytes() const { return impl_->plan_buf.size(); }
+size_t CudaExecutor::workspace_bytes() const { return impl_->workspace.size(); }
+int CudaExecutor::num_launches() const { return int(impl_->launches.size()); }
+
+void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
+  const Impl& m = *impl_;
+  const float scale = args.scale != 0.f ? args.scale : 1.f / std::sqrt(float(m.head_dim));
+  if (!(scale > 0.f) || !std::isfinite(scale))
+    throw Error("cuda executor: softmax scale must be positive and finite, got " + std::to_string(args.scale));
+  if (!args.q || !args.k || !args.v || !args.out) throw Error("cuda executor: null tensor pointer in AttentionArgs");
+
+  cuda::AttnParams a = m.attn;
+  a.q = args.q;
+  a.k = args.k;
+  a.v = args.v;
+  a.out = args.out;
+  a.scale_log2 = scale * 1.4426950408889634f;
+
+  auto launch = [&](const Launch& l, cudaStream_t s) {
+    cuda::AttnParams lp = a;
+    lp.unit_order = a.unit_order + l.first_unit;
+    void* kargs[] = {&lp};
+    check_cuda(cudaLaunchKernel(l.kernel.kernel, dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads)),
+                                dim3(l.kernel.threads), kargs, size_t(l.kernel.smem_bytes), s),
+               "cuda executor: attention launch");
+  };
+  if (!m.aux.empty()) check_cuda(cudaEventRecord(m.fork, stream), "cudaEventRecord(fork)");
+  for (size_t i = 1; i < m.launches.size(); ++i) {
+    check_cuda(cudaStreamWaitEvent(m.aux[i - 1], m.fork, 0), "cudaStreamWaitEvent(fork)");
+    launch(m.launches[i], m.aux[i - 1]);
+    check_cuda(cudaEventRecord(m.join[i - 1], m.aux[i - 1]), "cudaEventRecord(join)");
+  }
+  if (!m.launches.empty()) launch(m.launches[0], stream);
+  for (size_t i = 1; i < m.launches.size(); ++i)
+    check_cuda(cudaStreamWaitEvent(stream, m.join[i - 1], 0), "cudaStreamWaitEvent(join)");
+
+  cuda::MergeParams mg = m.merge;
+  mg.out = args.out;
+  cuda::launch_merge(m.dtype, m.head_dim, mg, stream);
+  check_cuda(cudaGetLastError(), "cuda executor: merge launch");
+}
+
+}  // namespace treeattn

@@ -1,0 +1,33 @@
+// The compiled kernel set and its single dispatch point: (dtype, head_dim,
+// tile index into kTileConfigs) -> one instantiation of the attention kernel.
+// Host-only declarations; the instantiations live in kernels/*.cu, one per
+// (dtype, head_dim, m) so they build in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "exec/cuda/attention_params.hpp"
+#include "treeattn/types.hpp"
+
+namespace treeattn::cuda {
+
+struct KernelEntry {
+  const void* kernel = nullptr;  // __global__ function, for cudaLaunchKernel / attributes
+  int threads = 0;
+  int smem_bytes = 0;  // dynamic shared memory per CTA
+  int stages = 0;      // K/V pipeline depth
+  int m = 0, n = 0;
+};
+
+// Defined in attention_kernel.cuh; explicitly instantiated in kernels/*.cu.
+// kDType is int(DType): 0 fp16, 1 bf16.
+template <int kDType, int D, int M, int N>
+KernelEntry attention_entry();
+
+// Throws Error for a combination that is not compiled.
+KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile);
+
+// The merge kernel over (query, qo head): launches and returns without syncing.
+void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream);
+
+}  // namespace treeattn::cuda

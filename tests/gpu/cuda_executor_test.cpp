@@ -1,0 +1,350 @@
+// GPU tests of the CUDA executor: every registered planner over random trees
+// and the generator families, against the CPU executor and the fp64
+// reference, with the output poisoned (NaN) before each run; page sizes 1, 16,
+// 64; GQA 1/4/8/16; head_dim 64/128/256; fp16 (<= 2e-3) and bf16 (<= 1e-2);
+// hand-built plans with 1 and 64 masked segments; one query; one-token nodes;
+// a 128k-token node; CUDA graph replay. Tests named Sanitize* are the small
+// subset that the device script runs under compute-sanitizer.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "treeattn/cuda_executor.hpp"
+#include "treeattn/executor.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/workloads.hpp"
+
+namespace treeattn {
+namespace {
+
+double tolerance(DType t) { return t == DType::bf16 ? 1e-2 : 2e-3; }
+
+struct Errors {
+  double gpu_vs_ref = 0, cpu_vs_ref = 0, gpu_vs_cpu = 0;
+};
+
+std::vector<double> as_doubles(const Workload& w, const std::vector<uint8_t>& out) {
+  const size_t n = out.size() / dtype_size(w.layout.dtype);
+  std::vector<double> r(n);
+  for (size_t i = 0; i < n; ++i) r[i] = load_element(out.data(), w.layout.dtype, int64_t(i));
+  return r;
+}
+
+// Runs plan p on the GPU (output poisoned first) and on the CPU; both against
+// the fp64 reference, and against each other.
+Errors check_plan(const Workload& w, const Plan& p, uint64_t seed, bool with_cpu = true) {
+  HostTensors h = make_random_inputs(w, seed);
+  const std::vector<double> ref = reference_attention(w, h.args());
+  DeviceTensors d = DeviceTensors::upload(h);
+  CudaExecutor ex(w, p);
+  d.poison_out();
+  ex.run(d.args(), nullptr);
+  check_cuda(cudaDeviceSynchronize(), "test run");
+  HostTensors g = h;
+  d.download_out(g);
+  Errors e;
+  e.gpu_vs_ref = relative_error(w, g.out.data(), ref);
+  if (with_cpu) {
+    run_cpu(w, p, h.args());
+    e.cpu_vs_ref = relative_error(w, h.out.data(), ref);
+    e.gpu_vs_cpu = relative_error(w, g.out.data(), as_doubles(w, h.out));
+  }
+  return e;
+}
+
+void expect_ok(const Workload& w, const Plan& p, const Errors& e, const std::string& what) {
+  const double tol = tolerance(w.layout.dtype);
+  EXPECT_LE(e.gpu_vs_ref, tol) << what << " planner " << p.planner << " (gpu vs fp64 reference)";
+  EXPECT_LE(e.cpu_vs_ref, tol) << what << " planner " << p.planner << " (cpu vs fp64 reference)";
+  EXPECT_LE(e.gpu_vs_cpu, tol) << what << " planner " << p.planner << " (gpu vs cpu executor)";
+}
+
+WorkloadParams params(int qo, int kv, int d, DType t, int page, uint64_t seed = 1) {
+  WorkloadParams p;
+  p.heads = {qo, kv, d};
+  p.page_size = page;
+  p.dtype = t;
+  p.seed = seed;
+  return p;
+}
+
+// ---- every planner x random trees --------------------------------------------
+
+TEST(CudaExecutor, EveryPlannerRandomTrees) {
+  // Shapes rotate with the seed so that every dtype / head_dim / page size /
+  // GQA ratio meets every planner and several tree shapes.
+  const int heads[][2] = {{8, 8}, {32, 8}, {32, 4}, {32, 2}};
+  const int dims[] = {64, 128, 256};
+  const int pages[] = {1, 16, 64};
+  const int sms[] = {4, 132, 1};
+  double worst[2] = {0, 0};
+  int runs = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    const DType t = seed % 2 ? DType::fp16 : DType::bf16;
+    const auto& hd = heads[seed % 4];
+    const WorkloadParams wp = params(hd[0], hd[1], dims[seed % 3], t, pages[(seed / 3) % 3], seed);
+    RandomTreeOptions ro;
+    ro.max_nodes = 30;
+    ro.max_tokens = 200;
+    const Workload w = random_workload(seed, wp, ro);
+    PlanOptions opt;
+    opt.num_sms = sms[seed % 3];
+    for (const PlannerInfo& pl : planners()) {
+      const Plan p = pl.fn(w, opt);
+      const Errors e = check_plan(w, p, seed * 7 + 1);
+      expect_ok(w, p, e, w.name + " d=" + std::to_string(w.heads.head_dim));
+      worst[t == DType::bf16] = std::max(worst[t == DType::bf16], e.gpu_vs_ref);
+      ++runs;
+    }
+  }
+  std::printf("  %d (tree, planner) runs; worst gpu-vs-reference: fp16 %.2e, bf16 %.2e\n", runs, worst[0], worst[1]);
+}
+
+// ---- generator families --------------------------------------------------------
+
+TEST(CudaExecutor, GeneratorFamilies) {
+  const char* specs[] = {
+      "fasttree:N=1,4,16:C=300,40,20",
+      "pat:B=1,4,16:L=200,100,30",
+      "pat:B=2,8:L=100,60",
+      "fewshot:prompt=700:branches=12:len=50",
+  };
+  const int heads[][2] = {{32, 8}, {8, 8}, {32, 4}, {32, 2}};
+  int i = 0;
+  for (const char* spec : specs) {
+    for (DType t : {DType::fp16, DType::bf16}) {
+      const auto& hd = heads[i % 4];
+      const Workload w = make_workload(spec, params(hd[0], hd[1], 128, t, 16, 3 + i));
+      PlanOptions opt;
+      opt.num_sms = 8;
+      for (const PlannerInfo& pl : planners()) {
+        const Plan p = pl.fn(w, opt);
+        expect_ok(w, p, check_plan(w, p, 100 + i), w.name);
+      }
+      ++i;
+    }
+  }
+}
+
+// ---- shape matrix on one tree: page sizes, GQA, head dims, dtypes ---------------
+
+TEST(CudaExecutor, ShapeMatrix) {
+  const int group_heads[][2] = {{4, 4}, {16, 4}, {32, 4}, {32, 2}};  // GQA 1, 4, 8, 16
+  for (int page : {1, 16, 64})
+    for (const auto& hd : group_heads)
+      for (int d : {64, 128, 256})
+        for (DType t : {DType::fp16, DType::bf16}) {
+          if (page == 1 && d == 256 && t == DType::bf16) continue;  // keep the matrix short
+          const Workload w = make_workload("fasttree:N=1,3,6:C=150,33,17", params(hd[0], hd[1], d, t, page, page + d));
+          for (const char* planner : {"per-query", "node"}) {
+            PlanOptions opt;
+            opt.num_sms = 2;
+            const Plan p = make_plan(planner, w, opt);
+            expect_ok(w, p, check_plan(w, p, 11), w.name + " page " + std::to_string(page) + " heads " +
+                                                      std::to_string(hd[0]) + "/" + std::to_string(hd[1]) + " d " +
+                                                      std::to_string(d) + " " + std::string(to_string(t)));
+          }
+        }
+}
+
+// ---- hand-built masked plans -------------------------------------------------------
+
+// Root of 100 tokens with one child of 37; query 0 on the root, query 1 on the
+// child. One unit holds both segments; query 0 does not see the child: one
+// masked segment, a tile spanning two segments, output written directly.
+TEST(CudaExecutor, SanitizeOneMaskedSegment) {
+  for (DType t : {DType::fp16, DType::bf16}) {
+    WorkloadParams wp = params(8, 2, 128, t, 16);
+    Workload w;
+    w.name = "two-node";
+    w.heads = wp.heads;
+    w.layout.page_size = 16;
+    w.layout.dtype = t;
+    PageAllocator alloc(16, 5);
+    const int32_t root = alloc.add_node(w.tree, -1, 100);
+    const int32_t child = alloc.add_node(w.tree, root, 37);
+    w.layout.num_pages = alloc.finish(w.tree);
+    w.query_nodes = {root, child};
+    w.validate();
+    PlanBuilder b(w, "hand");
+    b.begin_unit();
+    b.add_segment(root, 0, 100);
+    b.add_segment(child, 0, 37);
+    b.add_query(0, 0b01);
+    b.add_query(1, 0b11);
+    b.end_unit();
+    const Plan p = b.finish();
+    ASSERT_EQ(p.unit_masked[0], 1);
+    ASSERT_EQ(p.num_slots, 0);
+    expect_ok(w, p, check_plan(w, p, 3), "one masked segment");
+  }
+}
+
+// A root with 64 children (1..9 tokens, one-token nodes among them), a query
+// per child. Unit A: the 64 children as 64 segments, each query seeing only
+// its own child (64 masked segments, many per tile); units B: the root split
+// in two, all queries. Every query has 3 partials to merge.
+Workload star64(DType t, int qo, int kv, int d, int page) {
+  Workload w;
+  w.name = "star64";
+  w.heads = {qo, kv, d};
+  w.layout.page_size = page;
+  w.layout.dtype = t;
+  PageAllocator alloc(page, 9);
+  const int32_t root = alloc.add_node(w.tree, -1, 300);
+  for (int c = 0; c < 64; ++c) w.query_nodes.push_back(alloc.add_node(w.tree, root, 1 + c % 9));
+  w.layout.num_pages = alloc.finish(w.tree);
+  w.validate();
+  return w;
+}
+
+Plan star64_plan(const Workload& w) {
+  PlanBuilder b(w, "hand-64");
+  const int per_unit = std::min(64, kMaxTileRows / w.heads.group_size());
+  for (int q0 = 0; q0 < 64; q0 += per_unit) {
+    b.begin_unit();
+    for (int c = 0; c < 64; ++c) b.add_segment(w.query_nodes[c], 0, w.tree.nodes[w.query_nodes[c]].num_tokens);
+    for (int q = q0; q < q0 + per_unit; ++q) b.add_query(q, 1ull << q);
+    b.end_unit();
+  }
+  for (auto [lo, hi] : {std::pair{0, 170}, std::pair{170, 300}})
+    for (int q0 = 0; q0 < 64; q0 += per_unit) {
+      b.begin_unit();
+      b.add_segment(0, lo, hi);
+      for (int q = q0; q < q0 + per_unit; ++q) b.add_query(q);
+      b.end_unit();
+    }
+  return b.finish();
+}
+
+TEST(CudaExecutor, SanitizeSixtyFourMaskedSegments) {
+  for (DType t : {DType::fp16, DType::bf16}) {
+    const Workload w = star64(t, 4, 2, 64, 1);
+    const Plan p = star64_plan(w);
+    validate_plan(w, p);
+    ASSERT_EQ(p.unit_num_segments(0), 64);
+    ASSERT_GT(p.num_slots, 0);
+    expect_ok(w, p, check_plan(w, p, 5), "64 masked segments");
+  }
+}
+
+TEST(CudaExecutor, SixtyFourMaskedSegmentsShapes) {
+  for (int page : {1, 16, 64})
+    for (int d : {64, 128, 256}) {
+      const Workload w = star64(DType::fp16, 32, 8, d, page);
+      const Plan p = star64_plan(w);
+      expect_ok(w, p, check_plan(w, p, 6), "64 masked segments d " + std::to_string(d));
+    }
+}
+
+// ---- edge cases ----------------------------------------------------------------------
+
+TEST(CudaExecutor, SanitizeOneQuery) {
+  for (DType t : {DType::fp16, DType::bf16}) {
+    const Workload w = make_workload("pat:B=1:L=77", params(32, 8, 128, t, 16));
+    ASSERT_EQ(w.num_queries(), 1);
+    for (const PlannerInfo& pl : planners()) {
+      PlanOptions opt;
+      opt.num_sms = 3;
+      const Plan p = pl.fn(w, opt);
+      expect_ok(w, p, check_plan(w, p, 2), "one query");
+    }
+  }
+}
+
+// A speculative-decoding chain of one-token nodes with a query on each.
+TEST(CudaExecutor, OneTokenNodes) {
+  Workload w;
+  w.name = "one-token chain";
+  w.heads = {16, 4, 128};
+  w.layout.page_size = 16;
+  w.layout.dtype = DType::fp16;
+  PageAllocator alloc(16, 3);
+  int32_t v = alloc.add_node(w.tree, -1, 40);
+  for (int i = 0; i < 20; ++i) {
+    v = alloc.add_node(w.tree, v, 1);
+    w.query_nodes.push_back(v);
+  }
+  w.layout.num_pages = alloc.finish(w.tree);
+  w.validate();
+  for (const PlannerInfo& pl : planners()) {
+    const Plan p = pl.fn(w, PlanOptions{});
+    expect_ok(w, p, check_plan(w, p, 4), "one-token nodes");
+  }
+}
+
+// One node of 128k tokens and a single query: the per-query planner splits it
+// into many partials (merge of many slots); node runs it too.
+TEST(CudaExecutor, LongNode128k) {
+  const Workload w = make_workload("pat:B=1:L=131072", params(8, 2, 128, DType::bf16, 16));
+  for (const char* planner : {"per-query", "node", "pat"}) {
+    const Plan p = make_plan(planner, w, PlanOptions{});
+    const Errors e = check_plan(w, p, 8);
+    expect_ok(w, p, e, "128k node");
+    std::printf("  128k node, %s: %d units, %d slots, gpu err %.2e\n", planner, p.num_units(), p.num_slots,
+                e.gpu_vs_ref);
+  }
+}
+
+// ---- run semantics -------------------------------------------------------------------
+
+// The same run twice gives bit-identical results; a graph captured from run()
+// replays to the same result.
+TEST(CudaExecutor, SanitizeDeterministicAndGraphReplay) {
+  const Workload w = make_workload("fasttree:N=1,4,16:C=300,40,20", params(32, 8, 128, DType::fp16, 16));
+  PlanOptions opt;
+  opt.num_sms = 4;
+  const Plan p = make_plan("node", w, opt);
+  HostTensors h = make_random_inputs(w, 12);
+  DeviceTensors d = DeviceTensors::upload(h);
+  CudaExecutor ex(w, p);
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+
+  d.poison_out(s);
+  ex.run(d.args(), s);
+  check_cuda(cudaStreamSynchronize(s), "run 1");
+  HostTensors a = h, b = h, c = h;
+  d.download_out(a);
+  d.poison_out(s);
+  ex.run(d.args(), s);
+  check_cuda(cudaStreamSynchronize(s), "run 2");
+  d.download_out(b);
+  EXPECT_EQ(a.out, b.out) << "two runs differ";
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  check_cuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "begin capture");
+  ex.run(d.args(), s);
+  check_cuda(cudaStreamEndCapture(s, &graph), "end capture");
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (int i = 0; i < 2; ++i) {
+    d.poison_out(s);
+    check_cuda(cudaGraphLaunch(exec, s), "graph launch");
+  }
+  check_cuda(cudaStreamSynchronize(s), "graph replay");
+  d.download_out(c);
+  EXPECT_EQ(a.out, c.out) << "graph replay differs from run()";
+  const std::vector<double> ref = reference_attention(w, h.args());
+  EXPECT_LE(relative_error(w, c.out.data(), ref), tolerance(w.layout.dtype));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+TEST(CudaExecutor, RejectsBadArgs) {
+  const Workload w = make_workload("pat:B=1:L=32", params(8, 8, 64, DType::fp16, 16));
+  const Plan p = make_plan("per-query", w, PlanOptions{});
+  CudaExecutor ex(w, p);
+  AttentionArgs a;
+  EXPECT_THROW(ex.run(a, nullptr), Error);
+  const Workload w32 = make_workload("pat:B=1:L=32", params(8, 8, 64, DType::fp32, 16));
+  EXPECT_THROW(CudaExecutor(w32, make_plan("per-query", w32, PlanOptions{})), Error);
+}
+
+}  // namespace
+}  // namespace treeattn
