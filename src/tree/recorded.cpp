@@ -2,7 +2,10 @@
 // data/workloads/README.md): tree-of-thoughts trees at an iteration, and Medusa
 // token trees at a step. Any file of the same format works.
 #include <algorithm>
+#include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,33 +27,22 @@ struct TotNode {
   std::vector<int64_t> children;
 };
 
-}  // namespace
+// One task, checked: `order` is a BFS from the root (parents first). A task
+// that fails its checks keeps the message, thrown when that task is asked for.
+struct TotTask {
+  std::vector<TotNode> nodes;
+  std::vector<int32_t> parent, order;
+  int32_t root = -1;
+  std::string error;
+};
 
-// Replay rule (README): at iteration t a node exists when start <= t (the root,
-// the prefilled prompt, always); its length is min(value, t - start + 1), the
-// root's is its full value (the recorded prompt length in tokens: we use the
-// file's count, not a tokenisation of the prompt text). A node generates when
-// start <= t <= end and then holds one decode query. A finished node stays
-// only while its subtree still holds a generating node: it is the shared
-// prefix of those; finished subtrees with nothing generating below are dropped,
-// as a decode engine would have evicted them, and they get no query.
-Workload tot_workload(const std::string& path, int task, int iter, const WorkloadParams& p) {
-  const std::string name = "tot:" + path + ":task=" + std::to_string(task) + ":iter=" + std::to_string(iter);
-  detail::check_page_size(p.page_size);
-  if (iter < 0) throw Error("tot: iter = " + std::to_string(iter) + " must be >= 0");
-  const json top = detail::parse_json(detail::read_text_file(path, "tot"), "tot: " + path);
-  if (!top.is_array()) throw Error("tot: " + path + ": the top level is not a list of tasks");
-  if (task < 0 || size_t(task) >= top.size())
-    throw Error("tot: task = " + std::to_string(task) + " is out of range [0, " + std::to_string(top.size()) +
-                ") in " + path);
-  const std::string where = "tot: " + path + ": [" + std::to_string(task) + "]";
-  const json& jt = top[task];
+TotTask parse_tot_task(const json& jt, const std::string& where) {
+  TotTask tt;
   detail::require_object(jt, where);
   const json& data = detail::require(jt, "data", where);
   detail::require_object(data, where + ".data");
   if (data.empty()) throw Error(where + ".data: empty (no nodes)");
-
-  std::vector<TotNode> nodes;
+  std::vector<TotNode>& nodes = tt.nodes;
   std::unordered_map<int64_t, int32_t> index;  // recorded id -> position in `nodes`
   for (auto it = data.begin(); it != data.end(); ++it) {
     const std::string f = where + ".data[\"" + it.key() + "\"]";
@@ -70,33 +62,99 @@ Workload tot_workload(const std::string& path, int task, int iter, const Workloa
   }
   const int32_t n = int32_t(nodes.size());
   detail::check_budget(n, 0, where);
-  std::vector<int32_t> parent(n, -1);
+  tt.parent.assign(n, -1);
   for (int32_t v = 0; v < n; ++v)
     for (int64_t c : nodes[v].children) {
       auto it = index.find(c);
       if (it == index.end())
         throw Error(where + ": node " + std::to_string(nodes[v].id) + ": child " + std::to_string(c) +
                     " does not exist");
-      if (parent[it->second] >= 0)
+      if (tt.parent[it->second] >= 0)
         throw Error(where + ": node " + std::to_string(c) + " is a child of both node " +
-                    std::to_string(nodes[parent[it->second]].id) + " and node " + std::to_string(nodes[v].id));
-      parent[it->second] = v;
+                    std::to_string(nodes[tt.parent[it->second]].id) + " and node " + std::to_string(nodes[v].id));
+      tt.parent[it->second] = v;
     }
-  int32_t root = -1;
   for (int32_t v = 0; v < n; ++v) {
-    if (parent[v] >= 0) continue;
-    if (root >= 0)
+    if (tt.parent[v] >= 0) continue;
+    if (tt.root >= 0)
       throw Error(where + ": node " + std::to_string(nodes[v].id) + " is a second root (node " +
-                  std::to_string(nodes[root].id) + " is the first; a ToT tree has one root)");
-    root = v;
+                  std::to_string(nodes[tt.root].id) + " is the first; a ToT tree has one root)");
+    tt.root = v;
   }
-  if (root < 0) throw Error(where + ": no root (every node is some node's child: a cycle)");
-  std::vector<int32_t> order{root};  // BFS, parents first
-  for (size_t i = 0; i < order.size(); ++i)
-    for (int64_t c : nodes[order[i]].children) order.push_back(index.at(c));
-  if (int32_t(order.size()) != n)
-    throw Error(where + ": " + std::to_string(n - int32_t(order.size())) +
+  if (tt.root < 0) throw Error(where + ": no root (every node is some node's child: a cycle)");
+  tt.order = {tt.root};
+  for (size_t i = 0; i < tt.order.size(); ++i)
+    for (int64_t c : nodes[tt.order[i]].children) tt.order.push_back(index.at(c));
+  if (int32_t(tt.order.size()) != n)
+    throw Error(where + ": " + std::to_string(n - int32_t(tt.order.size())) +
                 " nodes are not reachable from the root (a cycle)");
+  return tt;
+}
+
+// Benchmarks replay many iterations of one file; parsing it once per call
+// would dominate. Parsed files are kept per path and reloaded when the file's
+// size or modification time changes. Files that fail to parse are not kept.
+std::shared_ptr<const std::vector<TotTask>> load_tot_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  struct Entry {
+    uintmax_t size;
+    fs::file_time_type mtime;
+    std::shared_ptr<const std::vector<TotTask>> tasks;
+  };
+  static std::mutex mu;
+  static std::map<std::string, Entry> cache;
+  std::error_code e1, e2;
+  const uintmax_t size = fs::file_size(path, e1);
+  const fs::file_time_type mtime = fs::last_write_time(path, e2);
+  const bool stat_ok = !e1 && !e2;
+  if (stat_ok) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(path);
+    if (it != cache.end() && it->second.size == size && it->second.mtime == mtime) return it->second.tasks;
+  }
+  const json top = detail::parse_json(detail::read_text_file(path, "tot"), "tot: " + path);
+  if (!top.is_array()) throw Error("tot: " + path + ": the top level is not a list of tasks");
+  auto tasks = std::make_shared<std::vector<TotTask>>(top.size());
+  for (size_t k = 0; k < top.size(); ++k) {
+    try {
+      (*tasks)[k] = parse_tot_task(top[k], "tot: " + path + ": [" + std::to_string(k) + "]");
+    } catch (const Error& e) {
+      (*tasks)[k] = TotTask{};
+      (*tasks)[k].error = e.what();
+    }
+  }
+  if (stat_ok) {
+    std::lock_guard<std::mutex> lock(mu);
+    cache[path] = Entry{size, mtime, tasks};
+  }
+  return tasks;
+}
+
+}  // namespace
+
+// Replay rule (README): at iteration t a node exists when start <= t (the root,
+// the prefilled prompt, always); its length is min(value, t - start + 1), the
+// root's is its full value (the recorded prompt length in tokens: we use the
+// file's count, not a tokenisation of the prompt text). A node generates when
+// start <= t <= end and then holds one decode query. A finished node stays
+// only while its subtree still holds a generating node: it is the shared
+// prefix of those; finished subtrees with nothing generating below are dropped,
+// as a decode engine would have evicted them, and they get no query.
+Workload tot_workload(const std::string& path, int task, int iter, const WorkloadParams& p) {
+  const std::string name = "tot:" + path + ":task=" + std::to_string(task) + ":iter=" + std::to_string(iter);
+  detail::check_page_size(p.page_size);
+  if (iter < 0) throw Error("tot: iter = " + std::to_string(iter) + " must be >= 0");
+  const auto tasks = load_tot_file(path);
+  if (task < 0 || size_t(task) >= tasks->size())
+    throw Error("tot: task = " + std::to_string(task) + " is out of range [0, " + std::to_string(tasks->size()) +
+                ") in " + path);
+  const TotTask& tt = (*tasks)[task];
+  if (!tt.error.empty()) throw Error(tt.error);
+  const std::vector<TotNode>& nodes = tt.nodes;
+  const std::vector<int32_t>& parent = tt.parent;
+  const std::vector<int32_t>& order = tt.order;
+  const int32_t root = tt.root;
+  const int32_t n = int32_t(nodes.size());
 
   std::vector<uint8_t> exists(n, 0), generating(n, 0), keep(n, 0);
   int32_t last_iter = 0;

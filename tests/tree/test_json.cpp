@@ -3,6 +3,8 @@
 // input naming its JSON field.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "tree/builder_test_util.hpp"
@@ -210,4 +212,26 @@ TEST(JsonBadInput, UnreadableFile) {
                     "cannot read '/nonexistent/tree.json'");
   EXPECT_ERROR_WITH(make_workload("json:/nonexistent/tree.json", WorkloadParams{}), "json",
                     "/nonexistent/tree.json");
+}
+
+// The examples in docs/formats.md are valid documents.
+TEST(Json, DocsExamplesParse) {
+  std::ifstream in(std::string(TREEATTN_SOURCE_DIR) + "/docs/formats.md");
+  ASSERT_TRUE(in) << "docs/formats.md";
+  const std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> blocks;
+  for (size_t pos = 0; (pos = md.find("```json\n", pos)) != std::string::npos;) {
+    const size_t end = md.find("```", pos + 8);
+    blocks.push_back(md.substr(pos + 8, end - pos - 8));
+    pos = end + 3;
+  }
+  ASSERT_EQ(blocks.size(), 2u);
+  const Workload w = parse(blocks[0]);
+  EXPECT_EQ(w.tree.nodes.size(), 4u);
+  EXPECT_EQ(w.num_queries(), 4);
+  EXPECT_EQ(w.layout.num_pages, 64);
+  expect_round_trip(w);
+  const Workload b = block_tables_from_json(blocks[1], WorkloadParams{});
+  EXPECT_EQ(b.tree.nodes.size(), 5u);
+  EXPECT_EQ(b.num_queries(), 3);
 }

@@ -80,6 +80,30 @@ TEST(Tot, BadInput) {
   EXPECT_ERROR_WITH(make_workload("tot:" + kTot + ":task=0:iter=1:depth=3", p), "unknown key 'depth'");
 }
 
+TEST(Tot, MalformedTasks) {
+  const std::string f = ::testing::TempDir() + "tot_malformed.json";
+  auto write = [&](const std::string& text) { std::ofstream(f, std::ios::trunc) << text; };
+  const std::string good = R"({"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1]},
+                                        "1": {"id": 1, "value": 3, "start": 1, "end": 3, "children": []}}})";
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [7]}}}])");
+  WorkloadParams p;
+  expect_shape(tot_workload(f, 0, 2, p), {2, 1, 7});  // a bad task does not spoil the others
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "[1]", "child 7 does not exist");
+  // A rewritten file is read again.
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": "x", "start": -4, "end": 0, "children": []}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "[1].data[\"0\"].value = \"x\" is not an integer");
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1]},
+                                    "1": {"id": 1, "value": 5, "start": 1, "end": 5, "children": [0]}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "no root");
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": []},
+                                    "1": {"id": 1, "value": 5, "start": 1, "end": 5, "children": []}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "node 1 is a second root");
+  write("[" + good + ", {\"data\": {}}]");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "data: empty");
+  write("[" + good);
+  EXPECT_ERROR_WITH(tot_workload(f, 0, 2, p), "parse error at byte");
+}
+
 TEST(Medusa, FixtureTree) {
   WorkloadParams p;
   const Workload w = medusa_workload(kMedusa, 0, 2, 100, p);
@@ -166,7 +190,7 @@ TEST_F(Recorded, TotEveryTaskReplays) {
     const std::string f = dir_ + "/" + name;
     std::ifstream in(f);
     const nlohmann::json tasks = nlohmann::json::parse(in);
-    for (int task = 0; task < int(tasks.size()); task += 7) {
+    for (int task = 0; task < int(tasks.size()); ++task) {
       int last = 0;
       for (const auto& [k, v] : tasks[task]["data"].items()) last = std::max(last, v["end"].get<int>());
       for (int iter : {0, 1, last / 3, last}) {
