@@ -119,8 +119,10 @@ Plan plan_fasttree(const Workload& w, const PlanOptions& opt) {
   std::vector<int64_t> req(n, 0);
   FastTreeAssignment a;
   std::array<int64_t, 2> par{};
-  const auto partition = [&] {
-    a = fasttree_assign(w, ix, p);
+  // Algorithm 1 depends on the tiles only; the KV split lengths only change
+  // how the resulting groups count towards the parallelism.
+  const auto partition = [&](bool reassign) {
+    if (reassign) a = fasttree_assign(w, ix, p);
     par = {0, 0};
     for (int32_t v = 0; v < n; ++v) {
       req[v] = group_queries(dv, a, v);
@@ -133,12 +135,12 @@ Plan plan_fasttree(const Workload& w, const PlanOptions& opt) {
 
   // The artifact's three rounds: shorten KV splits of an under-filled phase;
   // then, if a phase is still under-filled, one Q tile for both phases.
-  partition();
+  partition(true);
   bool changed = false;
   for (int ph = 0; ph < 2; ++ph)
     if (par[ph] > 0 && par[ph] < thresh1[ph]) kv_split[ph] = split_short, changed = true;
   if (changed) {
-    partition();
+    partition(false);
     bool retile = true;
     if (par[0] > 0 && par[0] < thresh2[0]) {
       p.q_tile_rows = {p.q_tile_rows[1], p.q_tile_rows[1]};
@@ -149,7 +151,7 @@ Plan plan_fasttree(const Workload& w, const PlanOptions& opt) {
     } else {
       retile = false;
     }
-    if (retile) partition();
+    if (retile) partition(true);
   }
 
   // Units: phase 0 first, then phase 1; within a phase in preorder.

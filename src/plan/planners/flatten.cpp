@@ -42,43 +42,42 @@ Plan plan_flatten(const Workload& w, const PlanOptions& opt) {
 
   std::vector<Segment> block;
   block.reserve(kMaxSegmentsPerUnit);
-  std::vector<int32_t> qs;
+  std::vector<int32_t> pos;  // positions in dv.queries of the block's queries, ascending
   std::vector<uint64_t> masks;
   int64_t tokens = 0;
 
   const auto flush = [&] {
     if (block.empty()) return;
-    // Union of the subtree query spans; in preorder they are nested or disjoint
-    // and sorted by start.
-    qs.clear();
-    int32_t lo = -1, hi = -1;
-    const auto take = [&] {
-      for (int32_t i = lo; i < hi; ++i) qs.push_back(dv.queries[i]);
-    };
+    // The block's queries: the union of its segments' subtree query spans,
+    // which in preorder are nested or disjoint and sorted by start.
+    pos.clear();
+    int32_t lo = 0, hi = 0;
     for (const Segment& s : block) {
       const int32_t a = dv.q_begin[s.node], e = dv.q_end[s.node];
       if (a >= hi) {
-        take();
+        for (int32_t i = lo; i < hi; ++i) pos.push_back(i);
         lo = a;
         hi = e;
       } else {
         hi = std::max(hi, e);
       }
     }
-    take();
+    for (int32_t i = lo; i < hi; ++i) pos.push_back(i);
+    // A query sees segment k exactly when it lies in the subtree of k's node,
+    // i.e. when its position falls in that node's span.
     const int nseg = static_cast<int>(block.size());
-    masks.resize(qs.size());
-    for (size_t i = 0; i < qs.size(); ++i) {
-      const int32_t x = w.query_nodes[qs[i]];
-      uint64_t m = 0;
-      for (int k = 0; k < nseg; ++k) m |= uint64_t(dv.ancestor_or_self(block[k].node, x)) << k;
-      masks[i] = m;
-    }
-    for (size_t q0 = 0; q0 < qs.size(); q0 += per_unit) {
-      const size_t q1 = std::min(qs.size(), q0 + per_unit);
+    masks.assign(pos.size(), nseg == 1 ? ~0ull : 0ull);
+    if (nseg > 1)
+      for (int k = 0; k < nseg; ++k) {
+        const int32_t a = dv.q_begin[block[k].node], e = dv.q_end[block[k].node];
+        for (auto it = std::lower_bound(pos.begin(), pos.end(), a); it != pos.end() && *it < e; ++it)
+          masks[it - pos.begin()] |= 1ull << k;
+      }
+    for (size_t q0 = 0; q0 < pos.size(); q0 += per_unit) {
+      const size_t q1 = std::min(pos.size(), q0 + per_unit);
       b.begin_unit();
       for (const Segment& s : block) b.add_segment(s.node, s.begin, s.end);
-      for (size_t i = q0; i < q1; ++i) b.add_query(qs[i], masks[i]);
+      for (size_t i = q0; i < q1; ++i) b.add_query(dv.queries[pos[i]], masks[i]);
       b.end_unit();
     }
     block.clear();

@@ -241,11 +241,16 @@ ForgeDivision forge_divide(const std::vector<double>& cost, const std::vector<in
     d.cost_l = mx;
     return d;
   }
+  // ceil by conversion: std::ceil is a libm call without SSE4.1, and this loop
+  // runs once per task per bisection step.
   const auto parts_at = [&](double c, std::vector<int32_t>* out) {
     const double inv = 1.0 / c;
     int64_t total = 0;
     for (size_t i = 0; i < n; ++i) {
-      const int64_t b = std::min<int64_t>(std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cost[i] * inv))), std::max(1, max_parts[i]));
+      const double x = cost[i] * inv;
+      int64_t b = static_cast<int64_t>(x);
+      b += double(b) < x;
+      b = std::min<int64_t>(std::max<int64_t>(b, 1), std::max(1, max_parts[i]));
       total += b;
       if (out) (*out)[i] = static_cast<int32_t>(b);
     }
@@ -258,7 +263,8 @@ ForgeDivision forge_divide(const std::vector<double>& cost, const std::vector<in
     hi = lo;
   } else {
     // Invariant: parts(lo) > slots >= parts(hi).
-    for (int it = 0; it < 100 && hi - lo > 1e-9 * hi; ++it) {
+    // To 1e-6 relative, then snapped below to the exact bound of the parts found.
+    for (int it = 0; it < 64 && hi - lo > 1e-6 * hi; ++it) {
       const double mid = 0.5 * (lo + hi);
       (parts_at(mid, nullptr) <= slots ? hi : lo) = mid;
     }
@@ -273,9 +279,11 @@ ForgeDivision forge_divide(const std::vector<double>& cost, const std::vector<in
 ForgeAssignment forge_lpt(const std::vector<double>& cost, int64_t slots) {
   ForgeAssignment a;
   const size_t n = cost.size();
+  std::vector<std::pair<double, int32_t>> by_cost(n);  // (-cost, index): longest first, ties by index
+  for (size_t i = 0; i < n; ++i) by_cost[i] = {-cost[i], static_cast<int32_t>(i)};
+  std::sort(by_cost.begin(), by_cost.end());
   a.order.resize(n);
-  for (size_t i = 0; i < n; ++i) a.order[i] = static_cast<int32_t>(i);
-  std::stable_sort(a.order.begin(), a.order.end(), [&](int32_t x, int32_t y) { return cost[x] > cost[y]; });
+  for (size_t i = 0; i < n; ++i) a.order[i] = by_cost[i].second;
   a.slot.assign(n, 0);
   const int64_t used = std::min<int64_t>(std::max<int64_t>(slots, 1), std::max<size_t>(n, 1));
   using Load = std::pair<double, int64_t>;  // (load, slot): least load first, then lowest slot
