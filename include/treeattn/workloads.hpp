@@ -4,6 +4,7 @@
 //   fasttree:N=1,4,16:C=128,32,32     pat:B=1,4,16:L=128,256,1024
 //   fewshot:prompt=4000:branches=32:len=256
 //   random:seed=7:nodes=40           json:FILE
+//   kary:arity=2:depth=5:total=65536[:leftmost=1]
 //   tot:FILE:task=3:iter=200         medusa:FILE:record=0:step=10:prefix=4096
 #pragma once
 
@@ -44,6 +45,11 @@ Workload pat_workload(const std::vector<int>& B, const std::vector<int>& L,
                       const WorkloadParams& p);
 // One prompt of `prompt` tokens, `branches` children of `len` tokens, a query per branch.
 Workload fewshot_workload(int prompt, int branches, int len, const WorkloadParams& p);
+
+// FlashForge's shape family: a complete `arity`-ary tree of `depth` levels
+// below the root (a query per leaf), every node of total / nodes tokens; with
+// leftmost, only the leftmost node of each level has children (degenerate).
+Workload kary_workload(int arity, int depth, int64_t total_tokens, bool leftmost, const WorkloadParams& p);
 
 struct RandomTreeOptions {
   int max_nodes = 24;

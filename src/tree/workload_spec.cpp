@@ -139,6 +139,9 @@ const std::vector<WorkloadFamily>& workload_families() {
       {"tot", "tot:FILE:task=3:iter=200",
        "tree-of-thoughts replay (data/workloads/*ToT.json) of task k at decode iteration t: one query per "
        "node still generating"},
+      {"kary", "kary:arity=2:depth=5:total=65536[:leftmost=1]",
+       "FlashForge's shapes: complete arity-ary tree of depth levels below the root at a fixed total of "
+       "tokens (a query per leaf); leftmost=1: only the leftmost node of a level has children"},
       {"medusa", "medusa:FILE:record=0:step=10:prefix=4096",
        "Medusa token tree (data/workloads/APPS_tree_size*.json) on a sequence of prefix + accepted tokens; "
        "a query on the sequence's last token and on every draft token"},
@@ -149,7 +152,7 @@ const std::vector<WorkloadFamily>& workload_families() {
 Workload make_workload(std::string_view spec, const WorkloadParams& p) {
   const std::string family(spec.substr(0, spec.find(':')));
   Workload w;
-  if (family == "fasttree" || family == "pat" || family == "fewshot" || family == "random") {
+  if (family == "fasttree" || family == "pat" || family == "fewshot" || family == "random" || family == "kary") {
     Spec sp = parse_spec(spec, false, false);
     if (family == "fasttree") {
       auto N = sp.list("N"), C = sp.list("C");
@@ -163,6 +166,11 @@ Workload make_workload(std::string_view spec, const WorkloadParams& p) {
       const int prompt = sp.integer("prompt"), branches = sp.integer("branches"), len = sp.integer("len");
       sp.check_all_used();
       w = fewshot_workload(prompt, branches, len, p);
+    } else if (family == "kary") {
+      const int arity = sp.integer("arity"), depth = sp.integer("depth", 0), total = sp.integer("total");
+      const bool leftmost = sp.find("leftmost") && sp.integer("leftmost", 0) != 0;
+      sp.check_all_used();
+      w = kary_workload(arity, depth, total, leftmost, p);
     } else {
       RandomTreeOptions o;
       const auto seed = uint64_t(sp.number("seed", sp.need("seed").value, 0, std::numeric_limits<int64_t>::max()));

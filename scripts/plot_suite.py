@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Plots of a `treeattn bench --suite` run, like the papers' figures.
+
+Usage: plot_suite.py RESULTS.json OUT_DIR
+Writes OUT_DIR/speedup.png (bars per planner: speedup over per-query, one group
+per config), OUT_DIR/floor.png (fraction of the unique-KV floor) and
+OUT_DIR/normalized.png (performance normalised to the best planner per config).
+Needs matplotlib (Debian: python3-matplotlib).
+"""
+import json
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path):
+    with open(path) as f:
+        data = json.load(f)
+    return data["records"] if isinstance(data, dict) else data
+
+
+def table(records):
+    configs, planners, cell = [], [], {}
+    for r in records:
+        cfg = f'{r["workload"]} @{r["num_qo_heads"]}/{r["num_kv_heads"]}'
+        if cfg not in configs:
+            configs.append(cfg)
+        if r["planner"] not in planners:
+            planners.append(r["planner"])
+        cell[(cfg, r["planner"])] = r
+    return configs, planners, cell
+
+
+def bars(configs, planners, value, ylabel, title, path, hline=None):
+    width = 0.8 / max(1, len(planners))
+    fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(configs) * max(1, len(planners)) * 0.35 + 4), 5))
+    for i, p in enumerate(planners):
+        ys = [value(c, p) for c in configs]
+        xs = [k + i * width for k in range(len(configs))]
+        ax.bar(xs, [0 if y is None or math.isnan(y) else y for y in ys], width, label=p)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(configs))])
+    ax.set_xticklabels([c.replace(":", "\n", 1) for c in configs], rotation=90, fontsize=6)
+    if hline is not None:
+        ax.axhline(hline, color="black", linewidth=0.8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=min(4, len(planners)))
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    records = load(sys.argv[1])
+    out = sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    configs, planners, cell = table(records)
+    suite = records[0].get("suite", "suite") if records else "suite"
+    device = records[0].get("device", "") if records else ""
+
+    def us(c, p):
+        r = cell.get((c, p))
+        return r["us"] if r else float("nan")
+
+    def speedup(c, p):
+        return us(c, "per-query") / us(c, p)
+
+    def floor(c, p):
+        r = cell.get((c, p))
+        return r["floor_us"] / r["us"] if r else float("nan")
+
+    def normalized(c, p):
+        best = min(us(c, q) for q in planners if (c, q) in cell)
+        return best / us(c, p)
+
+    bars(configs, planners, speedup, "speedup over per-query", f"{suite} on {device}", os.path.join(out, "speedup.png"), 1.0)
+    bars(configs, planners, floor, "fraction of unique-KV floor", f"{suite} on {device}", os.path.join(out, "floor.png"), 1.0)
+    bars(configs, planners, normalized, "performance / best", f"{suite} on {device}", os.path.join(out, "normalized.png"))
+
+
+if __name__ == "__main__":
+    main()
