@@ -54,8 +54,9 @@ double fasttree_split_q_cost(const FastTreeParams& p, int64_t nq_curr, int64_t n
 // Algorithm 1: BFS over the nodes; for each child l of v, concatenate (mark
 // the edge, nQ_curr -= nQ_l, L[l] += L[v]) when SplitKVCost > SplitQCost.
 struct FastTreeAssignment {
-  std::vector<uint8_t> concat;        // concat[l] = 1: edge parent(l) -> l is concatenated
-  std::vector<int64_t> virtual_len;   // L[v]: tokens of v's group (v plus concatenated ancestors)
+  std::vector<uint8_t> concat;          // concat[l] = 1: edge parent(l) -> l is concatenated
+  std::vector<int64_t> virtual_len;     // L[v]: tokens of v's group (v plus concatenated ancestors)
+  std::vector<int64_t> group_queries;   // nQ_curr at the end: v's own queries + split children's
 };
 FastTreeAssignment fasttree_assign(const Workload& w, const TreeIndex& ix, const FastTreeParams& p);
 

@@ -76,8 +76,8 @@ TEST(PaperCases, FastTreeFig4Plan1WinsWithEightQueriesPerChild) {
   // Hand values: split KV pads only the child's tile (8 empty rows x 256 tokens x d)
   // and writes 8 partials; concatenating pads v's remaining 8 rows over 256 tokens
   // and the child's 8 rows over 512 tokens.
-  EXPECT_DOUBLE_EQ(split_kv, 0.66 * 8 * 256 * 128 + 0.1 * 8 * 128);
-  EXPECT_DOUBLE_EQ(split_q, 0.66 * 8 * 256 * 128 + 0.66 * 8 * 512 * 128);
+  EXPECT_NEAR(split_kv, 0.66 * 8 * 256 * 128 + 0.1 * 8 * 128, 1e-6);
+  EXPECT_NEAR(split_q, 0.66 * 8 * 256 * 128 + 0.66 * 8 * 512 * 128, 1e-6);
 
   const Workload w = make_tree({{-1, len_v, 0}, {0, len_l, 8}, {0, len_l, 8}});
   PlanOptions opt;
@@ -98,7 +98,7 @@ TEST(PaperCases, FastTreeFig4Plan2WinsWithManyQueriesPerChild) {
   const double split_kv = fasttree_split_kv_cost(p, 256, 128, len_v, len_l);
   const double split_q = fasttree_split_q_cost(p, 256, 128, len_v, len_l);
   EXPECT_GT(split_kv, split_q);
-  EXPECT_DOUBLE_EQ(split_kv, 0.1 * 128 * 128);  // no padding at all, only the partials
+  EXPECT_NEAR(split_kv, 0.1 * 128 * 128, 1e-9);  // no padding at all, only the partials
   EXPECT_DOUBLE_EQ(split_q, 0.0);
   // Second child, after the first was concatenated: v keeps 128 queries.
   EXPECT_GT(fasttree_split_kv_cost(p, 128, 128, len_v, len_l), fasttree_split_q_cost(p, 128, 128, len_v, len_l));

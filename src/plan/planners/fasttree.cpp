@@ -48,29 +48,57 @@ int64_t fasttree_pad(int64_t tile, int64_t n) {
   return tile - ((n - 1) % tile + 1);
 }
 
-double fasttree_padding_cost(const FastTreeParams& p, int64_t nq, int64_t len) {
-  if (nq <= 0 || len <= 0) return 0;
-  const int ph = p.phase_of(nq);
-  const double g = p.group_size, d = p.head_dim;
-  const double q_pad = double(fasttree_pad(p.q_tile_queries(ph), nq)) * g * double(len) * d;
-  const double kv_pad = double(nq) * g * double(fasttree_pad(p.kv_tile[ph], std::min<int64_t>(len, p.kv_tile[ph]))) * d;
-  return p.alpha * q_pad + p.beta * kv_pad;
-}
+namespace {
+
+// C_P with the per-phase constants hoisted: Algorithm 1 evaluates it eight
+// times per edge, and the planner runs Algorithm 1 up to twice per plan.
+struct PaddingModel {
+  int64_t tq[2], tkv[2];
+  double wq, wkv, wred;  // alpha * g * d, beta * g * d, gamma * d
+
+  explicit PaddingModel(const FastTreeParams& p) {
+    for (int ph = 0; ph < 2; ++ph) {
+      tq[ph] = p.q_tile_queries(ph);
+      tkv[ph] = p.kv_tile[ph];
+    }
+    wq = p.alpha * p.group_size * p.head_dim;
+    wkv = p.beta * p.group_size * p.head_dim;
+    wred = p.gamma * p.head_dim;
+  }
+  double cost(int64_t nq, int64_t len) const {
+    if (nq <= 0 || len <= 0) return 0;
+    const int ph = nq > tq[1] ? 0 : 1;
+    const int64_t q_pad = tq[ph] - ((nq - 1) % tq[ph] + 1);
+    const int64_t kv_pad = len >= tkv[ph] ? 0 : tkv[ph] - len;  // Pad(TS, min(len, TS))
+    return wq * double(q_pad) * double(len) + wkv * double(nq) * double(kv_pad);
+  }
+  double split_kv(int64_t nq_curr, int64_t nq_l, int64_t len_v, int64_t len_l) const {
+    return cost(nq_curr, len_v) + cost(nq_l, len_l) + wred * double(nq_l);
+  }
+  double split_q(int64_t nq_curr, int64_t nq_l, int64_t len_v, int64_t len_l) const {
+    return cost(nq_curr - nq_l, len_v) + cost(nq_l, len_v + len_l);
+  }
+};
+
+}  // namespace
+
+double fasttree_padding_cost(const FastTreeParams& p, int64_t nq, int64_t len) { return PaddingModel(p).cost(nq, len); }
 
 double fasttree_split_kv_cost(const FastTreeParams& p, int64_t nq_curr, int64_t nq_l, int64_t len_v, int64_t len_l) {
-  return fasttree_padding_cost(p, nq_curr, len_v) + fasttree_padding_cost(p, nq_l, len_l) +
-         p.gamma * double(nq_l) * p.head_dim;
+  return PaddingModel(p).split_kv(nq_curr, nq_l, len_v, len_l);
 }
 
 double fasttree_split_q_cost(const FastTreeParams& p, int64_t nq_curr, int64_t nq_l, int64_t len_v, int64_t len_l) {
-  return fasttree_padding_cost(p, nq_curr - nq_l, len_v) + fasttree_padding_cost(p, nq_l, len_v + len_l);
+  return PaddingModel(p).split_q(nq_curr, nq_l, len_v, len_l);
 }
 
 FastTreeAssignment fasttree_assign(const Workload& w, const TreeIndex& ix, const FastTreeParams& p) {
+  const PaddingModel m(p);
   const size_t n = w.tree.nodes.size();
   FastTreeAssignment a;
   a.concat.assign(n, 0);
   a.virtual_len.resize(n);
+  a.group_queries.assign(n, 0);
   for (size_t v = 0; v < n; ++v) a.virtual_len[v] = w.tree.nodes[v].num_tokens;
   // bfs_order visits a parent before its children, so L[v] is final when v is.
   for (const int32_t v : ix.bfs_order) {
@@ -79,28 +107,16 @@ FastTreeAssignment fasttree_assign(const Workload& w, const TreeIndex& ix, const
     for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
       const int32_t l = ix.children[k];
       const int64_t nq_l = ix.subtree_queries[l], len_l = a.virtual_len[l];
-      if (fasttree_split_kv_cost(p, nq_curr, nq_l, len_v, len_l) > fasttree_split_q_cost(p, nq_curr, nq_l, len_v, len_l)) {
+      if (m.split_kv(nq_curr, nq_l, len_v, len_l) > m.split_q(nq_curr, nq_l, len_v, len_l)) {
         a.concat[l] = 1;
         nq_curr -= nq_l;
         a.virtual_len[l] = len_l + len_v;
       }
     }
+    a.group_queries[v] = nq_curr;
   }
   return a;
 }
-
-namespace {
-
-// Queries a virtual node v processes: its own, then those of every child whose
-// edge stays split (concatenated children take theirs into their own group).
-int64_t group_queries(const planning::DfsView& dv, const FastTreeAssignment& a, int32_t v) {
-  int64_t n = dv.own[v];
-  for (int32_t k = dv.ix.child_offset[v]; k < dv.ix.child_offset[v + 1]; ++k)
-    if (!a.concat[dv.ix.children[k]]) n += dv.subtree_queries(dv.ix.children[k]);
-  return n;
-}
-
-}  // namespace
 
 Plan plan_fasttree(const Workload& w, const PlanOptions& opt) {
   const planning::DfsView dv(w);
@@ -125,7 +141,7 @@ Plan plan_fasttree(const Workload& w, const PlanOptions& opt) {
     if (reassign) a = fasttree_assign(w, ix, p);
     par = {0, 0};
     for (int32_t v = 0; v < n; ++v) {
-      req[v] = group_queries(dv, a, v);
+      req[v] = a.group_queries[v];
       if (req[v] == 0 || a.virtual_len[v] == 0) continue;
       const int ph = p.phase_of(req[v]);
       par[ph] += planning::ceil_div(req[v], p.q_tile_queries(ph)) * planning::ceil_div(a.virtual_len[v], kv_split[ph]);

@@ -78,15 +78,18 @@ void ForgeCostTable::validate() const {
 
 double ForgeCostTable::operator()(double rows, double kv) const {
   const size_t nr = q_rows.size(), nk = kv_tokens.size();
-  const auto at = [&](size_t r, size_t k) { return cost_us[r * nk + k]; };
   // Along KV: linear between columns, extrapolated past the last one (time
-  // keeps growing with KV), clamped below the first.
+  // keeps growing with KV), clamped below the first. The KV position is the
+  // same for both rows of the bracket.
+  size_t k = 0;
+  double tk = 0;
+  if (nk > 1) {
+    k = bracket(kv_tokens, kv);
+    tk = (std::max(kv, kv_tokens.front()) - kv_tokens[k]) / (kv_tokens[k + 1] - kv_tokens[k]);
+  }
   const auto along_kv = [&](size_t r) {
-    if (nk == 1) return at(r, 0);
-    const size_t k = bracket(kv_tokens, kv);
-    const double x = std::max(kv, kv_tokens.front());
-    const double t = (x - kv_tokens[k]) / (kv_tokens[k + 1] - kv_tokens[k]);
-    return std::max(at(r, k) + t * (at(r, k + 1) - at(r, k)), 0.0);
+    const double* row = cost_us.data() + r * nk;
+    return nk == 1 ? row[0] : std::max(row[k] + tk * (row[k + 1] - row[k]), 0.0);
   };
   if (nr == 1 || rows <= q_rows.front()) return along_kv(0);
   if (rows >= q_rows.back()) return along_kv(nr - 1);
@@ -315,6 +318,9 @@ Plan plan_forge_with(const Workload& w, const PlanOptions& opt, const ForgeCostT
   std::vector<Task> tasks;
   std::vector<double> cost;
   std::vector<int32_t> max_parts;
+  tasks.reserve(dv.preorder.size());
+  cost.reserve(dv.preorder.size());
+  max_parts.reserve(dv.preorder.size());
   for (const int32_t v : dv.preorder) {
     const int32_t len = w.tree.nodes[v].num_tokens;
     const int32_t nq = dv.subtree_queries(v);
@@ -335,8 +341,15 @@ Plan plan_forge_with(const Workload& w, const PlanOptions& opt, const ForgeCostT
   };
   std::vector<Sub> subs;
   std::vector<double> sub_cost;
+  subs.reserve(tasks.size() + slots);
+  sub_cost.reserve(tasks.size() + slots);
   for (size_t i = 0; i < tasks.size(); ++i) {
     const int32_t len = w.tree.nodes[tasks[i].node].num_tokens;
+    if (div.parts[i] == 1) {
+      subs.push_back({static_cast<int32_t>(i), 0, len});
+      sub_cost.push_back(cost[i]);
+      continue;
+    }
     const int32_t piece = static_cast<int32_t>(planning::ceil_div(len, div.parts[i]));
     for (int32_t t0 = 0; t0 < len; t0 += piece) {
       const int32_t t1 = std::min(len, t0 + piece);

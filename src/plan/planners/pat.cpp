@@ -151,21 +151,44 @@ void set_default_pat_tile_rules(std::shared_ptr<const PatTileRules> rules) {
   g_rules = std::move(rules);
 }
 
-int pat_select_tile(const PatTileRules& rules, int rows, int64_t kv_tokens) {
-  const int base = smallest_tile_for_rows(std::max(rows, 1));
-  const int m = kTileConfigs[base].m;
-  for (const PatTileRule& r : rules.rules) {
-    if (rows > r.max_rows || (r.max_kv >= 0 && kv_tokens > r.max_kv)) continue;
-    int best = base;
-    for (int t = 0; t < num_tile_configs(); ++t) {
-      if (kTileConfigs[t].m != m) continue;
-      const int d = std::abs(kTileConfigs[t].n - r.n), bd = std::abs(kTileConfigs[best].n - r.n);
-      if (d < bd || (d == bd && kTileConfigs[t].n < kTileConfigs[best].n)) best = t;
-    }
-    return best;
+namespace {
+
+// The compiled config with m = kTileConfigs[base].m whose n is nearest to the
+// rule's n (ties: the smaller n).
+int resolve_rule(const PatTileRule& r, int base) {
+  int best = base;
+  for (int t = 0; t < num_tile_configs(); ++t) {
+    if (kTileConfigs[t].m != kTileConfigs[base].m) continue;
+    const int d = std::abs(kTileConfigs[t].n - r.n), bd = std::abs(kTileConfigs[best].n - r.n);
+    if (d < bd || (d == bd && kTileConfigs[t].n < kTileConfigs[best].n)) best = t;
   }
-  return base;
+  return best;
 }
+
+// pat_select_tile with every rule resolved once per base tile (a plan selects
+// a tile for each of its units).
+class TileSelector {
+ public:
+  explicit TileSelector(const PatTileRules& rules) : rules_(rules.rules) {
+    resolved_.resize(rules_.size());
+    for (size_t r = 0; r < rules_.size(); ++r)
+      for (int base = 0; base < num_tile_configs(); ++base) resolved_[r][base] = static_cast<uint8_t>(resolve_rule(rules_[r], base));
+  }
+  int operator()(int rows, int64_t kv_tokens) const {
+    const int base = smallest_tile_for_rows(std::max(rows, 1));
+    for (size_t r = 0; r < rules_.size(); ++r)
+      if (rows <= rules_[r].max_rows && (rules_[r].max_kv < 0 || kv_tokens <= rules_[r].max_kv)) return resolved_[r][base];
+    return base;
+  }
+
+ private:
+  const std::vector<PatTileRule>& rules_;
+  std::vector<std::array<uint8_t, kTileConfigs.size()>> resolved_;
+};
+
+}  // namespace
+
+int pat_select_tile(const PatTileRules& rules, int rows, int64_t kv_tokens) { return TileSelector(rules)(rows, kv_tokens); }
 
 std::vector<TileRun> tile_runs(const Plan& p) {
   std::vector<TileRun> runs;
@@ -258,6 +281,7 @@ Plan pat_emit(const Workload& w, const PlanOptions& opt, const PatTileRules& rul
   }
   const double mean = counted ? double(total) / double(counted) : 0.0;
   const int64_t min_piece = std::max(1, opt.min_split_tokens);
+  const TileSelector select_tile(rules);
 
   // Pieces after the long-KV split, then emitted grouped by tile config.
   struct Piece {
@@ -278,7 +302,7 @@ Plan pat_emit(const Workload& w, const PlanOptions& opt, const PatTileRules& rul
     const int rows = (bx.q_offset[i + 1] - bx.q_offset[i]) * g;
     planning::for_each_piece(segs.data() + seg_offset[i], seg_offset[i + 1] - seg_offset[i], part_len,
                              [&](const Segment* s, int ns, int64_t tokens) {
-                               const int tile = pat_select_tile(rules, rows, tokens);
+                               const int tile = select_tile(rows, tokens);
                                const int32_t b = static_cast<int32_t>(piece_segs.size());
                                piece_segs.insert(piece_segs.end(), s, s + ns);
                                pieces.push_back({i, b, b + ns, static_cast<uint8_t>(tile)});
