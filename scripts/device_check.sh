@@ -4,13 +4,13 @@
 # an ncu read of the DRAM bytes of the node planner; write logs and JSON to
 # $OUT (and bench/results/<device>/), and print a summary table last.
 # Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) scripts/device_check.sh
-#   STEPS="build tests sanitize bench ncu" (default: all) picks steps.
+#   STEPS="build tests sanitize bench ncu profile" (default: all) picks steps.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build/device_out}
 BUILD=${BUILD:-$ROOT/build/device}
-STEPS=${STEPS:-"build tests sanitize bench ncu"}
+STEPS=${STEPS:-"build tests sanitize bench ncu profile"}
 mkdir -p "$OUT" "$BUILD"
 export TREEATTN_COMMIT=${TREEATTN_COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -99,6 +99,35 @@ if has ncu && [[ ${STATUS[build]:-ok} == ok ]]; then
     --kernel-name regex:'attention_kernel|merge_kernel' --launch-count 6 \
     "$CLI" bench -w pat:B=1,8,512:L=32,2048,256 --heads 32/8 -p node --iters 50 --warmup 0 \
     --verify 0 --no-graph --json >"$OUT/ncu.log" 2>&1 && STATUS[ncu]=ok || STATUS[ncu]=FAIL
+fi
+
+if has profile && [[ ${STATUS[build]:-ok} == ok ]]; then
+  stamp "profile: per-kernel time and occupancy of one run (ncu, clocks as found), appended to ncu.log"
+  for spec in "node|fasttree:N=1,256:C=256,32" "node|fasttree:N=1,10:C=4000,400" "node|pat:B=1,8,512:L=32,2048,256" \
+              "per-query|pat:B=256:L=1024"; do
+    echo "=== profile ${spec%%|*} ${spec#*|} 32/8" >>"$OUT/ncu.log"
+    timeout 120 ncu --clock-control none --csv --kernel-name regex:'attention_kernel|merge_kernel' --launch-count 4 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__waves_per_multiprocessor,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active \
+      "$CLI" bench -w "${spec#*|}" --heads 32/8 -p "${spec%%|*}" --iters 50 --warmup 0 --verify 0 --no-graph \
+      >>"$OUT/ncu.log" 2>&1 || STATUS[profile]=FAIL
+  done
+  python3 - "$OUT/ncu.log" <<'EOF2'
+import csv, io, sys
+block = None; rows = {}
+order = []
+for line in open(sys.argv[1]):
+    if line.startswith("=== profile"):
+        block = line[12:].strip(); continue
+    if block and line.startswith('"') and not line.startswith('"ID"'):
+        r = next(csv.reader([line]))
+        if len(r) < 15: continue
+        key = (block, r[0], r[4][:60])
+        if key not in rows: rows[key] = {}; order.append(key)
+        rows[key][r[12]] = r[14] + " " + r[13]
+for k in order:
+    m = rows[k]
+    print(f"{k[0][:40]:40} #{k[1]:>2} {k[2][:38]:38} " + " ".join(f"{n.split('__')[1][:14]}={v}" for n, v in m.items()))
+EOF2
 fi
 
 mkdir -p "$RESULTS" && cp "$OUT"/bench.json "$RESULTS/bench-$TREEATTN_COMMIT.json" 2>/dev/null

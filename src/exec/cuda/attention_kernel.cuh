@@ -32,13 +32,10 @@ namespace treeattn::cuda {
 // t + S - 1 is being issued).
 template <int kSlots, int N, int M, int WN>
 struct SmemMisc {
-  int32_t seg_cum[kMaxSegmentsPerUnit + 1];  // unit position where segment s starts
-  int32_t seg_begin[kMaxSegmentsPerUnit];    // first token of segment s in its node
-  int32_t seg_pbase[kMaxSegmentsPerUnit];    // node_page_offset of segment s's node
+  SegDesc seg[kMaxSegmentsPerUnit];          // the unit's segment records
   int32_t row[kSlots][N];                    // token row (page * page_size + slot), -1: past the end
-  uint8_t seg[kSlots][N];                    // segment of each position, 255: past the end
+  uint8_t pos_seg[kSlots][N];                // segment of each position, 255: past the end
   uint32_t tile_flag[kSlots][N / 32];        // ballot: positions that need the mask
-  uint64_t any_missing;                      // OR over entries of the segments they do not see
   float row_m[WN][M];                        // per-slice softmax state, log2 units
   float row_d[WN][M];
 };
@@ -57,12 +54,17 @@ struct AttnTraits {
   static constexpr int kTileBytes = N * kRowBytes;  // one K or V stage
   static constexpr int kQBytes = M * kRowBytes;
 
-  // Stages: as many as fit (up to 4) with two CTAs per SM (113 KB each on
-  // sm_90); where even two stages do not fit, one CTA per SM with up to 4.
+  // Stages: as many as fit (2..4) with the most CTAs per SM: 3 for small
+  // tiles (short decode units are latency-bound: more CTAs hide it), else 2,
+  // else 1. An SM has 228 KB, 1 KB of which each CTA reserves.
   static constexpr int kMiscGuess = 4096;
-  static constexpr int kStages2 = (113 * 1024 - kQBytes - kMiscGuess) / (2 * kTileBytes);
-  static constexpr int kStages1 = (225 * 1024 - kQBytes - kMiscGuess) / (2 * kTileBytes);
-  static constexpr int kStages = kStages2 >= 2 ? (kStages2 > 4 ? 4 : kStages2) : (kStages1 > 4 ? 4 : kStages1);
+  static constexpr int stages_for(int ctas) {
+    const int s = ((228 / ctas - 1) * 1024 - kQBytes - kMiscGuess) / (2 * kTileBytes);
+    return s > 4 ? 4 : s;
+  }
+  static constexpr int kStages = (M <= 32 && stages_for(3) >= 2) ? stages_for(3)
+                                 : stages_for(2) >= 2            ? stages_for(2)
+                                                                 : stages_for(1);
   static constexpr int kSlots = kStages + 1;
 
   using Misc = SmemMisc<kSlots, N, M, kWarpsN>;
@@ -109,14 +111,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
-  const int unit = p.unit_order[blockIdx.x / Hkv];
+  const UnitDesc u = p.units[blockIdx.x / Hkv];
   const int kvh = blockIdx.x % Hkv;
-  const int seg0 = p.unit_segment_offset[unit];
-  const int nseg = p.unit_segment_offset[unit + 1] - seg0;
-  const int e0 = p.unit_query_offset[unit];
-  const int nent = p.unit_query_offset[unit + 1] - e0;
-  const int rows = min(nent * G, M);  // the validator guarantees nent * G <= M
-  const bool masked = p.unit_masked[unit] != 0;
+  const int nseg = u.nseg, e0 = u.ent_off, len = u.len;
+  const int rows = min(u.nent * G, M);  // the validator guarantees nent * G <= M
+  const bool masked = u.any_missing != 0;
+  const uint64_t any_missing = u.any_missing;
+
+  // Segment records first: the page lookups of the first tiles wait on them.
+  SegDesc my_seg{};
+  if (tid < nseg) my_seg = p.segs[u.seg_off + tid];
 
   // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
   {
@@ -129,67 +133,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
     }
     cp_async_commit();
   }
-
-  // ---- segment table (warp 0: two segments per lane, prefix sum by shuffles)
-  // and the segments some entry does not see (warp 1).
-  if (warp == 0) {
-    int len[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int s = 2 * lane + i;
-      len[i] = 0;
-      if (s < nseg) {
-        const int32_t* sg = p.segments + 3 * (seg0 + s);
-        len[i] = sg[2] - sg[1];
-        misc.seg_begin[s] = sg[1];
-        misc.seg_pbase[s] = p.node_page_offset[sg[0]];
-      }
-    }
-    const int own = len[0] + len[1];
-    int incl = own;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int x = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += x;
-    }
-    const int excl = incl - own;
-    if (2 * lane < nseg) misc.seg_cum[2 * lane] = excl;
-    if (2 * lane + 1 < nseg) misc.seg_cum[2 * lane + 1] = excl + len[0];
-    if (lane == 31) misc.seg_cum[nseg] = incl;
-  } else if (warp == 1) {
-    uint64_t miss = 0;
-    if (masked)
-      for (int e = lane; e < nent; e += 32) miss |= ~p.entry_mask[e0 + e];
-    miss = warp_or(miss);
-    if (nseg < 64) miss &= (1ull << nseg) - 1;
-    if (lane == 0) misc.any_missing = miss;
-  }
+  if (tid < nseg) misc.seg[tid] = my_seg;
   __syncthreads();
-
-  const int len = misc.seg_cum[nseg];
   const int num_tiles = (len + N - 1) / N;
-  const uint64_t any_missing = misc.any_missing;
 
   // Resolves the N positions of tile t (one thread each) to token rows of the
-  // pool: segment by binary search over seg_cum, then the node's page table.
+  // pool: segment by binary search over the segment ends, then the page table.
   auto fill = [&](int t, int sl) {
     if (tid < N) {
       const int pos = t * N + tid;
       int row = -1, s = 255;
       bool need = true;
       if (pos < len) {
-        int lo = 0, hi = nseg - 1;  // first s with seg_cum[s + 1] > pos (skips empty segments)
+        int lo = 0, hi = nseg - 1;  // first s with end > pos (skips empty segments)
         while (lo < hi) {
           const int mid = (lo + hi) >> 1;
-          if (misc.seg_cum[mid + 1] > pos) hi = mid; else lo = mid + 1;
+          if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
         }
         s = lo;
-        const int tok = misc.seg_begin[s] + pos - misc.seg_cum[s];
-        row = p.page_ids[misc.seg_pbase[s] + tok / ps] * ps + tok % ps;
+        const SegDesc sg = misc.seg[s];
+        const int tok = sg.begin + pos - sg.pos;
+        row = p.page_ids[sg.pbase + tok / ps] * ps + tok % ps;
         need = (any_missing >> s) & 1;
       }
       misc.row[sl][tid] = row;
-      misc.seg[sl][tid] = uint8_t(s);
+      misc.pos_seg[sl][tid] = uint8_t(s);
       const uint32_t b = __ballot_sync(0xffffffffu, need);
       if (lane == 0) misc.tile_flag[sl][warp] = b;
     }
@@ -284,7 +252,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
       for (int j = 0; j < WT / 8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int sg = misc.seg[sl][wn * WT + j * 8 + ((lane & 3) << 1) + c];
+          const int sg = misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1) + c];
           const bool ok = sg != 255;
           if (!(ok && ((rmask[0] >> (sg & 63)) & 1))) s[j][c] = kNegInf;
           if (!(ok && ((rmask[1] >> (sg & 63)) & 1))) s[j][2 + c] = kNegInf;

@@ -9,6 +9,22 @@
 
 namespace treeattn::cuda {
 
+// A unit as the kernel reads it: one 32-byte load per CTA. Derived from the
+// Plan at plan time (CudaExecutor) so that the CTA prologue is short.
+struct alignas(16) UnitDesc {
+  int32_t seg_off, nseg;   // segment records segs[seg_off .. seg_off + nseg)
+  int32_t ent_off, nent;   // plan entries entry_*[ent_off .. ent_off + nent)
+  uint64_t any_missing;    // OR over entries of the segments they do not see (0: unmasked)
+  int32_t len;             // tokens of the unit (sum of its segments)
+  int32_t pad;
+};
+
+// A segment as the kernel reads it: unit positions [pos, end) are tokens
+// [begin, begin + end - pos) of a node whose pages start at page_ids[pbase].
+struct alignas(16) SegDesc {
+  int32_t pbase, begin, pos, end;
+};
+
 struct AttnParams {
   // Tensors of the run (AttentionArgs), element type of the instantiation.
   const void* q;    // [num_queries, num_qo_heads, head_dim]
@@ -18,23 +34,15 @@ struct AttnParams {
   float* partial_o;    // [num_slots, num_qo_heads, head_dim], normalised
   float* partial_lse;  // [num_slots, num_qo_heads], natural log
 
-  // This launch's units, longest first; CTA i computes unit unit_order[i / Hkv]
-  // for kv head i % Hkv.
-  const int32_t* unit_order;
-
-  // Plan arrays (plan.hpp), as uploaded.
-  const int32_t* unit_segment_offset;
-  const int32_t* segments;  // (node, begin, end) triples
-  const int32_t* unit_query_offset;
+  // One descriptor per unit of this launch, longest unit first: CTA i
+  // computes units[i / Hkv] for kv head i % Hkv.
+  const UnitDesc* units;
+  const SegDesc* segs;  // segment records, indexed by UnitDesc::seg_off
+  // Plan entry arrays (plan.hpp), as uploaded.
   const int32_t* entry_query;
   const uint64_t* entry_mask;
   const int32_t* entry_slot;
-  const uint8_t* unit_masked;
-
-  // The tree's page table (CSR): pages of node v are
-  // page_ids[node_page_offset[v] .. node_page_offset[v + 1]).
-  const int32_t* node_page_offset;
-  const int32_t* page_ids;
+  const int32_t* page_ids;  // the tree's page table: pages of every node, concatenated
 
   int32_t num_qo_heads;
   int32_t num_kv_heads;

@@ -113,7 +113,7 @@ class Packer {
 
 struct Launch {
   cuda::KernelEntry kernel;
-  int32_t first_unit;  // into unit_order
+  int32_t first_unit;  // into the uploaded unit descriptors
   int32_t num_units;
 };
 
@@ -146,7 +146,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   if (m.dtype != DType::fp16 && m.dtype != DType::bf16)
     throw Error("cuda executor: dtype " + std::string(to_string(m.dtype)) + " is not supported (fp16, bf16)");
 
-  // The tree's page table as CSR.
+  // The tree's page table: every node's pages, concatenated.
   std::vector<int32_t> node_page_offset(w.tree.nodes.size() + 1, 0), page_ids;
   for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
     const auto& pages = w.tree.nodes[v].pages;
@@ -154,21 +154,39 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
     node_page_offset[v + 1] = int32_t(page_ids.size());
   }
 
+  // Kernel-side unit descriptors and segment records (attention_params.hpp).
+  const int U = p.num_units();
+  std::vector<cuda::UnitDesc> desc(U);
+  std::vector<cuda::SegDesc> segs(p.segments.size());
+  for (int u = 0; u < U; ++u) {
+    cuda::UnitDesc& d = desc[u];
+    d.seg_off = p.unit_segment_offset[u];
+    d.nseg = p.unit_num_segments(u);
+    d.ent_off = p.unit_query_offset[u];
+    d.nent = p.unit_num_queries(u);
+    int32_t pos = 0;
+    for (int s = 0; s < d.nseg; ++s) {
+      const Segment& sg = p.segments[d.seg_off + s];
+      segs[d.seg_off + s] = {node_page_offset[sg.node], sg.begin, pos, pos + sg.size()};
+      pos += sg.size();
+    }
+    d.len = pos;
+    const uint64_t full = full_mask(d.nseg);
+    d.any_missing = 0;
+    for (int e = d.ent_off; e < d.ent_off + d.nent; ++e) d.any_missing |= ~p.entry_mask[e] & full;
+  }
+
   // Units grouped by tile config, longest first within each group (the
   // longest CTAs start first, so the tail is short ones).
-  const int U = p.num_units();
-  std::vector<int64_t> unit_tokens(U, 0);
-  for (int u = 0; u < U; ++u)
-    for (int s = p.unit_segment_offset[u]; s < p.unit_segment_offset[u + 1]; ++s) unit_tokens[u] += p.segments[s].size();
-  std::vector<int32_t> unit_order;
+  std::vector<cuda::UnitDesc> unit_order;
   unit_order.reserve(U);
   for (int tile = 0; tile < int(kTileConfigs.size()); ++tile) {
     const size_t first = unit_order.size();
     for (int u = 0; u < U; ++u)
-      if (p.unit_tile[u] == tile) unit_order.push_back(u);
+      if (p.unit_tile[u] == tile) unit_order.push_back(desc[u]);
     if (unit_order.size() == first) continue;
     std::stable_sort(unit_order.begin() + first, unit_order.end(),
-                     [&](int32_t a, int32_t b) { return unit_tokens[a] > unit_tokens[b]; });
+                     [](const cuda::UnitDesc& a, const cuda::UnitDesc& b) { return a.len > b.len; });
     Launch l{cuda::find_attention_kernel(m.dtype, m.head_dim, tile), int32_t(first),
              int32_t(unit_order.size() - first)};
     if (int64_t(l.num_units) * m.num_kv_heads > int64_t(INT32_MAX))
@@ -181,17 +199,12 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   for (int32_t q = 0; q < w.num_queries(); ++q)
     if (p.query_slot_offset[q + 1] > p.query_slot_offset[q]) merge_queries.push_back(q);
 
-  static_assert(sizeof(Segment) == 3 * sizeof(int32_t), "segments upload as (node, begin, end) triples");
   Packer pk;
-  const size_t o_seg_off = pk.add(p.unit_segment_offset);
-  const size_t o_segs = pk.add(p.segments);
-  const size_t o_q_off = pk.add(p.unit_query_offset);
+  const size_t o_units = pk.add(unit_order);
+  const size_t o_segs = pk.add(segs);
   const size_t o_eq = pk.add(p.entry_query);
   const size_t o_em = pk.add(p.entry_mask);
   const size_t o_es = pk.add(p.entry_slot);
-  const size_t o_um = pk.add(p.unit_masked);
-  const size_t o_order = pk.add(unit_order);
-  const size_t o_npo = pk.add(node_page_offset);
   const size_t o_pages = pk.add(page_ids);
   const size_t o_qso = pk.add(p.query_slot_offset);
   const size_t o_qs = pk.add(p.query_slots);
@@ -218,15 +231,11 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   cuda::AttnParams& a = m.attn;
   a.partial_o = m.workspace.as<float>();
   a.partial_lse = reinterpret_cast<float*>(m.workspace.as<uint8_t>() + o_bytes);
-  a.unit_order = reinterpret_cast<const int32_t*>(at(o_order));
-  a.unit_segment_offset = reinterpret_cast<const int32_t*>(at(o_seg_off));
-  a.segments = reinterpret_cast<const int32_t*>(at(o_segs));
-  a.unit_query_offset = reinterpret_cast<const int32_t*>(at(o_q_off));
+  a.units = reinterpret_cast<const cuda::UnitDesc*>(at(o_units));
+  a.segs = reinterpret_cast<const cuda::SegDesc*>(at(o_segs));
   a.entry_query = reinterpret_cast<const int32_t*>(at(o_eq));
   a.entry_mask = reinterpret_cast<const uint64_t*>(at(o_em));
   a.entry_slot = reinterpret_cast<const int32_t*>(at(o_es));
-  a.unit_masked = at(o_um);
-  a.node_page_offset = reinterpret_cast<const int32_t*>(at(o_npo));
   a.page_ids = reinterpret_cast<const int32_t*>(at(o_pages));
   a.num_qo_heads = H;
   a.num_kv_heads = w.heads.num_kv_heads;
@@ -295,7 +304,7 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
 
   auto launch = [&](const Launch& l, cudaStream_t s) {
     cuda::AttnParams lp = a;
-    lp.unit_order = a.unit_order + l.first_unit;
+    lp.units = a.units + l.first_unit;
     void* kargs[] = {&lp};
     check_cuda(cudaLaunchKernel(l.kernel.kernel, dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads)),
                                 dim3(l.kernel.threads), kargs, size_t(l.kernel.smem_bytes), s),
