@@ -27,6 +27,7 @@ struct TileRun {
 };
 std::vector<TileRun> tile_runs(const Plan& p);
 
+// Not thread-safe: one instance per planning thread (a serving loop owns one).
 class PatPlanner {
  public:
   // rules == nullptr: default_pat_tile_rules() at construction.
