@@ -38,6 +38,7 @@ struct GpuTiming {
   double floor_us = 0;          // (unique KV + q + out) / bandwidth
   double max_rel_err = -1;      // worst per-query relative L2 error of the sampled queries; -1: not checked
   int units = 0, slots = 0, launches = 0;
+  std::string launch_info;      // CudaExecutor::describe()
 };
 
 // True when the library has CUDA and a device is visible.

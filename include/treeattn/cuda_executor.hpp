@@ -76,6 +76,8 @@ class CudaExecutor {
   size_t plan_bytes() const;       // the uploaded plan + page-table buffer
   size_t workspace_bytes() const;  // fp32 partials and lse
   int num_launches() const;        // attention launches per run (+1 merge when slots exist)
+  // One line per launch: tile, CTAs, pipeline stages, shared memory.
+  std::string describe() const;
 
  private:
   struct Impl;

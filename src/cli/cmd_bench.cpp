@@ -105,6 +105,7 @@ void add_bench_command(CLI::App& app) {
           r["speedup_vs_per_query"] = std::isnan(speedup) ? nlohmann::json() : nlohmann::json(speedup);
           r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
           r["launches"] = t.launches;
+          r["launch_info"] = t.launch_info;
           r["slots"] = t.slots;
           r["iters"] = b->iters;
           r["l2_flush"] = b->flush_l2;

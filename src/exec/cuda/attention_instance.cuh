@@ -23,10 +23,12 @@ KernelEntry attention_entry() {
   KernelEntry e;
   e.kernel = reinterpret_cast<const void*>(&attention_kernel<Tr>);
   e.threads = Tr::kThreads;
-  e.smem_bytes = Tr::kSmemBytes;
-  e.stages = Tr::kStages;
   e.m = M;
   e.n = N;
+  e.min_stages = Tr::kMinStages;
+  e.max_stages = Tr::kMaxStages;
+  e.smem_base = Tr::kQOffset + Tr::kQBytes;
+  e.smem_per_stage = 2 * Tr::kTileBytes;
   return e;
 }
 

@@ -1,9 +1,10 @@
 // The partial-attention kernel: one CTA computes one (unit, kv head) of a Plan.
 // Its Q rows (the unit's queries x the qo heads of the kv head) are staged once
 // in shared memory; the unit's KV tokens (the concatenation of its segments)
-// stream through a cp.async pipeline of `kStages` K/V tiles of N tokens,
-// gathered page by page; S = Q K^T and O += P V run on tensor cores (mma.sync
-// m16n8k16 via ldmatrix) with the online softmax in registers.
+// stream through a cp.async pipeline of K/V tiles of N tokens, gathered page
+// by page (its depth is set per launch by the executor); S = Q K^T and
+// O += P V run on tensor cores (mma.sync m16n8k16 via ldmatrix) with the
+// online softmax in registers.
 //
 // Warps: kWarpsM row blocks of 16 rows x kWarpsN token slices. Small tiles
 // (m = 16, 32: decode) split every KV tile across warps so that all warps
@@ -26,16 +27,18 @@
 
 namespace treeattn::cuda {
 
-// Bookkeeping shared memory of one CTA; slot i of the ring describes the tile
-// loaded into stage i % kStages (the ring has one slot more than stages, so
-// the slot for tile t + S can be filled while tile t is computed and tile
-// t + S - 1 is being issued).
-template <int kSlots, int N, int M, int WN>
+// Bookkeeping shared memory of one CTA. Slot i of the ring describes the tile
+// loaded into stage i % stages (the ring has one slot more than stages, so the
+// slot for tile t + S can be filled while tile t is computed and tile t + S - 1
+// is being issued).
+template <int kMaxSlots, int N, int M, int WN>
 struct SmemMisc {
   SegDesc seg[kMaxSegmentsPerUnit];          // the unit's segment records
-  int32_t row[kSlots][N];                    // token row (page * page_size + slot), -1: past the end
-  uint8_t pos_seg[kSlots][N];                // segment of each position, 255: past the end
-  uint32_t tile_flag[kSlots][N / 32];        // ballot: positions that need the mask
+  int32_t ent_query[M];                      // the unit's entries (nent <= M rows)
+  int32_t ent_slot[M];
+  int32_t row[kMaxSlots][N];                 // token row (page * page_size + slot), -1: past the end
+  uint8_t pos_seg[kMaxSlots][N];             // segment of each position, 255: past the end
+  uint32_t tile_flag[kMaxSlots][N / 32];     // ballot: positions that need the mask
   float row_m[WN][M];                        // per-slice softmax state, log2 units
   float row_d[WN][M];
 };
@@ -54,23 +57,14 @@ struct AttnTraits {
   static constexpr int kTileBytes = N * kRowBytes;  // one K or V stage
   static constexpr int kQBytes = M * kRowBytes;
 
-  // Stages: as many as fit (2..4) with the most CTAs per SM: 3 for small
-  // tiles (short decode units are latency-bound: more CTAs hide it), else 2,
-  // else 1. An SM has 228 KB, 1 KB of which each CTA reserves.
-  static constexpr int kMiscGuess = 4096;
-  static constexpr int stages_for(int ctas) {
-    const int s = ((228 / ctas - 1) * 1024 - kQBytes - kMiscGuess) / (2 * kTileBytes);
-    return s > 4 ? 4 : s;
-  }
-  static constexpr int kStages = (M <= 32 && stages_for(3) >= 2) ? stages_for(3)
-                                 : stages_for(2) >= 2            ? stages_for(2)
-                                                                 : stages_for(1);
-  static constexpr int kSlots = kStages + 1;
-
-  using Misc = SmemMisc<kSlots, N, M, kWarpsN>;
-  static constexpr int kKvBytes = 2 * kStages * kTileBytes;
-  static constexpr int kMiscOffset = kQBytes + kKvBytes;
-  static constexpr int kSmemBytes = kMiscOffset + int(sizeof(Misc));
+  // The pipeline depth is chosen per launch by the executor (AttnParams::
+  // stages): deep when few CTAs share an SM, shallow when occupancy matters.
+  static constexpr int kMinStages = 2, kMaxStages = 6;
+  using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
+  // Layout: [misc][Q][K stages][V stages]; Q starts 128-byte aligned (the
+  // swizzle assumes rows start on a bank boundary).
+  static constexpr int kQOffset = (int(sizeof(Misc)) + 127) / 128 * 128;
+  static constexpr int smem_bytes(int stages) { return kQOffset + kQBytes + 2 * stages * kTileBytes; }
   // Epilogue: each slice's unnormalised O in fp32, rows padded by 8 floats so
   // the quads of a warp hit distinct banks; overlaps Q and the K/V stages.
   static constexpr int kOStride = D + 8;
@@ -80,10 +74,20 @@ struct AttnTraits {
   static_assert(kWarpTokens % 16 == 0, "each warp needs whole k-steps of 16 tokens");
   static_assert(N % 32 == 0 && N <= kThreads, "one filler thread per tile position");
   static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks per row");
-  static_assert(kStages >= 2, "at least double buffering");
-  static_assert(kScratchBytes <= kMiscOffset, "epilogue scratch must fit in Q + K/V");
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+  static_assert(kScratchBytes <= kQBytes + 2 * kMinStages * kTileBytes, "epilogue scratch must fit in Q + K/V");
+  static_assert(smem_bytes(kMinStages) <= 227 * 1024, "shared memory of one CTA");
 };
+
+// cp.async.wait_group takes an immediate: the runtime pipeline depth picks one.
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    default: cp_async_wait<4>(); break;
+  }
+}
 
 // Byte offset of chunk c of row r in a [rows][D] tile: the chunk index is
 // XORed with r % 8 so that the 8 rows an ldmatrix phase reads (same logical
@@ -97,16 +101,17 @@ template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid_constant__ AttnParams p) {
   using T = typename Tr::T;
   using MmaT = Mma<T>;
-  constexpr int D = Tr::D, M = Tr::M, N = Tr::N, S = Tr::kStages, kSlots = Tr::kSlots;
+  constexpr int D = Tr::D, M = Tr::M, N = Tr::N;
   constexpr int WN = Tr::kWarpsN, WM = Tr::kWarpsM, WT = Tr::kWarpTokens;
   constexpr int kThreads = Tr::kThreads, kChunks = Tr::kChunks, kRowBytes = Tr::kRowBytes;
   constexpr float kNegInf = -INFINITY;
+  const int S = p.stages, kSlots = p.stages + 1;  // the executor keeps 2 <= S <= kMaxStages
 
   extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* sQ = smem;
-  uint8_t* sK = smem + Tr::kQBytes;
+  auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem);
+  uint8_t* sQ = smem + Tr::kQOffset;
+  uint8_t* sK = sQ + Tr::kQBytes;
   uint8_t* sV = sK + S * Tr::kTileBytes;
-  auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem + Tr::kMiscOffset);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
@@ -114,13 +119,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
   const UnitDesc u = p.units[blockIdx.x / Hkv];
   const int kvh = blockIdx.x % Hkv;
   const int nseg = u.nseg, e0 = u.ent_off, len = u.len;
+  const int nent = min(u.nent, M);
   const int rows = min(u.nent * G, M);  // the validator guarantees nent * G <= M
   const bool masked = u.any_missing != 0;
   const uint64_t any_missing = u.any_missing;
 
-  // Segment records first: the page lookups of the first tiles wait on them.
-  SegDesc my_seg{};
-  if (tid < nseg) my_seg = p.segs[u.seg_off + tid];
+  // ---- the unit's segment records and entries -> shared memory.
+  if (tid < nseg) misc.seg[tid] = p.segs[u.seg_off + tid];
+  for (int e = tid; e < nent; e += kThreads) {
+    misc.ent_query[e] = p.entry_query[e0 + e];
+    misc.ent_slot[e] = p.entry_slot[e0 + e];
+  }
+  __syncthreads();
+  const int num_tiles = (len + N - 1) / N;
 
   // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
   {
@@ -128,14 +139,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
     for (int i = tid; i < M * kChunks; i += kThreads) {
       const int r = i / kChunks, c = i % kChunks;
       const T* src = q;
-      if (r < rows) src = q + (int64_t(p.entry_query[e0 + r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
+      if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
       cp_async_16_zfill(sQ + swz<kRowBytes>(r, c), src, r < rows);
     }
     cp_async_commit();
   }
-  if (tid < nseg) misc.seg[tid] = my_seg;
-  __syncthreads();
-  const int num_tiles = (len + N - 1) / N;
 
   // Resolves the N positions of tile t (one thread each) to token rows of the
   // pool: segment by binary search over the segment ends, then the page table.
@@ -183,11 +191,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
   };
 
   // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
-#pragma unroll
-  for (int t = 0; t < S; ++t)
-    if (t < num_tiles) fill(t, t);
+  for (int t = 0; t < S && t < num_tiles; ++t) fill(t, t);
   __syncthreads();
-#pragma unroll
   for (int t = 0; t < S - 1; ++t) {
     if (t < num_tiles) issue(t, t);
     cp_async_commit();
@@ -211,14 +216,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
   float row_sum[2] = {0.f, 0.f};          // this thread's columns only; quad-summed at the end
   const float sl2 = p.scale_log2;
 
+  // Ring positions: stage/slot of the tile computed (t), issued (t + S - 1)
+  // and filled (t + S), advanced with wrap-around instead of a modulo.
+  int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
   for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<S - 2>();  // tile t (and Q) landed for this thread's copies
-    __syncthreads();         // ... and everyone's; stage (t-1)%S is free again
-    if (t + S - 1 < num_tiles) issue((t + S - 1) % S, (t + S - 1) % kSlots);
+    cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
+    __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
+    if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
     cp_async_commit();
-    if (t + S < num_tiles) fill(t + S, (t + S) % kSlots);
+    if (t + S < num_tiles) fill(t + S, sl_fill);
 
-    const int st = t % S, sl = t % kSlots;
     const uint8_t* Ks = sK + st * Tr::kTileBytes;
     const uint8_t* Vs = sV + st * Tr::kTileBytes;
 
@@ -303,12 +310,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
         MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
       }
     }
+    st = st + 1 == S ? 0 : st + 1;
+    sl = sl + 1 == kSlots ? 0 : sl + 1;
+    st_issue = st_issue + 1 == S ? 0 : st_issue + 1;
+    sl_issue = sl_issue + 1 == kSlots ? 0 : sl_issue + 1;
+    sl_fill = sl_fill + 1 == kSlots ? 0 : sl_fill + 1;
   }
 
   // ---- epilogue: slices -> shared memory, combined per row, written out.
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with Q and K/V: the scratch may overlap them
-  float* sO = reinterpret_cast<float*>(smem);
+  float* sO = reinterpret_cast<float*>(sQ);
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = wm * 16 + (lane >> 2) + 8 * i;
@@ -348,10 +360,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
     acc.y *= inv;
     acc.z *= inv;
     acc.w *= inv;
-    const int e = e0 + r / G, h = kvh * G + r % G;
-    const int slot = p.entry_slot[e];
+    const int h = kvh * G + r % G;
+    const int slot = misc.ent_slot[r / G];
     if (slot < 0) {
-      const int64_t off = (int64_t(p.entry_query[e]) * Hqo + h) * D + c;
+      const int64_t off = (int64_t(misc.ent_query[r / G]) * Hqo + h) * D + c;
       uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
       *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) = packed;
     } else {

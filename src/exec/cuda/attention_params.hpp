@@ -49,16 +49,21 @@ struct AttnParams {
   int32_t group;      // num_qo_heads / num_kv_heads
   int32_t page_size;
   float scale_log2;   // softmax scale * log2(e): scores are kept in log2 units
+  int32_t stages;     // K/V pipeline depth of this launch (AttnTraits::kMinStages..kMaxStages)
+};
+
+// A query with partials to merge: its slots are query_slots[first .. first + count).
+struct alignas(16) MergeDesc {
+  int32_t query, first, count, pad;
 };
 
 struct MergeParams {
   void* out;
   const float* partial_o;
   const float* partial_lse;
-  const int32_t* merge_queries;  // queries that have slots
-  const int32_t* query_slot_offset;
+  const MergeDesc* merges;  // queries that have slots
   const int32_t* query_slots;
-  int32_t num_merge_queries;
+  int32_t num_merges;
   int32_t num_qo_heads;
 };
 

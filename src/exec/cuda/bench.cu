@@ -252,6 +252,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   r.units = p.num_units();
   r.slots = p.num_slots;
   r.launches = ex.num_launches();
+  r.launch_info = ex.describe();
 
   // Verification first, on a poisoned output.
   m.d.poison_out(m.stream);

@@ -115,7 +115,40 @@ struct Launch {
   cuda::KernelEntry kernel;
   int32_t first_unit;  // into the uploaded unit descriptors
   int32_t num_units;
+  int32_t max_len = 0;  // tokens of its longest unit
+  int stages = 0;
+  int smem = 0;
 };
+
+// Pipeline depth of a launch: the CTAs an SM can hold by registers, but no
+// more than the grid needs (a grid of at most one CTA per SM gets one CTA per
+// SM and the deepest pipeline); then the most stages (up to one more than the
+// longest unit has tiles) that keep that many CTAs per SM.
+void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, int smem_reserved, int smem_optin) {
+  const cuda::KernelEntry& k = l.kernel;
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, k.kernel), "cudaFuncGetAttributes(attention kernel)");
+  const int warps = k.threads / 32;
+  const int regs_per_warp = (attr.numRegs * 32 + 255) / 256 * 256;
+  const int by_regs = std::max(1, 65536 / (regs_per_warp * warps));
+  const int64_t ctas = int64_t(l.num_units) * num_kv_heads;
+  int per_sm = int(std::min<int64_t>(by_regs, std::max<int64_t>(1, (ctas + num_sms - 1) / num_sms)));
+  const int tiles = (l.max_len + k.n - 1) / k.n;
+  const int want = std::clamp(tiles + 1, k.min_stages, k.max_stages);
+  for (; per_sm >= 1; --per_sm) {
+    int s = want;
+    while (s >= k.min_stages &&
+           (k.smem_bytes(s) > smem_optin || per_sm * (k.smem_bytes(s) + smem_reserved) > smem_per_sm))
+      --s;
+    if (s >= k.min_stages) {
+      l.stages = s;
+      l.smem = k.smem_bytes(s);
+      return;
+    }
+  }
+  throw Error("cuda executor: tile m=" + std::to_string(k.m) + " needs " + std::to_string(k.smem_bytes(k.min_stages)) +
+              " bytes of shared memory, the device allows " + std::to_string(smem_optin));
+}
 
 }  // namespace
 
@@ -126,7 +159,7 @@ struct CudaExecutor::Impl {
   std::vector<Launch> launches;
   cuda::AttnParams attn{};  // plan pointers filled at plan time, tensors per run
   cuda::MergeParams merge{};
-  std::vector<cudaStream_t> aux;  // aux[i] runs launches[i + 1]
+  std::vector<cudaStream_t> aux;  // aux[i] runs launches[i] (only with several launches)
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> join;
 
@@ -180,6 +213,16 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   // longest CTAs start first, so the tail is short ones).
   std::vector<cuda::UnitDesc> unit_order;
   unit_order.reserve(U);
+  int dev = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0, num_sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  check_cuda(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+  check_cuda(cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev),
+             "cudaDeviceGetAttribute(ReservedSharedMemoryPerBlock)");
+  check_cuda(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev),
+             "cudaDeviceGetAttribute(MultiProcessorCount)");
   for (int tile = 0; tile < int(kTileConfigs.size()); ++tile) {
     const size_t first = unit_order.size();
     for (int u = 0; u < U; ++u)
@@ -192,12 +235,23 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
     if (int64_t(l.num_units) * m.num_kv_heads > int64_t(INT32_MAX))
       throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +
                   " kv heads exceed the grid");
+    l.max_len = unit_order[first].len;
+    choose_stages(l, m.num_kv_heads, num_sms, smem_per_sm, smem_reserved, smem_optin);
+    // The attribute is per kernel and process-wide: allow the most any plan may use.
+    check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    std::min(smem_optin, l.kernel.smem_bytes(l.kernel.max_stages))),
+               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     m.launches.push_back(l);
   }
+  // The launch with the longest CTAs goes first and on the highest-priority
+  // stream: its CTAs must not queue behind a grid of short ones (the tail).
+  std::stable_sort(m.launches.begin(), m.launches.end(),
+                   [](const Launch& a, const Launch& b) { return a.max_len > b.max_len; });
 
-  std::vector<int32_t> merge_queries;
+  std::vector<cuda::MergeDesc> merges;
   for (int32_t q = 0; q < w.num_queries(); ++q)
-    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q]) merge_queries.push_back(q);
+    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q])
+      merges.push_back({q, p.query_slot_offset[q], p.query_slot_offset[q + 1] - p.query_slot_offset[q], 0});
 
   Packer pk;
   const size_t o_units = pk.add(unit_order);
@@ -206,9 +260,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   const size_t o_em = pk.add(p.entry_mask);
   const size_t o_es = pk.add(p.entry_slot);
   const size_t o_pages = pk.add(page_ids);
-  const size_t o_qso = pk.add(p.query_slot_offset);
   const size_t o_qs = pk.add(p.query_slots);
-  const size_t o_mq = pk.add(merge_queries);
+  const size_t o_mq = pk.add(merges);
 
   // One pinned staging buffer, one copy.
   void* host = nullptr;
@@ -245,33 +298,23 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   cuda::MergeParams& mg = m.merge;
   mg.partial_o = a.partial_o;
   mg.partial_lse = a.partial_lse;
-  mg.merge_queries = reinterpret_cast<const int32_t*>(at(o_mq));
-  mg.query_slot_offset = reinterpret_cast<const int32_t*>(at(o_qso));
+  mg.merges = reinterpret_cast<const cuda::MergeDesc*>(at(o_mq));
   mg.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
-  mg.num_merge_queries = int32_t(merge_queries.size());
+  mg.num_merges = int32_t(merges.size());
   mg.num_qo_heads = H;
 
-  int dev = 0, smem_optin = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  for (const Launch& l : m.launches) {
-    if (l.kernel.smem_bytes > smem_optin)
-      throw Error("cuda executor: tile m=" + std::to_string(l.kernel.m) + " head_dim " + std::to_string(D) + " needs " +
-                  std::to_string(l.kernel.smem_bytes) + " bytes of shared memory, the device allows " +
-                  std::to_string(smem_optin));
-    check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, l.kernel.smem_bytes),
-               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  }
-
-  // Tile configs run concurrently: each extra launch gets its own stream,
-  // forked from and joined back into the caller's stream with events (which
-  // also works under stream capture).
+  // Tile configs run concurrently: with more than one launch, each gets an
+  // internal stream, forked from and joined back into the caller's stream with
+  // events (which also works under stream capture); stream priorities follow
+  // the launch order (longest CTAs highest).
   if (m.launches.size() > 1) {
+    int least = 0, greatest = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
     check_cuda(cudaEventCreateWithFlags(&m.fork, cudaEventDisableTiming), "cudaEventCreate");
-    for (size_t i = 1; i < m.launches.size(); ++i) {
+    for (size_t i = 0; i < m.launches.size(); ++i) {
       cudaStream_t s = nullptr;
-      check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+      const int prio = std::min(least, greatest + int(i));  // numerically lower = higher priority
+      check_cuda(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, prio), "cudaStreamCreateWithPriority");
       m.aux.push_back(s);
       cudaEvent_t e = nullptr;
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
@@ -287,6 +330,16 @@ CudaExecutor& CudaExecutor::operator=(CudaExecutor&&) noexcept = default;
 size_t CudaExecutor::plan_bytes() const { return impl_->plan_buf.size(); }
 size_t CudaExecutor::workspace_bytes() const { return impl_->workspace.size(); }
 int CudaExecutor::num_launches() const { return int(impl_->launches.size()); }
+
+std::string CudaExecutor::describe() const {
+  std::string out;
+  for (const Launch& l : impl_->launches)
+    out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) + " ctas=" +
+           std::to_string(int64_t(l.num_units) * impl_->num_kv_heads) + " stages=" + std::to_string(l.stages) +
+           " smem=" + std::to_string(l.smem / 1024) + "K maxlen=" + std::to_string(l.max_len);
+  if (impl_->merge.num_merges) out += "; merge " + std::to_string(impl_->merge.num_merges) + " queries";
+  return out;
+}
 
 void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   const Impl& m = *impl_;
@@ -305,20 +358,24 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   auto launch = [&](const Launch& l, cudaStream_t s) {
     cuda::AttnParams lp = a;
     lp.units = a.units + l.first_unit;
+    lp.stages = l.stages;
     void* kargs[] = {&lp};
     check_cuda(cudaLaunchKernel(l.kernel.kernel, dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads)),
-                                dim3(l.kernel.threads), kargs, size_t(l.kernel.smem_bytes), s),
+                                dim3(l.kernel.threads), kargs, size_t(l.smem), s),
                "cuda executor: attention launch");
   };
-  if (!m.aux.empty()) check_cuda(cudaEventRecord(m.fork, stream), "cudaEventRecord(fork)");
-  for (size_t i = 1; i < m.launches.size(); ++i) {
-    check_cuda(cudaStreamWaitEvent(m.aux[i - 1], m.fork, 0), "cudaStreamWaitEvent(fork)");
-    launch(m.launches[i], m.aux[i - 1]);
-    check_cuda(cudaEventRecord(m.join[i - 1], m.aux[i - 1]), "cudaEventRecord(join)");
+  if (m.aux.empty()) {
+    if (!m.launches.empty()) launch(m.launches[0], stream);
+  } else {
+    check_cuda(cudaEventRecord(m.fork, stream), "cudaEventRecord(fork)");
+    for (size_t i = 0; i < m.launches.size(); ++i) {
+      check_cuda(cudaStreamWaitEvent(m.aux[i], m.fork, 0), "cudaStreamWaitEvent(fork)");
+      launch(m.launches[i], m.aux[i]);
+      check_cuda(cudaEventRecord(m.join[i], m.aux[i]), "cudaEventRecord(join)");
+    }
+    for (size_t i = 0; i < m.launches.size(); ++i)
+      check_cuda(cudaStreamWaitEvent(stream, m.join[i], 0), "cudaStreamWaitEvent(join)");
   }
-  if (!m.launches.empty()) launch(m.launches[0], stream);
-  for (size_t i = 1; i < m.launches.size(); ++i)
-    check_cuda(cudaStreamWaitEvent(stream, m.join[i - 1], 0), "cudaStreamWaitEvent(join)");
 
   cuda::MergeParams mg = m.merge;
   mg.out = args.out;

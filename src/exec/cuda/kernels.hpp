@@ -14,9 +14,11 @@ namespace treeattn::cuda {
 struct KernelEntry {
   const void* kernel = nullptr;  // __global__ function, for cudaLaunchKernel / attributes
   int threads = 0;
-  int smem_bytes = 0;  // dynamic shared memory per CTA
-  int stages = 0;      // K/V pipeline depth
   int m = 0, n = 0;
+  int min_stages = 0, max_stages = 0;
+  int smem_base = 0;         // dynamic shared memory besides the K/V stages
+  int smem_per_stage = 0;    // one K + one V tile
+  int smem_bytes(int stages) const { return smem_base + stages * smem_per_stage; }
 };
 
 // Defined in attention_kernel.cuh; explicitly instantiated in kernels/*.cu.

@@ -1,7 +1,9 @@
 // The merge kernel: one warp per (query, qo head) of the queries that have
 // partial slots; it folds the query's normalised fp32 partials with
 // merge_weights (numeric.hpp), in slot-list order, exactly as the CPU executor
-// does, and writes the output in the input dtype.
+// does, and writes the output in the input dtype. Loads are issued in
+// parallel (slot ids and lse one per lane, partials a batch at a time): the
+// kernel is latency-bound otherwise, one dependent load chain per slot.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,38 +24,66 @@ template <class T, int D>
 __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeParams p) {
   constexpr int kPerLane = D / 32;  // 2, 4 or 8 floats
   constexpr int kVec = kPerLane >= 4 ? 4 : kPerLane;
+  constexpr int kBatch = 4;         // slots whose partials are loaded before they are merged
   const int lane = threadIdx.x & 31;
-  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
-  if (item >= int64_t(p.num_merge_queries) * p.num_qo_heads) return;
   const int H = p.num_qo_heads;
-  const int q = p.merge_queries[item / H], h = int(item % H);
+  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
+  if (item >= int64_t(p.num_merges) * H) return;
+  const MergeDesc md = p.merges[item / H];
+  const int h = int(item % H);
 
   float acc[kPerLane];
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
   float lse = -INFINITY;
-  for (int k = p.query_slot_offset[q]; k < p.query_slot_offset[q + 1]; ++k) {
-    const int slot = p.query_slots[k];
-    const MergeWeights mw = merge_weights(lse, p.partial_lse[int64_t(slot) * H + h]);
-    const float* po = p.partial_o + (int64_t(slot) * H + h) * D;
+  // Lane j holds slot j of each group of 32 (id and lse, loaded in parallel);
+  // partials are loaded kBatch slots at a time, then folded in slot order.
+  for (int base = 0; base < md.count; base += 32) {
+    const int n = min(32, md.count - base);
+    int my_slot = 0;
+    float my_lse = -INFINITY;
+    if (lane < n) {
+      my_slot = p.query_slots[md.first + base + lane];
+      my_lse = p.partial_lse[int64_t(my_slot) * H + h];
+    }
+    for (int j0 = 0; j0 < n; j0 += kBatch) {
+      float x[kBatch][kPerLane];
+      float ls[kBatch];
 #pragma unroll
-    for (int v = 0; v < kPerLane / kVec; ++v) {
-      // lane-contiguous vectors: lane l reads floats [(v*32 + l) * kVec, +kVec)
-      const float* src = po + (v * 32 + lane) * kVec;
-      float x[kVec];
-      if constexpr (kVec == 4) {
-        const float4 f = *reinterpret_cast<const float4*>(src);
-        x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w;
-      } else {
-        const float2 f = *reinterpret_cast<const float2*>(src);
-        x[0] = f.x, x[1] = f.y;
+      for (int b = 0; b < kBatch; ++b) {
+        const int j = j0 + b;
+        const int slot = __shfl_sync(0xffffffffu, my_slot, j & 31);
+        ls[b] = __shfl_sync(0xffffffffu, my_lse, j & 31);
+        const float* po = p.partial_o + (int64_t(slot) * H + h) * D;
+#pragma unroll
+        for (int v = 0; v < kPerLane / kVec; ++v) {
+          // lane-contiguous vectors: lane l holds floats [(v*32 + l) * kVec, +kVec)
+          const float* src = po + (v * 32 + lane) * kVec;
+          if (j < n) {
+            if constexpr (kVec == 4) {
+              const float4 f = *reinterpret_cast<const float4*>(src);
+              x[b][v * 4] = f.x, x[b][v * 4 + 1] = f.y, x[b][v * 4 + 2] = f.z, x[b][v * 4 + 3] = f.w;
+            } else {
+              const float2 f = *reinterpret_cast<const float2*>(src);
+              x[b][0] = f.x, x[b][1] = f.y;
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) x[b][v * kVec + i] = 0.f;
+          }
+        }
       }
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[v * kVec + i] = mw.wa * acc[v * kVec + i] + mw.wb * x[i];
+      for (int b = 0; b < kBatch; ++b) {
+        if (j0 + b >= n) break;
+        const MergeWeights mw = merge_weights(lse, ls[b]);
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) acc[i] = mw.wa * acc[i] + mw.wb * x[b][i];
+        lse = mw.lse;
+      }
     }
-    lse = mw.lse;
   }
-  T* out = static_cast<T*>(p.out) + (int64_t(q) * H + h) * D;
+  T* out = static_cast<T*>(p.out) + (int64_t(md.query) * H + h) * D;
 #pragma unroll
   for (int v = 0; v < kPerLane / kVec; ++v) {
     T* dst = out + (v * 32 + lane) * kVec;
@@ -68,7 +98,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
 
 template <class T, int D>
 void launch(const MergeParams& p, cudaStream_t stream) {
-  const int64_t items = int64_t(p.num_merge_queries) * p.num_qo_heads;
+  const int64_t items = int64_t(p.num_merges) * p.num_qo_heads;
   const int blocks = int((items + kMergeWarps - 1) / kMergeWarps);
   merge_kernel<T, D><<<blocks, kMergeWarps * 32, 0, stream>>>(p);
 }
@@ -86,7 +116,7 @@ void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream) {
 }  // namespace
 
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream) {
-  if (p.num_merge_queries == 0) return;
+  if (p.num_merges == 0) return;
   if (dtype == DType::fp16) return launch_dim<__half>(head_dim, p, stream);
   if (dtype == DType::bf16) return launch_dim<__nv_bfloat16>(head_dim, p, stream);
   throw Error("cuda merge: unsupported dtype " + std::string(to_string(dtype)));
