@@ -68,9 +68,12 @@ Plan PlanBuilder::finish() {
 
   // A query whose whole path is empty still needs a unit to write its zeros.
   std::vector<int32_t> uncovered;
-  const TreeIndex ix = TreeIndex::build(w_.tree, w_.query_nodes);
-  for (int32_t q = 0; q < nq; ++q)
-    if (count[q] == 0 && ix.path_tokens[w_.query_nodes[q]] == 0) uncovered.push_back(q);
+  for (int32_t q = 0; q < nq; ++q) {
+    if (count[q] != 0) continue;
+    int64_t tokens = 0;
+    for (int32_t v = w_.query_nodes[q]; v >= 0; v = w_.tree.nodes[v].parent) tokens += w_.tree.nodes[v].num_tokens;
+    if (tokens == 0) uncovered.push_back(q);
+  }
   const int per_unit = std::max(1, kMaxTileRows / w_.heads.group_size());
   for (size_t i = 0; i < uncovered.size(); i += per_unit) {
     begin_unit();
