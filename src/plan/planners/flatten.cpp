@@ -48,6 +48,13 @@ Plan plan_flatten(const Workload& w, const PlanOptions& opt) {
 
   const auto flush = [&] {
     if (block.empty()) return;
+    if (block.size() == 1) {  // most blocks: one node's piece, seen by its whole subtree
+      const int32_t v = block[0].node;
+      planning::emit_query_groups(b, block.data(), 1, dv.queries.data() + dv.q_begin[v], dv.subtree_queries(v), per_unit);
+      block.clear();
+      tokens = 0;
+      return;
+    }
     // The block's queries: the union of its segments' subtree query spans,
     // which in preorder are nested or disjoint and sorted by start.
     pos.clear();
@@ -66,13 +73,12 @@ Plan plan_flatten(const Workload& w, const PlanOptions& opt) {
     // A query sees segment k exactly when it lies in the subtree of k's node,
     // i.e. when its position falls in that node's span.
     const int nseg = static_cast<int>(block.size());
-    masks.assign(pos.size(), nseg == 1 ? ~0ull : 0ull);
-    if (nseg > 1)
-      for (int k = 0; k < nseg; ++k) {
-        const int32_t a = dv.q_begin[block[k].node], e = dv.q_end[block[k].node];
-        for (auto it = std::lower_bound(pos.begin(), pos.end(), a); it != pos.end() && *it < e; ++it)
-          masks[it - pos.begin()] |= 1ull << k;
-      }
+    masks.assign(pos.size(), 0ull);
+    for (int k = 0; k < nseg; ++k) {
+      const int32_t a = dv.q_begin[block[k].node], e = dv.q_end[block[k].node];
+      for (auto it = std::lower_bound(pos.begin(), pos.end(), a); it != pos.end() && *it < e; ++it)
+        masks[it - pos.begin()] |= 1ull << k;
+    }
     for (size_t q0 = 0; q0 < pos.size(); q0 += per_unit) {
       const size_t q1 = std::min(pos.size(), q0 + per_unit);
       b.begin_unit();
