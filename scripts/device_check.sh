@@ -130,6 +130,16 @@ for k in order:
 EOF2
 fi
 
+if has deep && [[ ${STATUS[build]:-ok} == ok ]]; then
+  stamp "deep: ncu sections (base clocks) of node on fasttree:N=1,256:C=256,32 32/8, appended to ncu.log"
+  timeout 200 ncu --clock-control base --kernel-name regex:'attention_kernel|merge_kernel' --launch-count 3 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --section Occupancy "$CLI" bench -w fasttree:N=1,256:C=256,32 --heads 32/8 -p node --iters 50 --warmup 0 \
+    --verify 0 --no-graph >"$BUILD/deep.txt" 2>&1 || STATUS[deep]=FAIL
+  grep -E "attention_kernel|merge_kernel|Duration|SM Frequency|Memory Throughput|DRAM Throughput|Compute \(SM\) Th|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Eligible Warps|L2 Hit|Stall|cycles being stalled" \
+    "$BUILD/deep.txt" | cut -c1-160 | tee -a "$OUT/ncu.log"
+fi
+
 mkdir -p "$RESULTS" && cp "$OUT"/bench.json "$RESULTS/bench-$TREEATTN_COMMIT.json" 2>/dev/null
 
 stamp "summary"

@@ -34,7 +34,8 @@ namespace treeattn::cuda {
 template <int kMaxSlots, int N, int M, int WN>
 struct SmemMisc {
   SegDesc seg[kMaxSegmentsPerUnit];          // the unit's segment records
-  int32_t ent_query[M];                      // the unit's entries (nent <= M rows)
+  uint64_t ent_mask[M];                      // the unit's entries (nent <= M rows)
+  int32_t ent_query[M];
   int32_t ent_slot[M];
   int32_t row[kMaxSlots][N];                 // token row (page * page_size + slot), -1: past the end
   uint8_t pos_seg[kMaxSlots][N];             // segment of each position, 255: past the end
@@ -124,11 +125,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
   const bool masked = u.any_missing != 0;
   const uint64_t any_missing = u.any_missing;
 
-  // ---- the unit's segment records and entries -> shared memory.
-  if (tid < nseg) misc.seg[tid] = p.segs[u.seg_off + tid];
+  // ---- the unit's segment records and entries -> shared memory. The first
+  // segment comes with the descriptor: a one-segment unit's page lookups
+  // depend on nothing else.
+  if (tid == 0 && nseg > 0) misc.seg[0] = u.seg0;
+  if (tid > 0 && tid < nseg) misc.seg[tid] = p.segs[u.seg_off + tid];
   for (int e = tid; e < nent; e += kThreads) {
     misc.ent_query[e] = p.entry_query[e0 + e];
     misc.ent_slot[e] = p.entry_slot[e0 + e];
+    if (masked) misc.ent_mask[e] = p.entry_mask[e0 + e];
   }
   __syncthreads();
   const int num_tiles = (len + N - 1) / N;
@@ -145,27 +150,36 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
     cp_async_commit();
   }
 
-  // Resolves the N positions of tile t (one thread each) to token rows of the
-  // pool: segment by binary search over the segment ends, then the page table.
-  auto fill = [&](int t, int sl) {
-    if (tid < N) {
-      const int pos = t * N + tid;
-      int row = -1, s = 255;
-      bool need = true;
-      if (pos < len) {
-        int lo = 0, hi = nseg - 1;  // first s with end > pos (skips empty segments)
-        while (lo < hi) {
-          const int mid = (lo + hi) >> 1;
-          if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
-        }
-        s = lo;
-        const SegDesc sg = misc.seg[s];
-        const int tok = sg.begin + pos - sg.pos;
-        row = p.page_ids[sg.pbase + tok / ps] * ps + tok % ps;
-        need = (any_missing >> s) & 1;
+  // Resolving a tile's N positions (one filler thread each) to token rows of
+  // the pool takes two steps, so that the page-table load is in flight for a
+  // whole iteration before its result is needed: lookup() finds the segment
+  // (binary search over the segment ends) and starts the load of the page id;
+  // commit() writes the row, the segment and the mask flag into a slot.
+  struct Lookup {
+    int seg = 255, tok = 0, page = 0;  // seg 255: past the end of the unit
+  };
+  auto lookup = [&](int t) {
+    Lookup l;
+    const int pos = t * N + tid;
+    if (tid < N && pos < len) {
+      int lo = 0, hi = nseg - 1;  // first s with end > pos (skips empty segments)
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
       }
-      misc.row[sl][tid] = row;
-      misc.pos_seg[sl][tid] = uint8_t(s);
+      const SegDesc sg = misc.seg[lo];
+      l.seg = lo;
+      l.tok = sg.begin + pos - sg.pos;
+      l.page = p.page_ids[sg.pbase + l.tok / ps];
+    }
+    return l;
+  };
+  auto commit = [&](const Lookup& l, int sl) {
+    if (tid < N) {
+      const bool valid = l.seg != 255;
+      misc.row[sl][tid] = valid ? l.page * ps + l.tok % ps : -1;
+      misc.pos_seg[sl][tid] = uint8_t(l.seg);
+      const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
       const uint32_t b = __ballot_sync(0xffffffffu, need);
       if (lane == 0) misc.tile_flag[sl][warp] = b;
     }
@@ -191,7 +205,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
   };
 
   // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
-  for (int t = 0; t < S && t < num_tiles; ++t) fill(t, t);
+  {
+    Lookup first[Tr::kMaxStages];  // all loads first, then all commits
+#pragma unroll
+    for (int t = 0; t < Tr::kMaxStages; ++t)
+      if (t < S && t < num_tiles) first[t] = lookup(t);
+#pragma unroll
+    for (int t = 0; t < Tr::kMaxStages; ++t)
+      if (t < S && t < num_tiles) commit(first[t], t);
+  }
+  Lookup next = lookup(S);  // tile S, committed in iteration 0
   __syncthreads();
   for (int t = 0; t < S - 1; ++t) {
     if (t < num_tiles) issue(t, t);
@@ -204,7 +227,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = wm * 16 + (lane >> 2) + 8 * i;
-    rmask[i] = (masked && r < rows) ? p.entry_mask[e0 + r / G] : ~0ull;
+    rmask[i] = (masked && r < rows) ? misc.ent_mask[r / G] : ~0ull;
   }
 
   float o[D / 8][4];
@@ -224,7 +247,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_kernel(const __grid
     __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
     if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
     cp_async_commit();
-    if (t + S < num_tiles) fill(t + S, sl_fill);
+    if (t + S < num_tiles) {
+      commit(next, sl_fill);
+      next = lookup(t + S + 1);
+    }
 
     const uint8_t* Ks = sK + st * Tr::kTileBytes;
     const uint8_t* Vs = sV + st * Tr::kTileBytes;

@@ -9,20 +9,23 @@
 
 namespace treeattn::cuda {
 
-// A unit as the kernel reads it: one 32-byte load per CTA. Derived from the
-// Plan at plan time (CudaExecutor) so that the CTA prologue is short.
+// A segment as the kernel reads it: unit positions [pos, end) are tokens
+// [begin, begin + end - pos) of a node whose pages start at page_ids[pbase].
+struct alignas(16) SegDesc {
+  int32_t pbase, begin, pos, end;
+};
+
+// A unit as the kernel reads it (48 bytes, three vector loads per CTA),
+// derived from the Plan at plan time (CudaExecutor) so that the CTA prologue
+// is short: its first segment is inline, so a one-segment unit needs no other
+// load before its page lookups.
 struct alignas(16) UnitDesc {
   int32_t seg_off, nseg;   // segment records segs[seg_off .. seg_off + nseg)
   int32_t ent_off, nent;   // plan entries entry_*[ent_off .. ent_off + nent)
   uint64_t any_missing;    // OR over entries of the segments they do not see (0: unmasked)
   int32_t len;             // tokens of the unit (sum of its segments)
   int32_t pad;
-};
-
-// A segment as the kernel reads it: unit positions [pos, end) are tokens
-// [begin, begin + end - pos) of a node whose pages start at page_ids[pbase].
-struct alignas(16) SegDesc {
-  int32_t pbase, begin, pos, end;
+  SegDesc seg0;            // = segs[seg_off] when nseg > 0
 };
 
 struct AttnParams {
@@ -52,9 +55,12 @@ struct AttnParams {
   int32_t stages;     // K/V pipeline depth of this launch (AttnTraits::kMinStages..kMaxStages)
 };
 
-// A query with partials to merge: its slots are query_slots[first .. first + count).
+// A query with partials to merge: its slots are query_slots[first .. first +
+// count); the first kInline of them are also inline (most queries have few).
 struct alignas(16) MergeDesc {
+  static constexpr int kInline = 4;
   int32_t query, first, count, pad;
+  int32_t slot[kInline];
 };
 
 struct MergeParams {

@@ -204,6 +204,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
       pos += sg.size();
     }
     d.len = pos;
+    d.pad = 0;
+    d.seg0 = d.nseg > 0 ? segs[d.seg_off] : cuda::SegDesc{0, 0, 0, 0};
     const uint64_t full = full_mask(d.nseg);
     d.any_missing = 0;
     for (int e = d.ent_off; e < d.ent_off + d.nent; ++e) d.any_missing |= ~p.entry_mask[e] & full;
@@ -251,7 +253,12 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   std::vector<cuda::MergeDesc> merges;
   for (int32_t q = 0; q < w.num_queries(); ++q)
     if (p.query_slot_offset[q + 1] > p.query_slot_offset[q])
-      merges.push_back({q, p.query_slot_offset[q], p.query_slot_offset[q + 1] - p.query_slot_offset[q], 0});
+    {
+      cuda::MergeDesc md{q, p.query_slot_offset[q], p.query_slot_offset[q + 1] - p.query_slot_offset[q], 0, {}};
+      for (int i = 0; i < cuda::MergeDesc::kInline; ++i)
+        md.slot[i] = i < md.count ? p.query_slots[md.first + i] : 0;
+      merges.push_back(md);
+    }
 
   Packer pk;
   const size_t o_units = pk.add(unit_order);

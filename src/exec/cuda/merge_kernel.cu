@@ -43,7 +43,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     int my_slot = 0;
     float my_lse = -INFINITY;
     if (lane < n) {
-      my_slot = p.query_slots[md.first + base + lane];
+      const int k = base + lane;
+      static_assert(MergeDesc::kInline == 4, "select chain below");
+      my_slot = k == 0 ? md.slot[0] : k == 1 ? md.slot[1] : k == 2 ? md.slot[2] : k == 3 ? md.slot[3]
+                                                                               : p.query_slots[md.first + k];
       my_lse = p.partial_lse[int64_t(my_slot) * H + h];
     }
     for (int j0 = 0; j0 < n; j0 += kBatch) {
