@@ -13,20 +13,11 @@
 
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
+#include "cli/suite_runner.hpp"
 #include "treeattn/bench.hpp"
 
 namespace treeattn::cli {
 
-namespace {
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-}  // namespace
 
 void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "time planners on the GPU: us, GB/s, fraction of the unique-KV floor");
@@ -39,13 +30,25 @@ void add_bench_command(CLI::App& app) {
   auto flags = std::make_shared<std::array<bool, 2>>();  // --no-flush, --no-graph
   cmd->add_flag("--no-flush", (*flags)[0], "keep the L2 warm between runs");
   cmd->add_flag("--no-graph", (*flags)[1], "skip the CUDA-graph replay timing");
-  cmd->callback([o, b, flags] {
+  auto suite = std::make_shared<SuiteRun>();
+  cmd->add_option("--suite", suite->suite,
+                  "run a whole suite (fasttree, pat, flashforge, deft, or a suite file; see data/suites/) and write "
+                  "results.json, report.md and plots under bench/results/<device>/<suite>/");
+  cmd->add_flag("--quick", suite->quick, "with --suite: only its representative subset ('+' lines, quick_heads)");
+  cmd->add_option("--out", suite->out_dir, "with --suite: output directory");
+  cmd->callback([o, b, flags, suite] {
     if (b->iters < 50) throw Error("iters: " + std::to_string(b->iters) + " must be at least 50");
     if (b->warmup < 0) throw Error("warmup: " + std::to_string(b->warmup) + " must not be negative");
     if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");
     b->flush_l2 = !(*flags)[0];
     b->graph = !(*flags)[1];
     b->seed = o->seed;
+    if (!suite->suite.empty()) {
+      if (!o->workloads.empty()) throw Error("suite: --suite and --workload exclude each other");
+      suite->planners = o->planners;
+      if (!run_suite(*suite, *o, *b)) throw CLI::RuntimeError("verification failed", 1);
+      return;
+    }
     const PlanOptions opt = plan_options(*o);
     const std::string commit = current_commit(TREEATTN_SOURCE_DIR);
     const std::string device = gpu_device_name();
@@ -88,28 +91,8 @@ void add_bench_command(CLI::App& app) {
         const bool err_ok = t.max_rel_err < 0 || t.max_rel_err <= tol;
         ok &= err_ok;
         if (o->json) {
-          nlohmann::json r = summary_json(w, summarize(w, p));
-          r["device"] = device;
-          r["commit"] = commit;
-          r["date"] = utc_now();
-          r["us"] = t.us;
-          r["us_min"] = t.us_min;
-          r["us_graph"] = t.us_graph;
-          r["unique_kv_bytes"] = t.unique_kv_bytes;
-          r["kv_bytes"] = t.kv_bytes;
-          r["io_bytes"] = t.io_bytes;
-          r["bandwidth_gbps"] = t.bandwidth_gbps;
-          r["achieved_gbps"] = gbps;
-          r["floor_us"] = t.floor_us;
-          r["fraction_of_floor"] = frac;
+          nlohmann::json r = timing_record(w, p, t, commit, plan_ms, *b);
           r["speedup_vs_per_query"] = std::isnan(speedup) ? nlohmann::json() : nlohmann::json(speedup);
-          r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
-          r["launches"] = t.launches;
-          r["launch_info"] = t.launch_info;
-          r["slots"] = t.slots;
-          r["iters"] = b->iters;
-          r["l2_flush"] = b->flush_l2;
-          r["plan_ms"] = plan_ms;
           records.push_back(r);
         } else {
           char err[32] = "-", sp[32] = "-";

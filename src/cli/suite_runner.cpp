@@ -1,0 +1,143 @@
+// Runs a benchmark suite: every (workload, head config) x planner timed on the
+// GPU, with progress, then the JSON records, a markdown report and plots.
+#include "cli/suite_runner.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+namespace treeattn::cli {
+
+namespace {
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string file_safe(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-') c = '_';
+  return s;
+}
+
+// A progress bar on a terminal, plain lines otherwise (logs, CI, device runs).
+void progress(int done, int total, const std::string& what) {
+  if (isatty(fileno(stderr))) {
+    const int width = 30, filled = total ? done * width / total : width;
+    std::fprintf(stderr, "\r[%s%s] %d/%d %-60.60s", std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), done, total, what.c_str());
+    if (done == total) std::fprintf(stderr, "\n");
+  } else {
+    std::fprintf(stderr, "[%d/%d] %s\n", done, total, what.c_str());
+  }
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& t, const std::string& commit,
+                             double plan_ms, const BenchOptions& b) {
+  nlohmann::json r = summary_json(w, summarize(w, p));
+  r["device"] = t.device;
+  r["commit"] = commit;
+  r["date"] = utc_now();
+  r["us"] = t.us;
+  r["us_min"] = t.us_min;
+  r["us_graph"] = t.us_graph;
+  r["kv_bytes"] = t.kv_bytes;
+  r["unique_kv_bytes"] = t.unique_kv_bytes;
+  r["io_bytes"] = t.io_bytes;
+  r["bandwidth_gbps"] = t.bandwidth_gbps;
+  r["achieved_gbps"] = double(t.kv_bytes) / (t.us * 1e3);
+  r["floor_us"] = t.floor_us;
+  r["fraction_of_floor"] = t.floor_us / t.us;
+  r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
+  r["launches"] = t.launches;
+  r["launch_info"] = t.launch_info;
+  r["slots"] = t.slots;
+  r["iters"] = b.iters;
+  r["l2_flush"] = b.flush_l2;
+  r["plan_ms"] = plan_ms;
+  return r;
+}
+
+bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b) {
+  namespace fs = std::filesystem;
+  const bench::Suite suite = bench::load_suite(run.suite, std::string(TREEATTN_SOURCE_DIR) + "/data");
+  const std::string device = gpu_device_name();
+  const std::string commit = current_commit(TREEATTN_SOURCE_DIR);
+  const fs::path out = run.out_dir.empty()
+                           ? fs::path(TREEATTN_SOURCE_DIR) / "bench" / "results" / file_safe(device) /
+                                 (suite.name + (run.quick ? "-quick" : ""))
+                           : fs::path(run.out_dir);
+  fs::create_directories(out);
+
+  CommonOptions o = common;
+  o.planners = run.planners;
+  o.head_dim = suite.head_dim;
+  o.dtype = std::string(to_string(suite.dtype));
+  o.page_size = suite.page_size;
+  std::vector<std::string> names = selected_planners(o);
+  std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n == "per-query"; });
+  const PlanOptions opt = plan_options(o);
+
+  std::vector<std::pair<std::string, HeadConfig>> configs;
+  for (const HeadConfig& h : run.quick ? suite.quick_heads : suite.heads)
+    for (const auto& e : suite.entries)
+      if (!run.quick || e.quick) configs.emplace_back(e.spec, h);
+
+  const double bw = measure_hbm_bandwidth_gbps();
+  std::printf("treeattn bench --suite %s%s on %s (commit %s): %zu configs x %zu planners; HBM %.0f GB/s measured\n",
+              suite.name.c_str(), run.quick ? " --quick" : "", device.c_str(), commit.c_str(), configs.size(),
+              names.size(), bw);
+  nlohmann::json records = nlohmann::json::array();
+  bool ok = true;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const auto& [spec, heads] = configs[i];
+    o.heads = std::to_string(heads.num_qo_heads) + "/" + std::to_string(heads.num_kv_heads);
+    o.workloads = {spec};
+    progress(int(i), int(configs.size()), spec + " @" + o.heads);
+    const Workload w = load_workloads(o, {}).front();
+    GpuBench gpu(w, o.seed);
+    for (const std::string& name : names) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const Plan p = make_plan(name, w, opt);
+      const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const GpuTiming t = gpu.time(p, b);
+      nlohmann::json r = timing_record(w, p, t, commit, plan_ms, b);
+      r["suite"] = suite.name;
+      ok &= t.max_rel_err < 0 || t.max_rel_err <= tolerance(w.layout.dtype);
+      records.push_back(std::move(r));
+    }
+  }
+  progress(int(configs.size()), int(configs.size()), "done");
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60;
+
+  const std::string command = "treeattn bench --suite " + run.suite + (run.quick ? " --quick" : "");
+  nlohmann::json doc = {{"suite", suite.name},     {"description", suite.description}, {"device", device},
+                        {"commit", commit},        {"date", utc_now()},                {"command", command},
+                        {"bandwidth_gbps", bw},    {"minutes", minutes},               {"records", records}};
+  std::ofstream(out / "results.json") << doc.dump(1) << "\n";
+  std::string md = bench::markdown_report(records, "Suite `" + suite.name + "`" + (run.quick ? " (quick)" : ""));
+  md += "\nCommand: `" + command + "` · date " + doc["date"].get<std::string>() + " · " +
+        std::to_string(int(minutes * 60)) + " s\n\n![speedup](speedup.png)\n![floor](floor.png)\n![normalized](normalized.png)\n";
+  std::ofstream(out / "report.md") << md;
+  const std::string plot = "python3 " + std::string(TREEATTN_SOURCE_DIR) + "/scripts/plot_suite.py '" +
+                           (out / "results.json").string() + "' '" + out.string() + "'";
+  if (std::system((plot + " 2>/dev/null").c_str()) != 0)
+    std::printf("plots not written (needs python3 with matplotlib); run: %s\n", plot.c_str());
+  std::printf("%s", md.c_str());
+  std::printf("\nwrote %s/{results.json,report.md,*.png}\n", out.string().c_str());
+  return ok;
+}
+
+}  // namespace treeattn::cli
