@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call for the benchmark suites: build (via device_check.sh's build
+# step), then `treeattn bench --suite` for each suite named in SUITES (default
+# all four; QUICK=1 for the --quick subsets) and the demo. Reports land under
+# bench/results/<device>/<suite>/ and, packed as one archive, in $OUT.
+# Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) scripts/device_suites.sh
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/build/device_out}
+BUILD=${BUILD:-$ROOT/build/device}
+SUITES=${SUITES:-"fasttree pat flashforge deft"}
+mkdir -p "$OUT"
+STEPS=build OUT="$OUT" BUILD="$BUILD" bash "$ROOT/scripts/device_check.sh" >"$OUT/suites_build.log" 2>&1
+[ -x "$BUILD/treeattn" ] || { tail -30 "$OUT/suites_build.log"; exit 1; }
+quick=""; [ "${QUICK:-0}" = 1 ] && quick="--quick"
+for s in $SUITES; do
+  echo "== suite $s $quick"
+  timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick 2>"$OUT/suite_$s.progress" |
+    tee "$OUT/suite_$s.log" | grep -A12 "^## Geometric means"
+done
+echo "== demo"
+"$BUILD/treeattn" demo 2>&1 | tee "$OUT/demo.log" | tail -16
+(cd "$ROOT" && tar czf "$OUT/suites.tgz" bench/results)
