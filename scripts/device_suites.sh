@@ -9,15 +9,16 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build/device_out}
 BUILD=${BUILD:-$ROOT/build/device}
 SUITES=${SUITES:-"fasttree pat flashforge deft"}
-mkdir -p "$OUT"
-STEPS=build OUT="$OUT" BUILD="$BUILD" bash "$ROOT/scripts/device_check.sh" >"$OUT/suites_build.log" 2>&1
-[ -x "$BUILD/treeattn" ] || { tail -30 "$OUT/suites_build.log"; exit 1; }
+LOGS="$ROOT/build/suite_logs"   # packed into $OUT/suites.tgz (the device returns at most 8 files)
+mkdir -p "$OUT" "$LOGS"
+STEPS=build OUT="$LOGS" BUILD="$BUILD" bash "$ROOT/scripts/device_check.sh" >"$LOGS/suites_build.log" 2>&1
+[ -x "$BUILD/treeattn" ] || { tail -30 "$LOGS/suites_build.log"; exit 1; }
 quick=""; [ "${QUICK:-0}" = 1 ] && quick="--quick"
 for s in $SUITES; do
   echo "== suite $s $quick"
-  timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick 2>"$OUT/suite_$s.progress" |
-    tee "$OUT/suite_$s.log" | grep -A12 "^## Geometric means"
+  timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick 2>"$LOGS/suite_$s.progress" |
+    tee "$LOGS/suite_$s.log" | grep -A12 "^## Geometric means"
 done
 echo "== demo"
-"$BUILD/treeattn" demo 2>&1 | tee "$OUT/demo.log" | tail -16
-(cd "$ROOT" && tar czf "$OUT/suites.tgz" bench/results)
+"$BUILD/treeattn" demo 2>&1 | tee "$LOGS/demo.log" | tail -16
+(cd "$ROOT" && tar czf "$OUT/suites.tgz" bench/results build/suite_logs)
