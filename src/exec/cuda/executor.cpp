@@ -159,6 +159,7 @@ struct CudaExecutor::Impl {
   std::vector<Launch> launches;
   cuda::AttnParams attn{};  // plan pointers filled at plan time, tensors per run
   cuda::MergeParams merge{};
+  int32_t fused_merge = 0;  // queries merged inside the attention kernel
   std::vector<cudaStream_t> aux;  // aux[i] runs launches[i] (only with several launches)
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> join;
@@ -170,7 +171,8 @@ struct CudaExecutor::Impl {
   }
 };
 
-CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_unique<Impl>()) {
+CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorOptions& opt)
+    : impl_(std::make_unique<Impl>()) {
   validate_plan(w, p);
   Impl& m = *impl_;
   m.dtype = w.layout.dtype;
@@ -260,6 +262,11 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
       merges.push_back(md);
     }
 
+  std::vector<int32_t> entry_merge(p.entry_query.size(), -1), query_merge(w.num_queries(), -1);
+  for (size_t i = 0; i < merges.size(); ++i) query_merge[merges[i].query] = int32_t(i);
+  for (size_t e = 0; e < p.entry_query.size(); ++e)
+    if (p.entry_slot[e] >= 0) entry_merge[e] = query_merge[p.entry_query[e]];
+
   Packer pk;
   const size_t o_units = pk.add(unit_order);
   const size_t o_segs = pk.add(segs);
@@ -269,6 +276,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   const size_t o_pages = pk.add(page_ids);
   const size_t o_qs = pk.add(p.query_slots);
   const size_t o_mq = pk.add(merges);
+  const size_t o_em2 = pk.add(entry_merge);
 
   // One pinned staging buffer, one copy.
   void* host = nullptr;
@@ -285,7 +293,12 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
 
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
-  m.workspace = DeviceBuffer(o_bytes + size_t(p.num_slots) * H * sizeof(float));
+  const size_t lse_bytes = size_t(p.num_slots) * H * sizeof(float);
+  const size_t ctr_bytes = opt.fused_merge ? merges.size() * w.heads.num_kv_heads * sizeof(int32_t) : 0;
+  m.workspace = DeviceBuffer(o_bytes + lse_bytes + ctr_bytes);
+  if (ctr_bytes)
+    check_cuda(cudaMemset(m.workspace.as<uint8_t>() + o_bytes + lse_bytes, 0, ctr_bytes),
+               "cuda executor: merge counters");
 
   auto at = [&](size_t off) { return static_cast<const uint8_t*>(m.plan_buf.get()) + off; };
   cuda::AttnParams& a = m.attn;
@@ -297,6 +310,12 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   a.entry_mask = reinterpret_cast<const uint64_t*>(at(o_em));
   a.entry_slot = reinterpret_cast<const int32_t*>(at(o_es));
   a.page_ids = reinterpret_cast<const int32_t*>(at(o_pages));
+  if (ctr_bytes) {
+    a.merge_counters = reinterpret_cast<int32_t*>(m.workspace.as<uint8_t>() + o_bytes + lse_bytes);
+    a.merges = reinterpret_cast<const cuda::MergeDesc*>(at(o_mq));
+    a.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
+    a.entry_merge = reinterpret_cast<const int32_t*>(at(o_em2));
+  }
   a.num_qo_heads = H;
   a.num_kv_heads = w.heads.num_kv_heads;
   a.group = w.heads.group_size();
@@ -307,7 +326,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
   mg.partial_lse = a.partial_lse;
   mg.merges = reinterpret_cast<const cuda::MergeDesc*>(at(o_mq));
   mg.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
-  mg.num_merges = int32_t(merges.size());
+  mg.num_merges = ctr_bytes ? 0 : int32_t(merges.size());  // fused: no merge launch
+  m.fused_merge = ctr_bytes > 0 ? int32_t(merges.size()) : 0;
   mg.num_qo_heads = H;
 
   // Tile configs run concurrently: with more than one launch, each gets an
@@ -344,7 +364,8 @@ std::string CudaExecutor::describe() const {
     out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) + " ctas=" +
            std::to_string(int64_t(l.num_units) * impl_->num_kv_heads) + " stages=" + std::to_string(l.stages) +
            " smem=" + std::to_string(l.smem / 1024) + "K maxlen=" + std::to_string(l.max_len);
-  if (impl_->merge.num_merges) out += "; merge " + std::to_string(impl_->merge.num_merges) + " queries";
+  if (impl_->merge.num_merges) out += "; merge kernel " + std::to_string(impl_->merge.num_merges) + " queries";
+  if (impl_->fused_merge) out += "; fused merge " + std::to_string(impl_->fused_merge) + " queries";
   return out;
 }
 
