@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "treeattn/cost_models.hpp"
+
 namespace treeattn::cli {
 
 void add_common_options(CLI::App* cmd, CommonOptions& o) {
@@ -17,6 +19,8 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
   cmd->add_flag("--json", o.json, "print JSON instead of a table");
   cmd->add_option("--seed", o.seed, "seed for page shuffling, random trees and inputs")->capture_default_str();
   cmd->add_option("--sms", o.num_sms, "SM count the planners target")->capture_default_str();
+  cmd->add_option("--forge-table", o.forge_table,
+                  "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)");
 }
 
 WorkloadParams workload_params(const CommonOptions& o) {
@@ -32,6 +36,9 @@ PlanOptions plan_options(const CommonOptions& o) {
   PlanOptions opt;
   if (o.num_sms <= 0) throw Error("sms: " + std::to_string(o.num_sms) + " must be positive");
   opt.num_sms = o.num_sms;
+  const std::string shipped = std::string(TREEATTN_SOURCE_DIR) + "/data/forge_cost_h100.json";
+  const std::string table = !o.forge_table.empty() ? o.forge_table : std::filesystem::exists(shipped) ? shipped : "";
+  if (!table.empty()) set_default_forge_cost_table(std::make_shared<ForgeCostTable>(load_forge_cost_table(table)));
   return opt;
 }
 

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   treeattn::cli::add_verify_command(app);
   treeattn::cli::add_demo_command(app);
   treeattn::cli::add_bench_command(app);
+  treeattn::cli::add_calibrate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
