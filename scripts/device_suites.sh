@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the benchmark suites: build (via device_check.sh's build
 # step), then `treeattn bench --suite` for each suite named in SUITES (default
-# all four; QUICK=1 for the --quick subsets) and the demo. Reports land under
+# all four; QUICK=1 for the --quick subsets) and the demo, after measuring
+# forge's cost table (CALIBRATE=0 skips it). Reports land under
 # bench/results/<device>/<suite>/ and, packed as one archive, in $OUT.
 # Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) scripts/device_suites.sh
 set -uo pipefail
@@ -14,6 +15,10 @@ mkdir -p "$OUT" "$LOGS"
 STEPS=build OUT="$LOGS" BUILD="$BUILD" bash "$ROOT/scripts/device_check.sh" >"$LOGS/suites_build.log" 2>&1
 [ -x "$BUILD/treeattn" ] || { tail -30 "$LOGS/suites_build.log"; exit 1; }
 quick=""; [ "${QUICK:-0}" = 1 ] && quick="--quick"
+if [ "${CALIBRATE:-1}" = 1 ]; then  # forge's cost table first, so the suites' forge plans use it
+  echo "== calibrate"
+  "$BUILD/treeattn" calibrate --heads 32/8 --out "$ROOT/data/forge_cost_h100.json" 2>&1 | tee "$LOGS/calibrate.log" | head -9
+fi
 for s in $SUITES; do
   echo "== suite $s $quick"
   timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick 2>"$LOGS/suite_$s.progress" |
@@ -21,4 +26,4 @@ for s in $SUITES; do
 done
 echo "== demo"
 "$BUILD/treeattn" demo 2>&1 | tee "$LOGS/demo.log" | tail -16
-(cd "$ROOT" && tar czf "$OUT/suites.tgz" bench/results build/suite_logs)
+(cd "$ROOT" && tar czf "$OUT/suites.tgz" bench/results build/suite_logs data/forge_cost_h100.json)
