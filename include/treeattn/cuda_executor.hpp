@@ -58,19 +58,11 @@ struct DeviceTensors {
   AttentionArgs args(float scale = 0.f) const;
 };
 
-struct CudaExecutorOptions {
-  // Merge a query's partials inside the attention kernel (the CTA that writes
-  // its last partial merges it; a per-query counter in the workspace, reset
-  // in the kernel) instead of in a separate merge kernel launched after the
-  // attention launches. Same math either way.
-  bool fused_merge = true;
-};
-
 class CudaExecutor {
  public:
   // Validates the plan against the workload and uploads it; synchronous
   // (plan time, not run time). Uses the current CUDA device.
-  CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorOptions& o = {});
+  CudaExecutor(const Workload& w, const Plan& p);
   ~CudaExecutor();
   CudaExecutor(CudaExecutor&&) noexcept;
   CudaExecutor& operator=(CudaExecutor&&) noexcept;
@@ -78,8 +70,7 @@ class CudaExecutor {
   // Computes attention for device tensors `a` (the workload's shapes and
   // dtype) on `stream`: the attention launches (one per tile config used,
   // forked onto internal streams and joined back into `stream`), then the
-  // merge kernel unless merging is fused. Asynchronous. Not re-entrant: one
-  // run in flight per executor (the workspace and merge counters are shared).
+  // merge. Asynchronous. Not re-entrant: one run in flight per executor.
   void run(const AttentionArgs& a, cudaStream_t stream) const;
 
   size_t plan_bytes() const;       // the uploaded plan + page-table buffer

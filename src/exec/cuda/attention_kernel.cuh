@@ -23,7 +23,6 @@
 #include "exec/cuda/primitives/cp_async.cuh"
 #include "exec/cuda/primitives/math.cuh"
 #include "exec/cuda/primitives/mma.cuh"
-#include "treeattn/numeric.hpp"
 #include "treeattn/plan.hpp"
 
 namespace treeattn::cuda {
@@ -38,8 +37,6 @@ struct SmemMisc {
   uint64_t ent_mask[M];                      // the unit's entries (nent <= M rows)
   int32_t ent_query[M];
   int32_t ent_slot[M];
-  int32_t ent_merge[M];                      // merge index of the entry's query, -1: no slots
-  int32_t ent_last[M];                       // fused merge: this CTA completed the query
   int32_t row[kMaxSlots][N];                 // token row (page * page_size + slot), -1: past the end
   uint8_t pos_seg[kMaxSlots][N];             // segment of each position, 255: past the end
   uint32_t tile_flag[kMaxSlots][N / 32];     // ballot: positions that need the mask
@@ -64,12 +61,10 @@ struct AttnTraits {
   // The pipeline depth is chosen per launch by the executor (AttnParams::
   // stages): deep when few CTAs share an SM, shallow when occupancy matters.
   static constexpr int kMinStages = 2, kMaxStages = 6;
-  // m = 128 (8 warps) at one CTA per SM issues on a third of the cycles (2
-  // warps per scheduler, measured): cap its registers at 128 so two fit.
-  static constexpr int kMinBlocksPerSm = (M == 128 && D <= 128) ? 2 : 1;
-  // ... and let its warps take a tile's 64 tokens in two steps of 32 at d=128
-  // (96 accumulators + fragments do not fit 128 registers otherwise).
-  static constexpr int kSubTiles = (M == 128 && D == 128) ? 2 : 1;
+  // Small tiles at d <= 128 are capped at 128 registers (no spills): then a
+  // 128-row CTA (188 registers x 256 threads) and a 16-row CTA share an SM's
+  // register file, so concurrent launches of both overlap instead of queueing.
+  static constexpr int kMinBlocksPerSm = (M <= 16 && D <= 128) ? 4 : 1;
   using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
   // Layout: [misc][Q][K stages][V stages]; Q starts 128-byte aligned (the
   // swizzle assumes rows start on a bank boundary).
@@ -81,7 +76,7 @@ struct AttnTraits {
   static constexpr int kScratchBytes = kWarpsN * M * kOStride * 4;
 
   static_assert(M % 16 == 0 && M <= kMaxTileRows, "m must be a multiple of 16, at most 128");
-  static_assert(kWarpTokens % (16 * kSubTiles) == 0, "each warp needs whole k-steps of 16 tokens");
+  static_assert(kWarpTokens % 16 == 0, "each warp needs whole k-steps of 16 tokens");
   static_assert(N % 32 == 0 && N <= kThreads, "one filler thread per tile position");
   static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks per row");
   static_assert(kScratchBytes <= kQBytes + 2 * kMinStages * kTileBytes, "epilogue scratch must fit in Q + K/V");
@@ -112,7 +107,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   using T = typename Tr::T;
   using MmaT = Mma<T>;
   constexpr int D = Tr::D, M = Tr::M, N = Tr::N;
-  constexpr int WN = Tr::kWarpsN, WM = Tr::kWarpsM, WT = Tr::kWarpTokens, WS = WT / Tr::kSubTiles;
+  constexpr int WN = Tr::kWarpsN, WM = Tr::kWarpsM, WT = Tr::kWarpTokens;
   constexpr int kThreads = Tr::kThreads, kChunks = Tr::kChunks, kRowBytes = Tr::kRowBytes;
   constexpr float kNegInf = -INFINITY;
   const int S = p.stages, kSlots = p.stages + 1;  // the executor keeps 2 <= S <= kMaxStages
@@ -142,7 +137,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   for (int e = tid; e < nent; e += kThreads) {
     misc.ent_query[e] = p.entry_query[e0 + e];
     misc.ent_slot[e] = p.entry_slot[e0 + e];
-    misc.ent_merge[e] = p.entry_merge ? p.entry_merge[e0 + e] : -1;
     if (masked) misc.ent_mask[e] = p.entry_mask[e0 + e];
   }
   __syncthreads();
@@ -166,8 +160,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   // (binary search over the segment ends) and starts the load of the page id;
   // commit() writes the row, the segment and the mask flag into a slot.
   struct Lookup {
-    int seg_off = 255;  // segment (low 8 bits; 255: past the end) | slot in the page << 8
-    int page = 0;
+    int seg = 255, tok = 0, page = 0;  // seg 255: past the end of the unit
   };
   auto lookup = [&](int t) {
     Lookup l;
@@ -179,19 +172,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
       }
       const SegDesc sg = misc.seg[lo];
-      const int tok = sg.begin + pos - sg.pos;
-      l.seg_off = lo | (tok % ps) << 8;
-      l.page = p.page_ids[sg.pbase + tok / ps];
+      l.seg = lo;
+      l.tok = sg.begin + pos - sg.pos;
+      l.page = p.page_ids[sg.pbase + l.tok / ps];
     }
     return l;
   };
   auto commit = [&](const Lookup& l, int sl) {
     if (tid < N) {
-      const int seg = l.seg_off & 255;
-      const bool valid = seg != 255;
-      misc.row[sl][tid] = valid ? l.page * ps + (l.seg_off >> 8) : -1;
-      misc.pos_seg[sl][tid] = uint8_t(seg);
-      const bool need = !valid || ((any_missing >> (seg & 63)) & 1);
+      const bool valid = l.seg != 255;
+      misc.row[sl][tid] = valid ? l.page * ps + l.tok % ps : -1;
+      misc.pos_seg[sl][tid] = uint8_t(l.seg);
+      const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
       const uint32_t b = __ballot_sync(0xffffffffu, need);
       if (lane == 0) misc.tile_flag[sl][warp] = b;
     }
@@ -267,92 +259,85 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     const uint8_t* Ks = sK + st * Tr::kTileBytes;
     const uint8_t* Vs = sV + st * Tr::kTileBytes;
 
-    // A warp's WT tokens in kSubTiles steps of WS (fewer live S registers
-    // where the accumulators would not fit otherwise), each its own
-    // online-softmax update.
-#pragma unroll 1
-    for (int sub = 0; sub < Tr::kSubTiles; ++sub) {
-      const int tb = wn * WT + sub * WS;
-      // S = Q K^T over these WS tokens.
-      float s[WS / 8][4];
+    // S = Q K^T over this warp's WT tokens.
+    float s[WT / 8][4];
 #pragma unroll
-      for (int j = 0; j < WS / 8; ++j)
+    for (int j = 0; j < WT / 8; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
+      for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, sQ + swz<kRowBytes>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, sQ + swz<kRowBytes>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
 #pragma unroll
-        for (int n2 = 0; n2 < WS / 16; ++n2) {
-          uint32_t b[4];
-          const int r = tb + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
-          ldmatrix_x4(b, Ks + swz<kRowBytes>(r, 2 * kk + ((lane >> 3) & 1)));
-          MmaT::run(s[2 * n2], a, b[0], b[1]);
-          MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
-        }
+      for (int n2 = 0; n2 < WT / 16; ++n2) {
+        uint32_t b[4];
+        const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
+        ldmatrix_x4(b, Ks + swz<kRowBytes>(r, 2 * kk + ((lane >> 3) & 1)));
+        MmaT::run(s[2 * n2], a, b[0], b[1]);
+        MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
       }
+    }
 
-      // Masks only where needed: a position past the end, or a segment some
-      // entry of the unit does not see.
-      uint32_t flag = 0;
+    // Masks only where needed: a position past the end, or a segment some
+    // entry of the unit does not see.
+    uint32_t flag = 0;
 #pragma unroll
-      for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
-      if (flag) {
+    for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
+    if (flag) {
 #pragma unroll
-        for (int j = 0; j < WS / 8; ++j)
+      for (int j = 0; j < WT / 8; ++j)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int sg = misc.pos_seg[sl][tb + j * 8 + ((lane & 3) << 1) + c];
-            const bool ok = sg != 255;
-            if (!(ok && ((rmask[0] >> (sg & 63)) & 1))) s[j][c] = kNegInf;
-            if (!(ok && ((rmask[1] >> (sg & 63)) & 1))) s[j][2 + c] = kNegInf;
-          }
+        for (int c = 0; c < 2; ++c) {
+          const int sg = misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1) + c];
+          const bool ok = sg != 255;
+          if (!(ok && ((rmask[0] >> (sg & 63)) & 1))) s[j][c] = kNegInf;
+          if (!(ok && ((rmask[1] >> (sg & 63)) & 1))) s[j][2 + c] = kNegInf;
+        }
+    }
+
+    // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
+    // exp2(-inf - m_safe) = 0 instead of NaN.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+      mx = quad_max(mx) * sl2;
+      const float m_new = fmaxf(row_max[i], mx);
+      const float m_safe = m_new == kNegInf ? 0.f : m_new;
+      const float alpha = fast_exp2(row_max[i] - m_safe);
+      row_max[i] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < WT / 8; ++j) {
+        s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sl2, -m_safe));
+        s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sl2, -m_safe));
+        sum += s[j][2 * i] + s[j][2 * i + 1];
       }
-
-      // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
-      // exp2(-inf - m_safe) = 0 instead of NaN.
+      row_sum[i] = row_sum[i] * alpha + sum;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int j = 0; j < WS / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-        mx = quad_max(mx) * sl2;
-        const float m_new = fmaxf(row_max[i], mx);
-        const float m_safe = m_new == kNegInf ? 0.f : m_new;
-        const float alpha = fast_exp2(row_max[i] - m_safe);
-        row_max[i] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < WS / 8; ++j) {
-          s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sl2, -m_safe));
-          s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sl2, -m_safe));
-          sum += s[j][2 * i] + s[j][2 * i + 1];
-        }
-        row_sum[i] = row_sum[i] * alpha + sum;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[j][2 * i] *= alpha;
-          o[j][2 * i + 1] *= alpha;
-        }
+      for (int j = 0; j < D / 8; ++j) {
+        o[j][2 * i] *= alpha;
+        o[j][2 * i + 1] *= alpha;
       }
+    }
 
-      // O += P V: the S accumulators become A fragments directly.
+    // O += P V: the S accumulators become A fragments directly.
 #pragma unroll
-      for (int kk = 0; kk < WS / 16; ++kk) {
-        uint32_t a[4];
-        a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const int r = tb + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+    for (int kk = 0; kk < WT / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
 #pragma unroll
-        for (int d2 = 0; d2 < D / 16; ++d2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, Vs + swz<kRowBytes>(r, 2 * d2 + (lane >> 4)));
-          MmaT::run(o[2 * d2], a, b[0], b[1]);
-          MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
-        }
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, Vs + swz<kRowBytes>(r, 2 * d2 + (lane >> 4)));
+        MmaT::run(o[2 * d2], a, b[0], b[1]);
+        MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
       }
     }
     st = st + 1 == S ? 0 : st + 1;
@@ -416,51 +401,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       *reinterpret_cast<float4*>(p.partial_o + off) = acc;
       if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
     }
-  }
-
-  // ---- fused merge: the CTA that writes the last partial of a (query, kv
-  // head) merges that query's slots for the group's qo heads, in slot order
-  // with merge_weights (the CPU executor's math). The writer side fences its
-  // partials before counting; the counter is reset by the last CTA, so the
-  // next run (or graph replay) starts from zero.
-  if (p.merge_counters == nullptr) return;
-  __threadfence();
-  __syncthreads();
-  int last = 0;
-  if (tid < nent && misc.ent_merge[tid] >= 0) {
-    const int mi = misc.ent_merge[tid];
-    int* ctr = p.merge_counters + int64_t(mi) * Hkv + kvh;
-    if (atomicAdd(ctr, 1) == p.merges[mi].count - 1) {
-      last = 1;
-      *ctr = 0;
-      __threadfence();  // acquire: the other CTAs' partials are visible from here on
-    }
-  }
-  if (tid < nent) misc.ent_last[tid] = last;
-  if (!__syncthreads_or(last)) return;
-  for (int i = tid; i < rows * (D / 4); i += kThreads) {
-    const int r = i / (D / 4), c = (i % (D / 4)) * 4, e = r / G;
-    if (!misc.ent_last[e]) continue;
-    const MergeDesc md = p.merges[misc.ent_merge[e]];
-    const int h = kvh * G + r % G;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    float lse = kNegInf;
-    for (int k = 0; k < md.count; ++k) {
-      static_assert(MergeDesc::kInline == 4, "select chain below");
-      const int slot = k == 0 ? md.slot[0] : k == 1 ? md.slot[1] : k == 2 ? md.slot[2] : k == 3 ? md.slot[3]
-                                                                               : p.query_slots[md.first + k];
-      const int64_t sh = int64_t(slot) * Hqo + h;
-      const MergeWeights w = merge_weights(lse, __ldcg(p.partial_lse + sh));  // L2: other CTAs wrote them
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(p.partial_o + sh * D + c));
-      acc.x = w.wa * acc.x + w.wb * x.x;
-      acc.y = w.wa * acc.y + w.wb * x.y;
-      acc.z = w.wa * acc.z + w.wb * x.z;
-      acc.w = w.wa * acc.w + w.wb * x.w;
-      lse = w.lse;
-    }
-    const int64_t off = (int64_t(misc.ent_query[e]) * Hqo + h) * D + c;
-    *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) =
-        make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
   }
 }
 

@@ -28,14 +28,6 @@ struct alignas(16) UnitDesc {
   SegDesc seg0;            // = segs[seg_off] when nseg > 0
 };
 
-// A query with partials to merge: its slots are query_slots[first .. first +
-// count); the first kInline of them are also inline (most queries have few).
-struct alignas(16) MergeDesc {
-  static constexpr int kInline = 4;
-  int32_t query, first, count, pad;
-  int32_t slot[kInline];
-};
-
 struct AttnParams {
   // Tensors of the run (AttentionArgs), element type of the instantiation.
   const void* q;    // [num_queries, num_qo_heads, head_dim]
@@ -55,18 +47,20 @@ struct AttnParams {
   const int32_t* entry_slot;
   const int32_t* page_ids;  // the tree's page table: pages of every node, concatenated
 
-  // Fused merge (null merge_counters: the separate merge kernel runs instead).
-  int32_t* merge_counters;        // [num_merges, num_kv_heads], zero between runs
-  const MergeDesc* merges;
-  const int32_t* query_slots;
-  const int32_t* entry_merge;     // per plan entry: index into merges, -1: no slots
-
   int32_t num_qo_heads;
   int32_t num_kv_heads;
   int32_t group;      // num_qo_heads / num_kv_heads
   int32_t page_size;
   float scale_log2;   // softmax scale * log2(e): scores are kept in log2 units
   int32_t stages;     // K/V pipeline depth of this launch (AttnTraits::kMinStages..kMaxStages)
+};
+
+// A query with partials to merge: its slots are query_slots[first .. first +
+// count); the first kInline of them are also inline (most queries have few).
+struct alignas(16) MergeDesc {
+  static constexpr int kInline = 4;
+  int32_t query, first, count, pad;
+  int32_t slot[kInline];
 };
 
 struct MergeParams {

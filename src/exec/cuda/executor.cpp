@@ -122,9 +122,11 @@ struct Launch {
 
 // Pipeline depth of a launch: the CTAs an SM can hold by registers, but no
 // more than the grid needs (a grid of at most one CTA per SM gets one CTA per
-// SM and the deepest pipeline); then the most stages (up to one more than the
-// longest unit has tiles) that keep that many CTAs per SM.
-void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, int smem_reserved, int smem_optin) {
+// SM and the deepest pipeline), at least two when other launches run
+// alongside; then the most stages (up to one more than the longest unit has
+// tiles) that keep that many CTAs per SM.
+void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, int smem_reserved, int smem_optin,
+                   bool concurrent) {
   const cuda::KernelEntry& k = l.kernel;
   cudaFuncAttributes attr{};
   check_cuda(cudaFuncGetAttributes(&attr, k.kernel), "cudaFuncGetAttributes(attention kernel)");
@@ -133,6 +135,11 @@ void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, in
   const int by_regs = std::max(1, 65536 / (regs_per_warp * warps));
   const int64_t ctas = int64_t(l.num_units) * num_kv_heads;
   int per_sm = int(std::min<int64_t>(by_regs, std::max<int64_t>(1, (ctas + num_sms - 1) / num_sms)));
+  // With other launches running at the same time, leave an SM room for one of
+  // their CTAs: a deep pipeline that takes a whole SM's shared memory makes
+  // them queue behind it (measured: it bought nothing for 128-row CTAs, which
+  // are issue-bound, not latency-bound).
+  if (concurrent) per_sm = std::max(per_sm, 2);
   const int tiles = (l.max_len + k.n - 1) / k.n;
   const int want = std::clamp(tiles + 1, k.min_stages, k.max_stages);
   for (; per_sm >= 1; --per_sm) {
@@ -159,7 +166,6 @@ struct CudaExecutor::Impl {
   std::vector<Launch> launches;
   cuda::AttnParams attn{};  // plan pointers filled at plan time, tensors per run
   cuda::MergeParams merge{};
-  int32_t fused_merge = 0;  // queries merged inside the attention kernel
   std::vector<cudaStream_t> aux;  // aux[i] runs launches[i] (only with several launches)
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> join;
@@ -171,8 +177,7 @@ struct CudaExecutor::Impl {
   }
 };
 
-CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorOptions& opt)
-    : impl_(std::make_unique<Impl>()) {
+CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_unique<Impl>()) {
   validate_plan(w, p);
   Impl& m = *impl_;
   m.dtype = w.layout.dtype;
@@ -240,13 +245,14 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
       throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +
                   " kv heads exceed the grid");
     l.max_len = unit_order[first].len;
-    choose_stages(l, m.num_kv_heads, num_sms, smem_per_sm, smem_reserved, smem_optin);
     // The attribute is per kernel and process-wide: allow the most any plan may use.
     check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     std::min(smem_optin, l.kernel.smem_bytes(l.kernel.max_stages))),
                "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     m.launches.push_back(l);
   }
+  for (Launch& l : m.launches)
+    choose_stages(l, m.num_kv_heads, num_sms, smem_per_sm, smem_reserved, smem_optin, m.launches.size() > 1);
   // The launch with the longest CTAs goes first and on the highest-priority
   // stream: its CTAs must not queue behind a grid of short ones (the tail).
   std::stable_sort(m.launches.begin(), m.launches.end(),
@@ -262,11 +268,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
       merges.push_back(md);
     }
 
-  std::vector<int32_t> entry_merge(p.entry_query.size(), -1), query_merge(w.num_queries(), -1);
-  for (size_t i = 0; i < merges.size(); ++i) query_merge[merges[i].query] = int32_t(i);
-  for (size_t e = 0; e < p.entry_query.size(); ++e)
-    if (p.entry_slot[e] >= 0) entry_merge[e] = query_merge[p.entry_query[e]];
-
   Packer pk;
   const size_t o_units = pk.add(unit_order);
   const size_t o_segs = pk.add(segs);
@@ -276,7 +277,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   const size_t o_pages = pk.add(page_ids);
   const size_t o_qs = pk.add(p.query_slots);
   const size_t o_mq = pk.add(merges);
-  const size_t o_em2 = pk.add(entry_merge);
 
   // One pinned staging buffer, one copy.
   void* host = nullptr;
@@ -293,12 +293,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
 
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
-  const size_t lse_bytes = size_t(p.num_slots) * H * sizeof(float);
-  const size_t ctr_bytes = opt.fused_merge ? merges.size() * w.heads.num_kv_heads * sizeof(int32_t) : 0;
-  m.workspace = DeviceBuffer(o_bytes + lse_bytes + ctr_bytes);
-  if (ctr_bytes)
-    check_cuda(cudaMemset(m.workspace.as<uint8_t>() + o_bytes + lse_bytes, 0, ctr_bytes),
-               "cuda executor: merge counters");
+  m.workspace = DeviceBuffer(o_bytes + size_t(p.num_slots) * H * sizeof(float));
 
   auto at = [&](size_t off) { return static_cast<const uint8_t*>(m.plan_buf.get()) + off; };
   cuda::AttnParams& a = m.attn;
@@ -310,12 +305,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   a.entry_mask = reinterpret_cast<const uint64_t*>(at(o_em));
   a.entry_slot = reinterpret_cast<const int32_t*>(at(o_es));
   a.page_ids = reinterpret_cast<const int32_t*>(at(o_pages));
-  if (ctr_bytes) {
-    a.merge_counters = reinterpret_cast<int32_t*>(m.workspace.as<uint8_t>() + o_bytes + lse_bytes);
-    a.merges = reinterpret_cast<const cuda::MergeDesc*>(at(o_mq));
-    a.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
-    a.entry_merge = reinterpret_cast<const int32_t*>(at(o_em2));
-  }
   a.num_qo_heads = H;
   a.num_kv_heads = w.heads.num_kv_heads;
   a.group = w.heads.group_size();
@@ -326,8 +315,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   mg.partial_lse = a.partial_lse;
   mg.merges = reinterpret_cast<const cuda::MergeDesc*>(at(o_mq));
   mg.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
-  mg.num_merges = ctr_bytes ? 0 : int32_t(merges.size());  // fused: no merge launch
-  m.fused_merge = ctr_bytes > 0 ? int32_t(merges.size()) : 0;
+  mg.num_merges = int32_t(merges.size());
   mg.num_qo_heads = H;
 
   // Tile configs run concurrently: with more than one launch, each gets an
@@ -364,8 +352,7 @@ std::string CudaExecutor::describe() const {
     out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) + " ctas=" +
            std::to_string(int64_t(l.num_units) * impl_->num_kv_heads) + " stages=" + std::to_string(l.stages) +
            " smem=" + std::to_string(l.smem / 1024) + "K maxlen=" + std::to_string(l.max_len);
-  if (impl_->merge.num_merges) out += "; merge kernel " + std::to_string(impl_->merge.num_merges) + " queries";
-  if (impl_->fused_merge) out += "; fused merge " + std::to_string(impl_->fused_merge) + " queries";
+  if (impl_->merge.num_merges) out += "; merge " + std::to_string(impl_->merge.num_merges) + " queries";
   return out;
 }
 

@@ -24,7 +24,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeParams p) {
   constexpr int kPerLane = D / 32;  // 2, 4 or 8 floats
   constexpr int kVec = kPerLane >= 4 ? 4 : kPerLane;
-  constexpr int kBatch = 4;         // slots whose partials are loaded before they are merged
+  constexpr int kBatch = 8;         // slots whose partials are loaded before they are merged
   const int lane = threadIdx.x & 31;
   const int H = p.num_qo_heads;
   const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
