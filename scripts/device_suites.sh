@@ -21,7 +21,7 @@ if [ "${CALIBRATE:-1}" = 1 ]; then  # forge's cost table first, so the suites' f
 fi
 for s in $SUITES; do
   echo "== suite $s $quick"
-  timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick 2>"$LOGS/suite_$s.progress" |
+  timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick --verify ${VERIFY:-2} 2>"$LOGS/suite_$s.progress" |
     tee "$LOGS/suite_$s.log" | grep -A12 "^## Geometric means"
 done
 echo "== demo"

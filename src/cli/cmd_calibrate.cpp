@@ -27,7 +27,7 @@ std::pair<Workload, Plan> identical_units(int units, int kv, int queries, const 
     const int32_t root = pages.add_node(w.tree, -1, kv);
     for (int q = 0; q < queries; ++q) w.query_nodes.push_back(root);
   }
-  w.layout.num_pages = pages.finish(w.tree);
+  w.layout.num_pages = std::max<int64_t>(1, pages.finish(w.tree));  // kv = 0: an unused page keeps the pools non-null
   w.validate();
   PlanBuilder b(w, "calibrate");
   for (int u = 0; u < units; ++u) {

@@ -95,12 +95,23 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
       if (!run.quick || e.quick) configs.emplace_back(e.spec, h);
 
   const double bw = measure_hbm_bandwidth_gbps();
+  const std::string command = "treeattn bench --suite " + run.suite + (run.quick ? " --quick" : "") +
+                              " --verify " + std::to_string(b.verify_queries);
+  const auto start = std::chrono::steady_clock::now();
+  nlohmann::json records = nlohmann::json::array();
+  // Rewritten after every config, so a run cut short still leaves its records.
+  const auto write_results = [&] {
+    const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60;
+    const nlohmann::json doc = {{"suite", suite.name}, {"description", suite.description}, {"device", device},
+                                {"commit", commit},    {"date", utc_now()},                {"command", command},
+                                {"bandwidth_gbps", bw}, {"minutes", minutes},              {"records", records}};
+    std::ofstream(out / "results.json") << doc.dump(1) << "\n";
+    return minutes;
+  };
   std::printf("treeattn bench --suite %s%s on %s (commit %s): %zu configs x %zu planners; HBM %.0f GB/s measured\n",
               suite.name.c_str(), run.quick ? " --quick" : "", device.c_str(), commit.c_str(), configs.size(),
               names.size(), bw);
-  nlohmann::json records = nlohmann::json::array();
   bool ok = true;
-  const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < configs.size(); ++i) {
     const auto& [spec, heads] = configs[i];
     o.heads = std::to_string(heads.num_qo_heads) + "/" + std::to_string(heads.num_kv_heads);
@@ -118,17 +129,12 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
       ok &= t.max_rel_err < 0 || t.max_rel_err <= tolerance(w.layout.dtype);
       records.push_back(std::move(r));
     }
+    write_results();
   }
   progress(int(configs.size()), int(configs.size()), "done");
-  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60;
-
-  const std::string command = "treeattn bench --suite " + run.suite + (run.quick ? " --quick" : "");
-  nlohmann::json doc = {{"suite", suite.name},     {"description", suite.description}, {"device", device},
-                        {"commit", commit},        {"date", utc_now()},                {"command", command},
-                        {"bandwidth_gbps", bw},    {"minutes", minutes},               {"records", records}};
-  std::ofstream(out / "results.json") << doc.dump(1) << "\n";
+  const double minutes = write_results();
   std::string md = bench::markdown_report(records, "Suite `" + suite.name + "`" + (run.quick ? " (quick)" : ""));
-  md += "\nCommand: `" + command + "` · date " + doc["date"].get<std::string>() + " · " +
+  md += "\nCommand: `" + command + "` · date " + utc_now() + " · " +
         std::to_string(int(minutes * 60)) + " s\n\n![speedup](speedup.png)\n![floor](floor.png)\n![normalized](normalized.png)\n";
   std::ofstream(out / "report.md") << md;
   const std::string plot = "python3 " + std::string(TREEATTN_SOURCE_DIR) + "/scripts/plot_suite.py '" +
