@@ -60,7 +60,15 @@ struct AttnTraits {
 
   // The pipeline depth is chosen per launch by the executor (AttnParams::
   // stages): deep when few CTAs share an SM, shallow when occupancy matters.
-  static constexpr int kMinStages = 2, kMaxStages = 6;
+  // Epilogue: each slice's unnormalised O in fp32, rows padded by 8 floats so
+  // the quads of a warp hit distinct banks; overlaps Q and the K/V stages.
+  // One stage (no overlap inside the CTA) is only chosen for launches whose
+  // units have one tile, only for decode tiles (m <= 32), and only where the
+  // epilogue scratch fits in Q + one K/V stage: it halves the K/V shared
+  // memory of short decode CTAs, so more of them share an SM.
+  static constexpr int kOStride = D + 8;
+  static constexpr int kScratchBytes = kWarpsN * M * kOStride * 4;
+  static constexpr int kMinStages = (M <= 32 && kScratchBytes <= kQBytes + 2 * kTileBytes) ? 1 : 2, kMaxStages = 6;
   // Small tiles at d <= 128 are capped at 128 registers (no spills): then a
   // 128-row CTA (188 registers x 256 threads) and a 16-row CTA share an SM's
   // register file, so concurrent launches of both overlap instead of queueing.
@@ -70,11 +78,6 @@ struct AttnTraits {
   // swizzle assumes rows start on a bank boundary).
   static constexpr int kQOffset = (int(sizeof(Misc)) + 127) / 128 * 128;
   static constexpr int smem_bytes(int stages) { return kQOffset + kQBytes + 2 * stages * kTileBytes; }
-  // Epilogue: each slice's unnormalised O in fp32, rows padded by 8 floats so
-  // the quads of a warp hit distinct banks; overlaps Q and the K/V stages.
-  static constexpr int kOStride = D + 8;
-  static constexpr int kScratchBytes = kWarpsN * M * kOStride * 4;
-
   static_assert(M % 16 == 0 && M <= kMaxTileRows, "m must be a multiple of 16, at most 128");
   static_assert(kWarpTokens % 16 == 0, "each warp needs whole k-steps of 16 tokens");
   static_assert(N % 32 == 0 && N <= kThreads, "one filler thread per tile position");
@@ -110,7 +113,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   constexpr int WN = Tr::kWarpsN, WM = Tr::kWarpsM, WT = Tr::kWarpTokens;
   constexpr int kThreads = Tr::kThreads, kChunks = Tr::kChunks, kRowBytes = Tr::kRowBytes;
   constexpr float kNegInf = -INFINITY;
-  const int S = p.stages, kSlots = p.stages + 1;  // the executor keeps 2 <= S <= kMaxStages
+  const int S = p.stages, kSlots = p.stages + 1;  // the executor keeps kMinStages <= S <= kMaxStages (1: one-tile units)
 
   extern __shared__ __align__(128) uint8_t smem[];
   auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem);
@@ -129,31 +132,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   const bool masked = u.any_missing != 0;
   const uint64_t any_missing = u.any_missing;
 
-  // ---- the unit's segment records and entries -> shared memory. The first
-  // segment comes with the descriptor: a one-segment unit's page lookups
-  // depend on nothing else.
-  if (tid == 0 && nseg > 0) misc.seg[0] = u.seg0;
-  if (tid > 0 && tid < nseg) misc.seg[tid] = p.segs[u.seg_off + tid];
-  for (int e = tid; e < nent; e += kThreads) {
-    misc.ent_query[e] = p.entry_query[e0 + e];
-    misc.ent_slot[e] = p.entry_slot[e0 + e];
-    if (masked) misc.ent_mask[e] = p.entry_mask[e0 + e];
-  }
-  __syncthreads();
-  const int num_tiles = (len + N - 1) / N;
-
-  // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
-  {
-    const T* q = static_cast<const T*>(p.q);
-    for (int i = tid; i < M * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const T* src = q;
-      if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
-      cp_async_16_zfill(sQ + swz<kRowBytes>(r, c), src, r < rows);
-    }
-    cp_async_commit();
-  }
-
   // Resolving a tile's N positions (one filler thread each) to token rows of
   // the pool takes two steps, so that the page-table load is in flight for a
   // whole iteration before its result is needed: lookup() finds the segment
@@ -162,7 +140,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   struct Lookup {
     int seg = 255, tok = 0, page = 0;  // seg 255: past the end of the unit
   };
-  auto lookup = [&](int t) {
+  // early: a one-segment unit before its record is in shared memory (the
+  // record comes from the descriptor's registers; only the prologue, so that
+  // they are not live in the main loop).
+  auto lookup = [&](int t, bool early = false) {
     Lookup l;
     const int pos = t * N + tid;
     if (tid < N && pos < len) {
@@ -171,7 +152,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         const int mid = (lo + hi) >> 1;
         if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
       }
-      const SegDesc sg = misc.seg[lo];
+      const SegDesc sg = early ? u.seg0 : misc.seg[lo];
       l.seg = lo;
       l.tok = sg.begin + pos - sg.pos;
       l.page = p.page_ids[sg.pbase + l.tok / ps];
@@ -208,16 +189,50 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     }
   };
 
-  // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
+  // ---- the unit's segment records and entries -> shared memory. The first
+  // segment comes with the descriptor: a one-segment unit's page lookups
+  // depend on nothing else.
+  if (tid == 0 && nseg > 0) misc.seg[0] = u.seg0;
+  if (tid > 0 && tid < nseg) misc.seg[tid] = p.segs[u.seg_off + tid];
+  for (int e = tid; e < nent; e += kThreads) {
+    misc.ent_query[e] = p.entry_query[e0 + e];
+    misc.ent_slot[e] = p.entry_slot[e0 + e];
+    if (masked) misc.ent_mask[e] = p.entry_mask[e0 + e];
+  }
+  const int num_tiles = (len + N - 1) / N;
+  // A one-segment unit's page lookups need nothing from shared memory: their
+  // loads go out now, together with the entries' (one round trip fewer
+  // before the first K/V copy).
+  Lookup first[Tr::kMaxStages];
+  const bool early = D <= 128 && nseg <= 1;  // at d = 256 the registers it holds spill
+  if (early) {
+#pragma unroll
+    for (int t = 0; t < Tr::kMaxStages; ++t)
+      if (t < S && t < num_tiles) first[t] = lookup(t, true);
+  }
+  __syncthreads();
+
+  // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
   {
-    Lookup first[Tr::kMaxStages];  // all loads first, then all commits
+    const T* q = static_cast<const T*>(p.q);
+    for (int i = tid; i < M * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const T* src = q;
+      if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
+      cp_async_16_zfill(sQ + swz<kRowBytes>(r, c), src, r < rows);
+    }
+    cp_async_commit();
+  }
+
+  // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
+  if (!early) {  // all loads first, then all commits
 #pragma unroll
     for (int t = 0; t < Tr::kMaxStages; ++t)
       if (t < S && t < num_tiles) first[t] = lookup(t);
-#pragma unroll
-    for (int t = 0; t < Tr::kMaxStages; ++t)
-      if (t < S && t < num_tiles) commit(first[t], t);
   }
+#pragma unroll
+  for (int t = 0; t < Tr::kMaxStages; ++t)
+    if (t < S && t < num_tiles) commit(first[t], t);
   Lookup next = lookup(S);  // tile S, committed in iteration 0
   __syncthreads();
   for (int t = 0; t < S - 1; ++t) {
@@ -247,10 +262,21 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   // and filled (t + S), advanced with wrap-around instead of a modulo.
   int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
   for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
-    __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
-    if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
-    cp_async_commit();
+    if (Tr::kMinStages == 1 && S == 1) {
+      // One stage: tile t is issued and awaited here (one-tile units only, so
+      // nothing is lost); the barrier before the issue frees the stage, and
+      // makes the slot committed in iteration t - 1 visible.
+      if (t > 0) __syncthreads();
+      issue(0, sl);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    } else {
+      cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
+      __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
+      if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
+      cp_async_commit();
+    }
     if (t + S < num_tiles) {
       commit(next, sl_fill);
       next = lookup(t + S + 1);

@@ -141,13 +141,16 @@ void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, in
   // are issue-bound, not latency-bound).
   if (concurrent) per_sm = std::max(per_sm, 2);
   const int tiles = (l.max_len + k.n - 1) / k.n;
-  const int want = std::clamp(tiles + 1, k.min_stages, k.max_stages);
+  // One stage only where every unit has one tile (nothing to overlap inside
+  // the CTA) and the kernel allows it: then more short CTAs fit on an SM.
+  const int min_stages = tiles <= 1 ? k.min_stages : std::max(k.min_stages, 2);
+  const int want = std::clamp(tiles + 1, min_stages, k.max_stages);
   for (; per_sm >= 1; --per_sm) {
     int s = want;
-    while (s >= k.min_stages &&
+    while (s >= min_stages &&
            (k.smem_bytes(s) > smem_optin || per_sm * (k.smem_bytes(s) + smem_reserved) > smem_per_sm))
       --s;
-    if (s >= k.min_stages) {
+    if (s >= min_stages) {
       l.stages = s;
       l.smem = k.smem_bytes(s);
       return;

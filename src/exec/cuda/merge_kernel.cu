@@ -2,8 +2,9 @@
 // partial slots; it folds the query's normalised fp32 partials with
 // merge_weights (numeric.hpp), in slot-list order, exactly as the CPU executor
 // does, and writes the output in the input dtype. Loads are issued in
-// parallel (slot ids and lse one per lane, partials a batch at a time): the
-// kernel is latency-bound otherwise, one dependent load chain per slot.
+// parallel (slot ids one per lane, then the lse and partials of a batch of
+// slots together): the kernel is latency-bound otherwise, one dependent load
+// chain per slot.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -41,13 +42,11 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   for (int base = 0; base < md.count; base += 32) {
     const int n = min(32, md.count - base);
     int my_slot = 0;
-    float my_lse = -INFINITY;
     if (lane < n) {
       const int k = base + lane;
       static_assert(MergeDesc::kInline == 4, "select chain below");
       my_slot = k == 0 ? md.slot[0] : k == 1 ? md.slot[1] : k == 2 ? md.slot[2] : k == 3 ? md.slot[3]
                                                                                : p.query_slots[md.first + k];
-      my_lse = p.partial_lse[int64_t(my_slot) * H + h];
     }
     for (int j0 = 0; j0 < n; j0 += kBatch) {
       float x[kBatch][kPerLane];
@@ -56,7 +55,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
       for (int b = 0; b < kBatch; ++b) {
         const int j = j0 + b;
         const int slot = __shfl_sync(0xffffffffu, my_slot, j & 31);
-        ls[b] = __shfl_sync(0xffffffffu, my_lse, j & 31);
+        // Every lane loads the slot's lse (one broadcast transaction) in the
+        // same round trip as the partials, instead of a load + shuffle chain.
+        ls[b] = j < n ? p.partial_lse[int64_t(slot) * H + h] : -INFINITY;
         const float* po = p.partial_o + (int64_t(slot) * H + h) * D;
 #pragma unroll
         for (int v = 0; v < kPerLane / kVec; ++v) {
