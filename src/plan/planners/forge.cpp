@@ -240,8 +240,21 @@ ForgeDivision forge_divide(const std::vector<double>& cost, const std::vector<in
     mx = std::max(mx, cost[i]);
     lo = std::max(lo, cost[i] / std::max(1, max_parts[i]));
   }
-  if (int64_t(n) >= slots || mx <= 0) {  // not even one part each fits better than the longest task
+  if (mx <= 0) {
     d.cost_l = mx;
+    return d;
+  }
+  if (int64_t(n) >= slots) {
+    // More tasks than slots: LPT packs several per slot, so the bound is the
+    // average load per slot; only tasks longer than that are divided.
+    // (FlashForge's bisection assumes fewer tasks than slots.)
+    d.cost_l = std::max(lo, sum / double(slots));
+    for (size_t i = 0; i < n; ++i) {
+      const double x = cost[i] / d.cost_l;
+      int64_t b = static_cast<int64_t>(x);
+      b += double(b) < x;
+      d.parts[i] = static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(b, 1), std::max(1, max_parts[i])));
+    }
     return d;
   }
   // ceil by conversion: std::ceil is a libm call without SSE4.1, and this loop
