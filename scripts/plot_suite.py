@@ -36,22 +36,25 @@ def table(records):
     return configs, planners, cell
 
 
-def bars(configs, planners, value, ylabel, title, path, hline=None):
+def bars(configs, planners, value, ylabel, title, path, hline=None, per_panel=16):
+    """Grouped bars, one group per config, `per_panel` configs per row of panels."""
+    panels = [configs[i:i + per_panel] for i in range(0, len(configs), per_panel)] or [[]]
     width = 0.8 / max(1, len(planners))
-    fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(configs) * max(1, len(planners)) * 0.35 + 4), 5))
-    for i, p in enumerate(planners):
-        ys = [value(c, p) for c in configs]
-        xs = [k + i * width for k in range(len(configs))]
-        ax.bar(xs, [0 if y is None or math.isnan(y) else y for y in ys], width, label=p)
-    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(configs))])
-    ax.set_xticklabels([c.replace(":", "\n", 1) for c in configs], rotation=90, fontsize=6)
-    if hline is not None:
-        ax.axhline(hline, color="black", linewidth=0.8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7, ncol=min(4, len(planners)))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(16, 4.2 * len(panels)), squeeze=False)
+    for ax, chunk in zip(axes[:, 0], panels):
+        for i, p in enumerate(planners):
+            ys = [value(c, p) for c in chunk]
+            xs = [k + i * width for k in range(len(chunk))]
+            ax.bar(xs, [0 if y is None or math.isnan(y) else y for y in ys], width, label=p)
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(chunk))])
+        ax.set_xticklabels([c.replace(":", "\n", 1) for c in chunk], rotation=60, ha="right", fontsize=6)
+        if hline is not None:
+            ax.axhline(hline, color="black", linewidth=0.8)
+        ax.set_ylabel(ylabel)
+    axes[0, 0].set_title(title)
+    axes[0, 0].legend(fontsize=7, ncol=min(7, len(planners)))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
