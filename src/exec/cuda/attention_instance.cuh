@@ -34,6 +34,12 @@ KernelEntry attention_entry() {
 
 }  // namespace treeattn::cuda
 
+// The m = 16 tile with 32-token K/V tiles (2 warps): units of at most 32
+// tokens (a tree's short leaves) need half the shared memory and half the
+// registers of a CTA, so twice as many of these latency-bound CTAs share an SM.
+#define TREEATTN_ATTENTION_INSTANCE_SHORT(DTYPE_ID, D) \
+  template ::treeattn::cuda::KernelEntry treeattn::cuda::attention_entry<DTYPE_ID, D, 16, 32>();
+
 #define TREEATTN_ATTENTION_INSTANCE(DTYPE_ID, D, M)                                              \
   static_assert(::treeattn::cuda::tile_n_for_m(M) > 0, "m is not in kTileConfigs");            \
   template ::treeattn::cuda::KernelEntry                                                        \

@@ -49,7 +49,9 @@ struct AttnTraits {
   using T = T_;
   static constexpr int D = D_, M = M_, N = N_;
   static constexpr int kWarpsM = M / 16;
-  static constexpr int kWarpsN = M >= 64 ? 1 : 64 / M;  // m = 16: 4 slices, m = 32: 2
+  // m = 16: 4 slices (2 with 32-token tiles), m = 32: 2; each slice takes
+  // whole 16-token k-steps.
+  static constexpr int kWarpsN = M >= 64 ? 1 : (64 / M < N / 16 ? 64 / M : N / 16);
   static constexpr int kWarps = kWarpsM * kWarpsN;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kWarpTokens = N / kWarpsN;  // tokens of a tile one warp handles
@@ -72,7 +74,9 @@ struct AttnTraits {
   // Small tiles at d <= 128 are capped at 128 registers (no spills): then a
   // 128-row CTA (188 registers x 256 threads) and a 16-row CTA share an SM's
   // register file, so concurrent launches of both overlap instead of queueing.
-  static constexpr int kMinBlocksPerSm = (M <= 16 && D <= 128) ? 4 : 1;
+  // The 32-token m = 16 variant (2 warps, for units of at most 32 tokens) at
+  // 8 CTAs/SM keeps the same 128-register cap.
+  static constexpr int kMinBlocksPerSm = (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : 1;
   using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
   // Layout: [misc][Q][K stages][V stages]; Q starts 128-byte aligned (the
   // swizzle assumes rows start on a bank boundary).

@@ -251,6 +251,10 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
       throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +
                   " kv heads exceed the grid");
     l.max_len = unit_order[first].len;
+    // Units of at most 32 tokens at m = 16 (a tree's short leaves): the
+    // 32-token, 2-warp variant of the kernel (half the shared memory and
+    // registers per CTA: 8 instead of 4 latency-bound CTAs per SM).
+    if (l.kernel.m == 16 && l.max_len <= 32) l.kernel = cuda::find_short_attention_kernel(m.dtype, m.head_dim);
     // The attribute is per kernel and process-wide: allow the most any plan may use.
     check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     std::min(smem_optin, l.kernel.smem_bytes(l.kernel.max_stages))),
@@ -374,7 +378,8 @@ int CudaExecutor::num_launches() const { return int(impl_->launches.size()); }
 std::string CudaExecutor::describe() const {
   std::string out;
   for (const Launch& l : impl_->launches)
-    out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) + " ctas=" +
+    out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) +
+           (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) + " ctas=" +
            std::to_string(int64_t(l.num_units) * impl_->num_kv_heads) + " stages=" + std::to_string(l.stages) +
            " smem=" + std::to_string(l.smem / 1024) + "K maxlen=" + std::to_string(l.max_len);
   if (impl_->merge.num_merges) out += "; merge " + std::to_string(impl_->merge.num_merges) + " queries";

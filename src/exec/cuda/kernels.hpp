@@ -28,6 +28,9 @@ KernelEntry attention_entry();
 
 // Throws Error for a combination that is not compiled.
 KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile);
+// The m = 16 tile with 32-token K/V tiles (kernels/attn_*_m16n32.cu), for
+// launches whose units have at most 32 tokens; throws like the above.
+KernelEntry find_short_attention_kernel(DType dtype, int head_dim);
 
 // The merge kernel over (query, qo head): launches and returns without syncing.
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream);
