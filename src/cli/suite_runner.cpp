@@ -69,6 +69,31 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   return r;
 }
 
+std::string write_report(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path results = fs::path(dir) / "results.json";
+  std::ifstream in(results);
+  if (!in) throw Error("report: cannot read '" + results.string() + "'");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("report: '" + results.string() + "' is not valid JSON: " + e.what());
+  }
+  const nlohmann::json& records = doc.at("records");
+  std::string md = bench::markdown_report(records, "Suite `" + doc.value("suite", "?") + "`");
+  md += "\nCommand: `" + doc.value("command", "?") + "` · date " + doc.value("date", "?") + " · " +
+        std::to_string(int(doc.value("minutes", 0.0) * 60)) + " s · " + std::to_string(records.size()) +
+        " records\n\n![speedup](speedup.png)\n![floor](floor.png)\n![normalized](normalized.png)\n";
+  std::ofstream(fs::path(dir) / "report.md") << md;
+  const std::string plot = "python3 " + std::string(TREEATTN_SOURCE_DIR) + "/scripts/plot_suite.py '" +
+                           results.string() + "' '" + dir + "'";
+  if (std::system((plot + " 2>/dev/null").c_str()) != 0)
+    std::printf("plots not written (needs python3 with matplotlib); run: %s\n", plot.c_str());
+  std::printf("wrote %s/{report.md,*.png}\n", dir.c_str());
+  return md;
+}
+
 bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b) {
   namespace fs = std::filesystem;
   const bench::Suite suite = bench::load_suite(run.suite, std::string(TREEATTN_SOURCE_DIR) + "/data");
@@ -106,7 +131,6 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
                                 {"commit", commit},    {"date", utc_now()},                {"command", command},
                                 {"bandwidth_gbps", bw}, {"minutes", minutes},              {"records", records}};
     std::ofstream(out / "results.json") << doc.dump(1) << "\n";
-    return minutes;
   };
   std::printf("treeattn bench --suite %s%s on %s (commit %s): %zu configs x %zu planners; HBM %.0f GB/s measured\n",
               suite.name.c_str(), run.quick ? " --quick" : "", device.c_str(), commit.c_str(), configs.size(),
@@ -135,17 +159,8 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
     write_results();
   }
   progress(int(configs.size()), int(configs.size()), "done");
-  const double minutes = write_results();
-  std::string md = bench::markdown_report(records, "Suite `" + suite.name + "`" + (run.quick ? " (quick)" : ""));
-  md += "\nCommand: `" + command + "` · date " + utc_now() + " · " +
-        std::to_string(int(minutes * 60)) + " s\n\n![speedup](speedup.png)\n![floor](floor.png)\n![normalized](normalized.png)\n";
-  std::ofstream(out / "report.md") << md;
-  const std::string plot = "python3 " + std::string(TREEATTN_SOURCE_DIR) + "/scripts/plot_suite.py '" +
-                           (out / "results.json").string() + "' '" + out.string() + "'";
-  if (std::system((plot + " 2>/dev/null").c_str()) != 0)
-    std::printf("plots not written (needs python3 with matplotlib); run: %s\n", plot.c_str());
-  std::printf("%s", md.c_str());
-  std::printf("\nwrote %s/{results.json,report.md,*.png}\n", out.string().c_str());
+  write_results();
+  std::printf("%s", write_report(out.string()).c_str());
   return ok;
 }
 

@@ -25,6 +25,9 @@ struct SuiteRun {
   std::vector<std::string> planners;  // empty: all
 };
 
+// (Re)writes report.md and the plots of DIR/results.json; returns the markdown.
+std::string write_report(const std::string& dir);
+
 // Returns false when a sampled query was over tolerance.
 bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b);
 
