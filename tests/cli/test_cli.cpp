@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -70,4 +72,24 @@ TEST(Cli, VerifyPassesOnSmallWorkloads) {
   const Result r = run("verify -w fasttree:N=1,4,16:C=64,32,16 -w pat:B=2,8:L=64,16 --heads 8/2 --dtype bf16");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchReportRewritesASuiteReportWithoutAGpu) {
+  const std::string dir = testing::TempDir() + "/treeattn_report_test";
+  std::filesystem::create_directories(dir);
+  nlohmann::json rec = {{"workload", "fewshot:prompt=64:branches=2:len=8"}, {"num_qo_heads", 32}, {"num_kv_heads", 8},
+                        {"us", 10.0}, {"floor_us", 2.0}, {"device", "test"}, {"commit", "abc"}, {"bandwidth_gbps", 3000.0}};
+  nlohmann::json recs = nlohmann::json::array();
+  rec["planner"] = "per-query";
+  recs.push_back(rec);
+  rec["planner"] = "node";
+  rec["us"] = 5.0;
+  recs.push_back(rec);
+  std::ofstream(dir + "/results.json") << nlohmann::json{{"suite", "mine"}, {"command", "x"}, {"records", recs}}.dump();
+  const Result r = run("bench --report " + dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream md(dir + "/report.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("| node | 40.0% | 2.00x |"), std::string::npos) << text;
+  expect_error("bench --report /nonexistent/dir", "cannot read");
 }
