@@ -244,19 +244,6 @@ ForgeDivision forge_divide(const std::vector<double>& cost, const std::vector<in
     d.cost_l = mx;
     return d;
   }
-  if (int64_t(n) >= slots) {
-    // More tasks than slots: LPT packs several per slot, so the bound is the
-    // average load per slot; only tasks longer than that are divided.
-    // (FlashForge's bisection assumes fewer tasks than slots.)
-    d.cost_l = std::max(lo, sum / double(slots));
-    for (size_t i = 0; i < n; ++i) {
-      const double x = cost[i] / d.cost_l;
-      int64_t b = static_cast<int64_t>(x);
-      b += double(b) < x;
-      d.parts[i] = static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(b, 1), std::max(1, max_parts[i])));
-    }
-    return d;
-  }
   // ceil by conversion: std::ceil is a libm call without SSE4.1, and this loop
   // runs once per task per bisection step.
   const auto parts_at = [&](double c, std::vector<int32_t>* out) {
@@ -274,6 +261,14 @@ ForgeDivision forge_divide(const std::vector<double>& cost, const std::vector<in
   };
   // No bound can beat the average load per slot or the longest unsplittable piece.
   lo = std::max(lo, sum / double(slots));
+  if (int64_t(n) >= slots) {
+    // At least as many tasks as slots: LPT packs several per slot, so the
+    // bound is the average load; only longer tasks are divided. (FlashForge's
+    // bisection, below, has no solution here and would divide nothing.)
+    d.cost_l = lo;
+    parts_at(lo, &d.parts);
+    return d;
+  }
   double hi = mx;
   if (parts_at(lo, nullptr) <= slots) {
     hi = lo;
