@@ -23,6 +23,7 @@
 #include "exec/cuda/primitives/cp_async.cuh"
 #include "exec/cuda/primitives/math.cuh"
 #include "exec/cuda/primitives/mma.cuh"
+#include "exec/cuda/primitives/wgmma.cuh"
 #include "treeattn/plan.hpp"
 
 namespace treeattn::cuda {
@@ -77,10 +78,19 @@ struct AttnTraits {
   // The 32-token m = 16 variant (2 warps, for units of at most 32 tokens) at
   // 8 CTAs/SM keeps the same 128-register cap.
   static constexpr int kMinBlocksPerSm = (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : 1;
+  // 64- and 128-row tiles run on warpgroup MMA where the target has it
+  // (sm_90a): one (two) warpgroups, K/V read from shared memory once per
+  // warpgroup instead of once per warp. Elsewhere, and for m <= 32, mma.sync.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static constexpr bool kWgmma = M % 64 == 0 && kWarpsN == 1;
+#else
+  static constexpr bool kWgmma = false;
+#endif
   using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
-  // Layout: [misc][Q][K stages][V stages]; Q starts 128-byte aligned (the
-  // swizzle assumes rows start on a bank boundary).
-  static constexpr int kQOffset = (int(sizeof(Misc)) + 127) / 128 * 128;
+  // Layout: [misc][Q][K stages][V stages]; every tile starts 1024-byte
+  // aligned (the 128-byte swizzle repeats every 8 rows of 128 bytes, and
+  // wgmma applies it to absolute shared addresses).
+  static constexpr int kQOffset = (int(sizeof(Misc)) + 1023) / 1024 * 1024;
   static constexpr int smem_bytes(int stages) { return kQOffset + kQBytes + 2 * stages * kTileBytes; }
   static_assert(M % 16 == 0 && M <= kMaxTileRows, "m must be a multiple of 16, at most 128");
   static_assert(kWarpTokens % 16 == 0, "each warp needs whole k-steps of 16 tokens");
@@ -101,12 +111,14 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
   }
 }
 
-// Byte offset of chunk c of row r in a [rows][D] tile: the chunk index is
-// XORed with r % 8 so that the 8 rows an ldmatrix phase reads (same logical
-// chunk) and the 8 chunks a cp.async wavefront writes land in distinct banks.
-template <int kRowBytes>
+// Byte offset of 16-byte chunk c of row r in a [Rows][D] tile, in the
+// 128-byte-swizzle layout of wgmma (wgmma.cuh): D/64 regions of [Rows][64
+// elements], the chunk index within a 128-byte row XORed with r % 8, so that
+// the 8 rows an ldmatrix phase reads (same logical chunk) and the 8 chunks a
+// cp.async wavefront writes land in distinct banks.
+template <int Rows>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
-  return uint32_t(r * kRowBytes + ((c ^ (r & 7)) << 4));
+  return uint32_t((c >> 3) * Rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
 template <class Tr>
@@ -115,15 +127,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   using MmaT = Mma<T>;
   constexpr int D = Tr::D, M = Tr::M, N = Tr::N;
   constexpr int WN = Tr::kWarpsN, WM = Tr::kWarpsM, WT = Tr::kWarpTokens;
-  constexpr int kThreads = Tr::kThreads, kChunks = Tr::kChunks, kRowBytes = Tr::kRowBytes;
+  constexpr int kThreads = Tr::kThreads, kChunks = Tr::kChunks;
   constexpr float kNegInf = -INFINITY;
   const int S = p.stages, kSlots = p.stages + 1;  // the executor keeps kMinStages <= S <= kMaxStages (1: one-tile units)
 
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem[];
   auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem);
   uint8_t* sQ = smem + Tr::kQOffset;
   uint8_t* sK = sQ + Tr::kQBytes;
   uint8_t* sV = sK + S * Tr::kTileBytes;
+  if constexpr (Tr::kWgmma) {
+    if (smem_addr(smem) & 1023) __trap();  // the swizzle of wgmma's operands needs 1024-byte alignment
+  }
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
@@ -187,7 +202,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const int r = i / kChunks, c = i % kChunks;
       const int row = misc.row[sl][r];
       const int64_t off = (int64_t(row < 0 ? 0 : row) * Hkv + kvh) * D + c * 8;
-      const uint32_t so = swz<kRowBytes>(r, c);
+      const uint32_t so = swz<N>(r, c);
       cp_async_16_zfill(dk + so, kpool + off, row >= 0);
       cp_async_16_zfill(dv + so, vpool + off, row >= 0);
     }
@@ -223,7 +238,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const int r = i / kChunks, c = i % kChunks;
       const T* src = q;
       if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
-      cp_async_16_zfill(sQ + swz<kRowBytes>(r, c), src, r < rows);
+      cp_async_16_zfill(sQ + swz<M>(r, c), src, r < rows);
     }
     cp_async_commit();
   }
@@ -274,9 +289,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       issue(0, sl);
       cp_async_commit();
       cp_async_wait<0>();
+      if constexpr (Tr::kWgmma) fence_proxy_async();
       __syncthreads();
     } else {
       cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
+      if constexpr (Tr::kWgmma) fence_proxy_async();  // ... visible to wgmma's reads
       __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
       if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
       cp_async_commit();
@@ -295,17 +312,32 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     for (int j = 0; j < WT / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
+    if constexpr (Tr::kWgmma) {
+      // Q rows of this warpgroup and the K tile, both K-major; a k-step of 16
+      // elements is 32 bytes into a 128-byte row of a 64-element region.
+      const uint32_t q_base = smem_addr(sQ) + (warp / 4) * 64 * 128, k_base = smem_addr(Ks);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, sQ + swz<kRowBytes>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t step = (kk & 3) * 32;
+        Wgmma<T, N>::ss(s, wgmma_desc(q_base + (kk >> 2) * M * 128 + step, 16),
+                        wgmma_desc(k_base + (kk >> 2) * N * 128 + step, 16), kk > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+    } else {
 #pragma unroll
-      for (int n2 = 0; n2 < WT / 16; ++n2) {
-        uint32_t b[4];
-        const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
-        ldmatrix_x4(b, Ks + swz<kRowBytes>(r, 2 * kk + ((lane >> 3) & 1)));
-        MmaT::run(s[2 * n2], a, b[0], b[1]);
-        MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4(a, sQ + swz<M>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+        for (int n2 = 0; n2 < WT / 16; ++n2) {
+          uint32_t b[4];
+          const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
+          ldmatrix_x4(b, Ks + swz<N>(r, 2 * kk + ((lane >> 3) & 1)));
+          MmaT::run(s[2 * n2], a, b[0], b[1]);
+          MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
+        }
       }
     }
 
@@ -354,20 +386,34 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     }
 
     // O += P V: the S accumulators become A fragments directly.
+    uint32_t pa[WT / 16][4];
 #pragma unroll
     for (int kk = 0; kk < WT / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+      pa[kk][0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    if constexpr (Tr::kWgmma) {
+      // V is N-major for this product: 16 tokens (rows) per k-step, the
+      // 64-element regions of head_dim N * 128 bytes apart.
+      const uint32_t v_base = smem_addr(Vs);
+      wgmma_fence();  // o was rescaled and pa written by ordinary instructions
 #pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, Vs + swz<kRowBytes>(r, 2 * d2 + (lane >> 4)));
-        MmaT::run(o[2 * d2], a, b[0], b[1]);
-        MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
+      for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], wgmma_desc(v_base + kk * 16 * 128, N * 128));
+      wgmma_commit();
+      wgmma_wait<0>();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < WT / 16; ++kk) {
+        const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+#pragma unroll
+        for (int d2 = 0; d2 < D / 16; ++d2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, Vs + swz<N>(r, 2 * d2 + (lane >> 4)));
+          MmaT::run(o[2 * d2], pa[kk], b[0], b[1]);
+          MmaT::run(o[2 * d2 + 1], pa[kk], b[2], b[3]);
+        }
       }
     }
     st = st + 1 == S ? 0 : st + 1;
