@@ -72,12 +72,6 @@ struct AttnTraits {
   static constexpr int kOStride = D + 8;
   static constexpr int kScratchBytes = kWarpsN * M * kOStride * 4;
   static constexpr int kMinStages = (M <= 32 && kScratchBytes <= kQBytes + 2 * kTileBytes) ? 1 : 2, kMaxStages = 6;
-  // Small tiles at d <= 128 are capped at 128 registers (no spills): then a
-  // 128-row CTA (188 registers x 256 threads) and a 16-row CTA share an SM's
-  // register file, so concurrent launches of both overlap instead of queueing.
-  // The 32-token m = 16 variant (2 warps, for units of at most 32 tokens) at
-  // 8 CTAs/SM keeps the same 128-register cap.
-  static constexpr int kMinBlocksPerSm = (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : 1;
   // 64- and 128-row tiles run on warpgroup MMA where the target has it
   // (sm_90a): one (two) warpgroups, K/V read from shared memory once per
   // warpgroup instead of once per warp. Elsewhere, and for m <= 32, mma.sync.
@@ -86,6 +80,15 @@ struct AttnTraits {
 #else
   static constexpr bool kWgmma = false;
 #endif
+  // Small tiles at d <= 128 are capped at 128 registers (no spills): then a
+  // 128-row CTA and a 16-row CTA share an SM's register file, so concurrent
+  // launches of both overlap instead of queueing. The 32-token m = 16 variant
+  // (2 warps, for units of at most 32 tokens) at 8 CTAs/SM keeps the same cap.
+  // The 128-row wgmma tile at d <= 128 is capped at 128 registers too, for 2
+  // CTAs/SM: it spills 44 bytes, and measured 9% (pat:B=1,8,512 32/8) to 17%
+  // (pat:B=1,4,16,512 64/8) faster than 1 CTA/SM at 162 registers.
+  static constexpr int kMinBlocksPerSm =
+      (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : (kWgmma && M == 128 && D <= 128) ? 2 : 1;
   using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
   // Layout: [misc][Q][K stages][V stages]; every tile starts 1024-byte
   // aligned (the 128-byte swizzle repeats every 8 rows of 128 bytes, and
@@ -111,14 +114,18 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
   }
 }
 
-// Byte offset of 16-byte chunk c of row r in a [Rows][D] tile, in the
-// 128-byte-swizzle layout of wgmma (wgmma.cuh): D/64 regions of [Rows][64
-// elements], the chunk index within a 128-byte row XORed with r % 8, so that
-// the 8 rows an ldmatrix phase reads (same logical chunk) and the 8 chunks a
-// cp.async wavefront writes land in distinct banks.
-template <int Rows>
+// Byte offset of 16-byte chunk c of row r in a [Rows][D] tile. The chunk
+// index is XORed with r % 8 so that the 8 rows an ldmatrix phase reads (same
+// logical chunk) and the 8 chunks a cp.async wavefront writes land in
+// distinct banks. wgmma tiles use its 128-byte-swizzle layout (wgmma.cuh):
+// D/64 regions of [Rows][64 elements]; mma.sync tiles keep whole rows
+// together, which needs fewer registers for the addresses.
+template <class Tr, int Rows>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
-  return uint32_t((c >> 3) * Rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+  if constexpr (Tr::kWgmma)
+    return uint32_t((c >> 3) * Rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+  else
+    return uint32_t(r * Tr::kRowBytes + ((c ^ (r & 7)) << 4));
 }
 
 template <class Tr>
@@ -202,7 +209,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const int r = i / kChunks, c = i % kChunks;
       const int row = misc.row[sl][r];
       const int64_t off = (int64_t(row < 0 ? 0 : row) * Hkv + kvh) * D + c * 8;
-      const uint32_t so = swz<N>(r, c);
+      const uint32_t so = swz<Tr, N>(r, c);
       cp_async_16_zfill(dk + so, kpool + off, row >= 0);
       cp_async_16_zfill(dv + so, vpool + off, row >= 0);
     }
@@ -238,7 +245,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const int r = i / kChunks, c = i % kChunks;
       const T* src = q;
       if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
-      cp_async_16_zfill(sQ + swz<M>(r, c), src, r < rows);
+      cp_async_16_zfill(sQ + swz<Tr, M>(r, c), src, r < rows);
     }
     cp_async_commit();
   }
@@ -329,12 +336,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t a[4];
-        ldmatrix_x4(a, sQ + swz<M>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+        ldmatrix_x4(a, sQ + swz<Tr, M>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
 #pragma unroll
         for (int n2 = 0; n2 < WT / 16; ++n2) {
           uint32_t b[4];
           const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
-          ldmatrix_x4(b, Ks + swz<N>(r, 2 * kk + ((lane >> 3) & 1)));
+          ldmatrix_x4(b, Ks + swz<Tr, N>(r, 2 * kk + ((lane >> 3) & 1)));
           MmaT::run(s[2 * n2], a, b[0], b[1]);
           MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
         }
@@ -385,18 +392,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
     }
 
-    // O += P V: the S accumulators become A fragments directly.
-    uint32_t pa[WT / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < WT / 16; ++kk) {
-      pa[kk][0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    // O += P V: the S accumulators become A fragments (16 tokens) directly.
+    auto p_fragment = [&](int kk, uint32_t (&a)[4]) {
+      a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    };
     if constexpr (Tr::kWgmma) {
       // V is N-major for this product: 16 tokens (rows) per k-step, the
       // 64-element regions of head_dim N * 128 bytes apart.
+      uint32_t pa[WT / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < WT / 16; ++kk) p_fragment(kk, pa[kk]);
       const uint32_t v_base = smem_addr(Vs);
       wgmma_fence();  // o was rescaled and pa written by ordinary instructions
 #pragma unroll
@@ -406,13 +414,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     } else {
 #pragma unroll
       for (int kk = 0; kk < WT / 16; ++kk) {
+        uint32_t a[4];
+        p_fragment(kk, a);
         const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
 #pragma unroll
         for (int d2 = 0; d2 < D / 16; ++d2) {
           uint32_t b[4];
-          ldmatrix_x4_trans(b, Vs + swz<N>(r, 2 * d2 + (lane >> 4)));
-          MmaT::run(o[2 * d2], pa[kk], b[0], b[1]);
-          MmaT::run(o[2 * d2 + 1], pa[kk], b[2], b[3]);
+          ldmatrix_x4_trans(b, Vs + swz<Tr, N>(r, 2 * d2 + (lane >> 4)));
+          MmaT::run(o[2 * d2], a, b[0], b[1]);
+          MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
         }
       }
     }
