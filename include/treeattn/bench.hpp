@@ -23,6 +23,7 @@ struct BenchOptions {
   bool graph = true;            // also time the run replayed as a CUDA graph
   int verify_queries = 8;       // sampled queries checked against fp64 (0: no check)
   uint64_t seed = 1;            // inputs
+  bool exact_tiles = false;     // run every unit with its plan's tile (CudaExecutorOptions::short_m16 = false)
 };
 
 struct GpuTiming {

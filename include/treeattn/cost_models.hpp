@@ -80,14 +80,35 @@ struct PatTileRule {
   int64_t max_kv = -1;  // -1: unbounded
   int n = 64;
 };
+// One measurement behind a measured table: the median time of a launch of
+// identical units with m Q rows over kv KV tokens, run with KV tile n.
+struct PatTileTiming {
+  int m = 0;
+  int64_t kv = 0;
+  int n = 0;
+  double us = 0;
+};
 struct PatTileRules {
   std::string source;  // "pat-artifact" (PAT's thresholds), "measured", ...
   std::string note;
   std::vector<PatTileRule> rules;
+  // Measured tables only (`treeattn calibrate --pat-tiles`): where and how,
+  // and the times the rules were derived from. Empty otherwise.
+  std::string device, date, commit, config;
+  std::vector<PatTileTiming> measurements;
 };
 PatTileRules parse_pat_tile_rules(std::string_view json_text);  // throws Error
 PatTileRules load_pat_tile_rules(const std::string& path);       // throws Error
-std::string to_json(const PatTileRules& rules);
+// with_measurements = false: the table without its measurements (the form of
+// the built-in copy in src/plan/planners/pat.cpp).
+std::string to_json(const PatTileRules& rules, bool with_measurements = true);
+// Rules from measured times: for each m (ascending) and KV length (ascending),
+// the fastest n, where an n within `tie` (relative) of the fastest counts as a
+// tie and ties go to the larger n; adjacent lengths with the same winner form
+// one rule {max_rows = m, max_kv = the longest length of the run, n}, and the
+// last run of each m has no max_kv. Throws Error on an empty table or a time
+// that is not positive and finite.
+std::vector<PatTileRule> derive_pat_tile_rules(const std::vector<PatTileTiming>& times, double tie = 0.02);
 // The table shipped in data/pat_tile_rules.json (a test keeps them equal).
 const PatTileRules& builtin_pat_tile_rules();
 // The rules the registered `pat` planner uses: the built-in table unless

@@ -58,11 +58,19 @@ struct DeviceTensors {
   AttentionArgs args(float scale = 0.f) const;
 };
 
+struct CudaExecutorOptions {
+  // A launch of the m = 16 n = 64 tile whose units all have at most 32 tokens
+  // runs the m = 16 n = 32 tile instead (8 instead of 4 CTAs per SM). false:
+  // every unit runs exactly its plan's tile (what `calibrate --pat-tiles`
+  // times).
+  bool short_m16 = true;
+};
+
 class CudaExecutor {
  public:
   // Validates the plan against the workload and uploads it; synchronous
   // (plan time, not run time). Uses the current CUDA device.
-  CudaExecutor(const Workload& w, const Plan& p);
+  CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorOptions& o = {});
   ~CudaExecutor();
   CudaExecutor(CudaExecutor&&) noexcept;
   CudaExecutor& operator=(CudaExecutor&&) noexcept;

@@ -21,17 +21,31 @@ inline constexpr int kMaxSegmentsPerUnit = 64;
 
 // Q tile rows (m) x KV tile tokens (n). The set is fixed at compile time: the
 // CUDA executor instantiates exactly these, and planners pick among them.
+// Indices 0..3 are the n = 64 tiles (what smallest_tile_for_rows returns, and
+// what planners that only count rows use); the others are KV-tile variants
+// that PAT's tile selector picks by KV length (data/pat_tile_rules.json), and
+// that the CUDA executor uses for m = 16 launches of units of <= 32 tokens.
+// The CPU executor ignores n.
 struct TileConfig {
   int m;
   int n;
 };
-inline constexpr std::array<TileConfig, 4> kTileConfigs = {{
-    {16, 64}, {32, 64}, {64, 64}, {128, 64},
+inline constexpr int kDefaultKvTile = 64;
+inline constexpr std::array<TileConfig, 9> kTileConfigs = {{
+    {16, 64}, {32, 64}, {64, 64}, {128, 64},  // the default (n = 64) tiles, by m
+    {16, 32}, {32, 32}, {64, 32},             // short KV
+    {16, 128}, {32, 128},                     // long KV, decode-size Q tiles
 }};
 inline constexpr int kMaxTileRows = 128;
 int num_tile_configs();
-// Smallest compiled tile whose m holds `rows`; throws Error if none does.
+// Smallest compiled n = 64 tile whose m holds `rows`; throws Error if none does.
 int smallest_tile_for_rows(int rows);
+// Index of the compiled tile (m, n) in kTileConfigs; -1 if it is not compiled.
+constexpr int tile_index(int m, int n) {
+  for (int i = 0; i < int(kTileConfigs.size()); ++i)
+    if (kTileConfigs[i].m == m && kTileConfigs[i].n == n) return i;
+  return -1;
+}
 
 // Tokens [begin, end) of a node.
 struct Segment {

@@ -2,8 +2,16 @@
 // GPU -- the time of one unit (one CTA per kv head) with `rows` Q rows over
 // `kv` KV tokens while the GPU is full of identical units -- and writes it in
 // the treeattn-forge-cost/1 format that `forge` reads (--forge-table).
+// `treeattn calibrate --pat-tiles` measures PAT's KV-tile rule table instead:
+// for each Q tile m and KV length, the time of a launch of identical units
+// with every compiled KV tile n of that m; the fastest n per KV-length range
+// becomes a rule (derive_pat_tile_rules), written in the
+// treeattn-pat-tile-rules/1 format with the times behind it.
+#include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
+#include <map>
 
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
@@ -39,19 +47,119 @@ std::pair<Workload, Plan> identical_units(int units, int kv, int queries, const 
   return {std::move(w), b.finish()};
 }
 
+std::string utc_date() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
+// PAT's tile rules: every compiled n of every Q tile m over a sweep of KV
+// lengths, `units` identical units (m rows each) per launch, each unit run
+// with exactly the tile being timed (no executor substitution).
+void calibrate_pat_tiles(const CommonOptions& o, const std::string& out, int waves) {
+  if (!gpu_available()) throw Error("calibrate --pat-tiles: no CUDA device (or treeattn was built without CUDA)");
+  const WorkloadParams p = workload_params(o);
+  const PlanOptions opt = plan_options(o);
+  const int g = p.heads.group_size();
+  const int slots = opt.num_sms * opt.ctas_per_sm;
+  const int units = std::max(1, waves * slots / p.heads.num_kv_heads);
+  const std::vector<int64_t> kvs = {16, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 4096};
+  std::map<int, std::vector<int>> ns;  // m -> compiled n, ascending
+  for (const TileConfig& t : kTileConfigs)
+    if (t.m >= g) ns[t.m].push_back(t.n);
+  if (ns.empty()) throw Error("calibrate --pat-tiles: group size " + std::to_string(g) + " exceeds every Q tile");
+  for (auto& [m, v] : ns) std::sort(v.begin(), v.end());
+
+  BenchOptions b;
+  b.verify_queries = 2;  // each new tile's output is checked against fp64 as it is timed
+  b.graph = false;
+  b.seed = o.seed;
+  b.exact_tiles = true;
+  const std::string device = gpu_device_name();
+  std::printf("calibrate --pat-tiles on %s: heads %d/%d, d=%d, %s, page %d, %d units x %d kv heads per launch "
+              "(%d waves of %d CTA slots); median us of %d L2-flushed runs\n",
+              device.c_str(), p.heads.num_qo_heads, p.heads.num_kv_heads, p.heads.head_dim,
+              std::string(to_string(p.dtype)).c_str(), p.page_size, units, p.heads.num_kv_heads, waves, slots, b.iters);
+  std::vector<PatTileTiming> times;
+  for (const auto& [m, tile_ns] : ns) {
+    const int queries = m / g;
+    std::printf("\nm=%d (%d queries x %d qo heads per kv head = %d rows)\n%8s", m, queries, g, queries * g, "kv");
+    for (int n : tile_ns) std::printf("  %8s", ("n=" + std::to_string(n)).c_str());
+    std::printf("  %6s\n", "best");
+    for (const int64_t kv : kvs) {
+      std::printf("%8lld", static_cast<long long>(kv));
+      auto [w, plan] = identical_units(units, int(kv), queries, p);
+      GpuBench gpu(w, o.seed);
+      std::vector<PatTileTiming> point;
+      for (int n : tile_ns) {
+        std::fill(plan.unit_tile.begin(), plan.unit_tile.end(), uint8_t(tile_index(m, n)));
+        const GpuTiming timing = gpu.time(plan, b);
+        if (!(timing.max_rel_err >= 0 && timing.max_rel_err <= tolerance(p.dtype)))
+          throw Error("calibrate --pat-tiles: m=" + std::to_string(m) + " n=" + std::to_string(n) + " kv=" +
+                      std::to_string(kv) + ": output error " + std::to_string(timing.max_rel_err) +
+                      " against the fp64 reference exceeds " + std::to_string(tolerance(p.dtype)));
+        point.push_back({m, kv, n, timing.us});
+        std::printf("  %8.2f", timing.us);
+        std::fflush(stdout);
+      }
+      const std::vector<PatTileRule> best = derive_pat_tile_rules(point);
+      std::printf("  %6d\n", best.front().n);
+      times.insert(times.end(), point.begin(), point.end());
+    }
+  }
+
+  PatTileRules r;
+  r.source = "measured";
+  r.device = device;
+  r.date = utc_date();
+  r.commit = current_commit(TREEATTN_SOURCE_DIR);
+  r.config = "heads " + o.heads + ", head_dim " + std::to_string(p.heads.head_dim) + ", " +
+             std::string(to_string(p.dtype)) + ", page " + std::to_string(p.page_size) + ", " + std::to_string(units) +
+             " units x " + std::to_string(p.heads.num_kv_heads) + " kv heads per launch";
+  r.rules = derive_pat_tile_rules(times);
+  r.note = "Measured by `treeattn calibrate --pat-tiles --heads " + o.heads + " --head-dim " +
+           std::to_string(p.heads.head_dim) + " --dtype " + o.dtype +
+           "`: for each Q tile m (rows = m) and KV length, the median time (us, L2 flushed) of one launch of " +
+           std::to_string(units) + " identical single-segment units x " + std::to_string(p.heads.num_kv_heads) +
+           " kv heads with each compiled KV tile n (measurements); a rule is the fastest n over a run of adjacent "
+           "measured lengths (within 2% the larger n wins), up to the longest length of the run.";
+  std::printf("\nrules (first match: rows <= max_rows and kv <= max_kv):\n");
+  for (const PatTileRule& x : r.rules)
+    std::printf("  rows <= %3d  kv <= %6s  n = %d\n", x.max_rows,
+                x.max_kv < 0 ? "any" : std::to_string(x.max_kv).c_str(), x.n);
+  std::printf("\nbuilt-in copy for kBuiltinTileRules in src/plan/planners/pat.cpp (make it the library default):\n%s",
+              to_json(r, false).c_str());
+  if (out.empty()) {
+    std::printf("\n%s", to_json(r).c_str());
+  } else {
+    std::ofstream f(out);
+    f << to_json(r);
+    if (!f) throw Error("calibrate --pat-tiles: cannot write '" + out + "'");
+    std::printf("wrote %s\n", out.c_str());
+  }
+}
+
 }  // namespace
 
 void add_calibrate_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("calibrate", "measure the forge cost table C(rows, kv) on this GPU");
+  auto* cmd = app.add_subcommand(
+      "calibrate", "measure the forge cost table C(rows, kv), or with --pat-tiles PAT's KV-tile rules, on this GPU");
   auto o = std::make_shared<CommonOptions>();
   add_common_options(cmd, *o);
   auto out = std::make_shared<std::string>();
   auto waves = std::make_shared<int>(2);
+  auto pat_tiles = std::make_shared<bool>(false);
   cmd->add_option("--out", *out, "output file (default: print the table)");
-  cmd->add_option("--waves", *waves, "full waves of identical units per measurement")->capture_default_str();
-  cmd->callback([o, out, waves] {
-    if (!gpu_available()) throw Error("calibrate: no CUDA device (or treeattn was built without CUDA)");
+  auto* waves_opt = cmd->add_option("--waves", *waves,
+                                    "full waves of identical units per measurement (default: 2, with --pat-tiles 8)");
+  cmd->add_flag("--pat-tiles", *pat_tiles,
+                "measure PAT's tile rules (every compiled KV tile n per Q tile m over KV lengths) instead, "
+                "e.g. --out data/pat_tile_rules.json");
+  cmd->callback([o, out, waves, waves_opt, pat_tiles] {
     if (*waves < 1 || *waves > 64) throw Error("waves: " + std::to_string(*waves) + " is out of range [1, 64]");
+    if (*pat_tiles) return calibrate_pat_tiles(*o, *out, waves_opt->count() ? *waves : 8);
+    if (!gpu_available()) throw Error("calibrate: no CUDA device (or treeattn was built without CUDA)");
     const WorkloadParams p = workload_params(*o);
     const PlanOptions opt = plan_options(*o);
     const int g = p.heads.group_size();

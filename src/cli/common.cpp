@@ -21,6 +21,8 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("--sms", o.num_sms, "SM count the planners target")->capture_default_str();
   cmd->add_option("--forge-table", o.forge_table,
                   "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)");
+  cmd->add_option("--pat-rules", o.pat_rules,
+                  "pat's KV-tile rules (treeattn calibrate --pat-tiles output; default: data/pat_tile_rules.json)");
 }
 
 WorkloadParams workload_params(const CommonOptions& o) {
@@ -39,6 +41,11 @@ PlanOptions plan_options(const CommonOptions& o) {
   const std::string shipped = std::string(TREEATTN_SOURCE_DIR) + "/data/forge_cost_h100.json";
   const std::string table = !o.forge_table.empty() ? o.forge_table : std::filesystem::exists(shipped) ? shipped : "";
   if (!table.empty()) set_default_forge_cost_table(std::make_shared<ForgeCostTable>(load_forge_cost_table(table)));
+  const std::string shipped_rules = std::string(TREEATTN_SOURCE_DIR) + "/data/pat_tile_rules.json";
+  const std::string rules = !o.pat_rules.empty()                    ? o.pat_rules
+                            : std::filesystem::exists(shipped_rules) ? shipped_rules
+                                                                     : "";
+  if (!rules.empty()) set_default_pat_tile_rules(std::make_shared<PatTileRules>(load_pat_tile_rules(rules)));
   return opt;
 }
 

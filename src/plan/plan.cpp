@@ -11,7 +11,7 @@ int num_tile_configs() { return static_cast<int>(kTileConfigs.size()); }
 
 int smallest_tile_for_rows(int rows) {
   for (int i = 0; i < num_tile_configs(); ++i)
-    if (kTileConfigs[i].m >= rows) return i;
+    if (kTileConfigs[i].n == kDefaultKvTile && kTileConfigs[i].m >= rows) return i;
   throw Error("unit rows: " + std::to_string(rows) + " exceed the largest Q tile (" +
               std::to_string(kMaxTileRows) + " rows)");
 }

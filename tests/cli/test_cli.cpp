@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "treeattn/bench.hpp"
+
 namespace {
 
 struct Result {
@@ -46,6 +48,23 @@ TEST(Cli, BadInputExitsWithCodeTwoAndNamesTheProblem) {
   expect_error("plan -w json:/nonexistent/tree.json", "/nonexistent/tree.json");
   expect_error("plan", "workload");
   expect_error("plan --bogus-flag", "bogus");
+}
+
+// Without a GPU (or without CUDA), the GPU commands stop with code 2 and say why.
+TEST(Cli, CalibratePatTilesWithoutAGpuFailsClearly) {
+  if (treeattn::gpu_available()) GTEST_SKIP() << "a GPU is present: calibrate --pat-tiles would run";
+  const std::string out = testing::TempDir() + "/treeattn_pat_rules_test.json";
+  std::filesystem::remove(out);
+  expect_error("calibrate --pat-tiles --heads 32/8 --out " + out, "calibrate --pat-tiles: no CUDA device");
+  EXPECT_FALSE(std::filesystem::exists(out)) << "nothing is written without measurements";
+  expect_error("calibrate --pat-tiles --waves 0", "waves");
+}
+
+TEST(Cli, PatRulesFileIsLoaded) {
+  expect_error("plan -w pat:B=1,4:L=100,20 -p pat --pat-rules /nonexistent/rules.json", "/nonexistent/rules.json");
+  const Result r = run("plan --json -w pat:B=1,4:L=100,20 -p pat --pat-rules " + std::string(TREEATTN_SOURCE_DIR) +
+                       "/data/pat_tile_rules.json");
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 TEST(Cli, PlanJsonHasTheSummaryKeys) {

@@ -2,7 +2,8 @@
 // and the generator families, against the CPU executor and the fp64
 // reference, with the output poisoned (NaN) before each run; page sizes 1, 16,
 // 64; GQA 1/4/8/16; head_dim 64/128/256; fp16 (<= 2e-3) and bf16 (<= 1e-2);
-// hand-built plans with 1 and 64 masked segments; one query; one-token nodes;
+// hand-built plans with 1 and 64 masked segments; every tile config (m, n),
+// PAT's KV-tile variants included; one query; one-token nodes;
 // a 128k-token node; CUDA graph replay. Tests named Sanitize* are the small
 // subset that the device script runs under compute-sanitizer.
 #include <cuda_runtime_api.h>
@@ -13,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "treeattn/cost_models.hpp"
 #include "treeattn/cuda_executor.hpp"
 #include "treeattn/executor.hpp"
+#include "treeattn/pat_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
 
@@ -36,11 +39,12 @@ std::vector<double> as_doubles(const Workload& w, const std::vector<uint8_t>& ou
 
 // Runs plan p on the GPU (output poisoned first) and on the CPU; both against
 // the fp64 reference, and against each other.
-Errors check_plan(const Workload& w, const Plan& p, uint64_t seed, bool with_cpu = true) {
+Errors check_plan(const Workload& w, const Plan& p, uint64_t seed, bool with_cpu = true,
+                  const CudaExecutorOptions& eo = {}) {
   HostTensors h = make_random_inputs(w, seed);
   const std::vector<double> ref = reference_attention(w, h.args());
   DeviceTensors d = DeviceTensors::upload(h);
-  CudaExecutor ex(w, p);
+  CudaExecutor ex(w, p, eo);
   d.poison_out();
   ex.run(d.args(), nullptr);
   check_cuda(cudaDeviceSynchronize(), "test run");
@@ -202,18 +206,19 @@ Workload star64(DType t, int qo, int kv, int d, int page) {
   return w;
 }
 
-Plan star64_plan(const Workload& w) {
+// tile >= 0: every unit runs that tile (and holds at most its m rows).
+Plan star64_plan(const Workload& w, int tile = -1) {
   PlanBuilder b(w, "hand-64");
-  const int per_unit = std::min(64, kMaxTileRows / w.heads.group_size());
+  const int per_unit = std::min(64, (tile < 0 ? kMaxTileRows : kTileConfigs[tile].m) / w.heads.group_size());
   for (int q0 = 0; q0 < 64; q0 += per_unit) {
-    b.begin_unit();
+    b.begin_unit(tile);
     for (int c = 0; c < 64; ++c) b.add_segment(w.query_nodes[c], 0, w.tree.nodes[w.query_nodes[c]].num_tokens);
     for (int q = q0; q < q0 + per_unit; ++q) b.add_query(q, 1ull << q);
     b.end_unit();
   }
   for (auto [lo, hi] : {std::pair{0, 170}, std::pair{170, 300}})
     for (int q0 = 0; q0 < 64; q0 += per_unit) {
-      b.begin_unit();
+      b.begin_unit(tile);
       b.add_segment(0, lo, hi);
       for (int q = q0; q < q0 + per_unit; ++q) b.add_query(q);
       b.end_unit();
@@ -238,6 +243,70 @@ TEST(CudaExecutor, SixtyFourMaskedSegmentsShapes) {
       const Workload w = star64(DType::fp16, 32, 8, d, page);
       const Plan p = star64_plan(w);
       expect_ok(w, p, check_plan(w, p, 6), "64 masked segments d " + std::to_string(d));
+    }
+}
+
+// ---- PAT's KV-tile variants ---------------------------------------------------------
+
+// Every compiled tile config (m, n), run exactly (no m16n32 substitution), at
+// d 64/128/256 in fp16 and bf16: (a) PAT plans with every unit on (m, n)
+// (pat_max_rows = m, so units hold at most m rows; units of several tiles and
+// a partial last tile); (b) the 64-masked-segment plan on (m, n) (masks across
+// n-token tiles, partials + merge).
+TEST(CudaExecutor, PatTileConfigs) {
+  double worst[2] = {0, 0};
+  for (int t = 0; t < num_tile_configs(); ++t) {
+    const TileConfig tc = kTileConfigs[t];
+    const std::string tile = "tile m" + std::to_string(tc.m) + "n" + std::to_string(tc.n);
+    CudaExecutorOptions exact;
+    exact.short_m16 = false;
+    for (int d : {64, 128, 256})
+      for (DType dt : {DType::fp16, DType::bf16}) {
+        const std::string what = tile + " d " + std::to_string(d) + " " + std::string(to_string(dt));
+        const Workload w = make_workload("pat:B=1,4,12:L=150,70,45", params(16, 4, d, dt, 16, 7 + t));
+        PlanOptions opt;
+        opt.num_sms = 8;
+        opt.extra["pat_max_rows"] = tc.m;
+        PatTileRules rules;
+        rules.rules = {{kMaxTileRows, -1, tc.n}};
+        Plan p = plan_pat_with(w, opt, rules);
+        for (uint8_t& x : p.unit_tile) x = uint8_t(t);
+        validate_plan(w, p);
+        Errors e = check_plan(w, p, 20 + t, true, exact);
+        expect_ok(w, p, e, what + " pat");
+        worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
+
+        const Workload s = star64(dt, 8, 2, d, 16);
+        const Plan sp = star64_plan(s, t);
+        validate_plan(s, sp);
+        e = check_plan(s, sp, 30 + t, true, exact);
+        expect_ok(s, sp, e, what + " 64 masked segments");
+        worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
+      }
+  }
+  std::printf("  %d tile configs; worst gpu-vs-reference: fp16 %.2e, bf16 %.2e\n", num_tile_configs(), worst[0],
+              worst[1]);
+}
+
+// The pat planner's own tile choice (shipped rules): n = 32 for short leaves,
+// n = 128 for long 16-32-row units, n = 64 between; one launch per tile
+// config on its own stream, merged.
+TEST(CudaExecutor, PatPlannerMixedTiles) {
+  const char* specs[] = {"pat:B=1,4,64:L=2000,100,20", "pat:B=1,4,8:L=1000,300,200", "pat:B=1,4,16:L=300,100,20",
+                         "pat:B=2,8:L=40,9"};
+  int i = 0;
+  for (const char* spec : specs)
+    for (DType dt : {DType::fp16, DType::bf16}) {
+      const Workload w = make_workload(spec, params(32, 8, 128, dt, 16, 40 + i));
+      const Plan p = make_plan("pat", w, PlanOptions{});
+      std::string tiles;
+      for (const TileRun& r : tile_runs(p))
+        tiles += " m" + std::to_string(kTileConfigs[r.tile].m) + "n" + std::to_string(kTileConfigs[r.tile].n) + "x" +
+                 std::to_string(r.end - r.begin);
+      const Errors e = check_plan(w, p, 50 + i, true);
+      expect_ok(w, p, e, w.name + tiles);
+      std::printf("  %s %s:%s, gpu err %.2e\n", spec, std::string(to_string(dt)).c_str(), tiles.c_str(), e.gpu_vs_ref);
+      ++i;
     }
 }
 

@@ -28,18 +28,30 @@ bool same_plan(const Plan& a, const Plan& b) {
 
 }  // namespace
 
+// The library's default (kBuiltinTileRules in src/plan/planners/pat.cpp) and
+// the CLI's (data/pat_tile_rules.json) are the same table. After
+// `treeattn calibrate --pat-tiles --out data/pat_tile_rules.json`, paste the
+// "built-in copy" it prints into kBuiltinTileRules.
 TEST(PatTileRules, ShippedFileMatchesBuiltinTable) {
   const PatTileRules file = load_pat_tile_rules(kData + "pat_tile_rules.json");
   const PatTileRules& builtin = builtin_pat_tile_rules();
-  if (file.source != builtin.source)
-    GTEST_SKIP() << "data/pat_tile_rules.json was re-derived (source '" << file.source
-                 << "'): the CLI loads it; update the built-in copy in src/plan/planners/pat.cpp to make it the default";
-  EXPECT_EQ(file.note, builtin.note);
-  ASSERT_EQ(file.rules.size(), builtin.rules.size());
+  const char* hint = "data/pat_tile_rules.json and kBuiltinTileRules in src/plan/planners/pat.cpp differ: paste the "
+                     "built-in copy that `treeattn calibrate --pat-tiles` prints into kBuiltinTileRules";
+  EXPECT_EQ(file.source, builtin.source) << hint;
+  EXPECT_EQ(file.note, builtin.note) << hint;
+  EXPECT_EQ(file.device, builtin.device) << hint;
+  EXPECT_EQ(file.commit, builtin.commit) << hint;
+  EXPECT_TRUE(builtin.measurements.empty()) << "the built-in copy leaves the measurements to the file";
+  EXPECT_EQ(to_json(file, false), to_json(builtin, false)) << hint;
+  ASSERT_EQ(file.rules.size(), builtin.rules.size()) << hint;
   for (size_t i = 0; i < file.rules.size(); ++i) {
     EXPECT_EQ(file.rules[i].max_rows, builtin.rules[i].max_rows) << i;
     EXPECT_EQ(file.rules[i].max_kv, builtin.rules[i].max_kv) << i;
     EXPECT_EQ(file.rules[i].n, builtin.rules[i].n) << i;
+  }
+  if (file.source == "measured") {
+    EXPECT_FALSE(file.measurements.empty()) << "a measured table carries its measurements";
+    EXPECT_FALSE(file.device.empty());
   }
   // Round trip.
   const PatTileRules again = parse_pat_tile_rules(to_json(builtin));
@@ -49,10 +61,14 @@ TEST(PatTileRules, ShippedFileMatchesBuiltinTable) {
 TEST(PatTileRules, SelectorPicksSmallestRowsTileAndNearestKvTile) {
   PatTileRules r;
   r.rules = {{128, 31, 16}, {128, -1, 128}};
-  for (int rows : {1, 16, 17, 64, 65, 128}) {
+  for (int rows : {1, 16, 17, 32, 33, 64, 65, 128}) {
     const int t = pat_select_tile(r, rows, 1000);
-    EXPECT_EQ(t, smallest_tile_for_rows(rows)) << rows;  // only n = 64 tiles are compiled today
+    EXPECT_EQ(kTileConfigs[t].m, kTileConfigs[smallest_tile_for_rows(rows)].m) << rows;
     EXPECT_GE(kTileConfigs[t].m, rows);
+    // n = 128 where that m has it (m <= 32), else the nearest compiled n (64).
+    EXPECT_EQ(kTileConfigs[t].n, rows <= 32 ? 128 : 64) << rows;
+    // n = 16 is not compiled: the nearest is 32 (m <= 64), or 64 (m = 128).
+    EXPECT_EQ(kTileConfigs[pat_select_tile(r, rows, 20)].n, rows <= 64 ? 32 : 64) << rows;
   }
   EXPECT_THROW(pat_select_tile(r, 129, 10), Error);
   EXPECT_THROW(parse_pat_tile_rules(R"({"format": "treeattn-pat-tile-rules/1", "rules": [{"max_rows": 0, "n": 16}]})"), Error);

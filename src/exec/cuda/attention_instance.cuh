@@ -1,4 +1,4 @@
-// Turns one (dtype, head_dim, m) into a compiled kernel: included by each file
+// Turns one (dtype, head_dim, m, n) into a compiled kernel: included by each file
 // of kernels/, which holds nothing but TREEATTN_ATTENTION_INSTANCE(...).
 #pragma once
 
@@ -9,17 +9,32 @@
 
 namespace treeattn::cuda {
 
-// n of the compiled tile whose m is `m` (m is unique in kTileConfigs).
-constexpr int tile_n_for_m(int m) {
-  for (const TileConfig& t : kTileConfigs)
-    if (t.m == m) return t.n;
-  return -1;
-}
+// AttnTraits with another register cap (__launch_bounds__' min blocks per SM).
+template <class Base, int kBlocks>
+struct WithMinBlocksPerSm : Base {
+  static constexpr int kMinBlocksPerSm = kBlocks;
+};
+
+// The traits a compiled tile uses: AttnTraits<T, D, M, N>, except m = 16 with
+// 128-token K/V tiles at d <= 128, which AttnTraits caps at 128 registers
+// (4 CTAs/SM) like the other m = 16 tiles; ptxas then spills 40 bytes at
+// d = 128. Its shared memory (4 KB of Q + 64 KB per K/V stage at d = 128)
+// holds it to at most 3 CTAs per SM anyway, so it is capped at 3 (168
+// registers) instead.
+template <class T, int D, int M, int N>
+struct TileTraits {
+  using type = AttnTraits<T, D, M, N>;
+};
+template <class T, int D>
+  requires(D <= 128)
+struct TileTraits<T, D, 16, 128> {
+  using type = WithMinBlocksPerSm<AttnTraits<T, D, 16, 128>, 3>;
+};
 
 template <int kDType, int D, int M, int N>
 KernelEntry attention_entry() {
   using T = std::conditional_t<kDType == 0, __half, __nv_bfloat16>;
-  using Tr = AttnTraits<T, D, M, N>;
+  using Tr = typename TileTraits<T, D, M, N>::type;
   KernelEntry e;
   e.kernel = reinterpret_cast<const void*>(&attention_kernel<Tr>);
   e.threads = Tr::kThreads;
@@ -34,13 +49,11 @@ KernelEntry attention_entry() {
 
 }  // namespace treeattn::cuda
 
-// The m = 16 tile with 32-token K/V tiles (2 warps): units of at most 32
-// tokens (a tree's short leaves) need half the shared memory and half the
-// registers of a CTA, so twice as many of these latency-bound CTAs share an SM.
-#define TREEATTN_ATTENTION_INSTANCE_SHORT(DTYPE_ID, D) \
-  template ::treeattn::cuda::KernelEntry treeattn::cuda::attention_entry<DTYPE_ID, D, 16, 32>();
+// One compiled tile (m, n) of kTileConfigs: TREEATTN_ATTENTION_INSTANCE is
+// the n = 64 tile of that m, TREEATTN_ATTENTION_INSTANCE_MN any (m, n).
+#define TREEATTN_ATTENTION_INSTANCE_MN(DTYPE_ID, D, M, N)                                        \
+  static_assert(::treeattn::tile_index(M, N) >= 0, "(m, n) is not in kTileConfigs");            \
+  template ::treeattn::cuda::KernelEntry treeattn::cuda::attention_entry<DTYPE_ID, D, M, N>();
 
-#define TREEATTN_ATTENTION_INSTANCE(DTYPE_ID, D, M)                                              \
-  static_assert(::treeattn::cuda::tile_n_for_m(M) > 0, "m is not in kTileConfigs");            \
-  template ::treeattn::cuda::KernelEntry                                                        \
-  treeattn::cuda::attention_entry<DTYPE_ID, D, M, ::treeattn::cuda::tile_n_for_m(M)>();
+#define TREEATTN_ATTENTION_INSTANCE(DTYPE_ID, D, M) \
+  TREEATTN_ATTENTION_INSTANCE_MN(DTYPE_ID, D, M, ::treeattn::kDefaultKvTile)

@@ -237,7 +237,9 @@ double check_sampled_queries(const Workload& w, const DeviceTensors& d, int coun
 GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   Impl& m = *impl_;
   const Workload& w = m.w;
-  CudaExecutor ex(w, p);
+  CudaExecutorOptions eo;
+  eo.short_m16 = !o.exact_tiles;
+  CudaExecutor ex(w, p, eo);
   const AttentionArgs args = m.d.args();
   const PlanSummary s = summarize(w, p);
 

@@ -29,27 +29,7 @@ KernelEntry pick_dim(int head_dim, int tile) {
   }
 }
 
-template <int kDType>
-KernelEntry pick_short(int head_dim) {
-  switch (head_dim) {
-    case 64: return attention_entry<kDType, 64, 16, 32>();
-    case 128: return attention_entry<kDType, 128, 16, 32>();
-    case 256: return attention_entry<kDType, 256, 16, 32>();
-    default: return {};
-  }
-}
-
 }  // namespace
-
-KernelEntry find_short_attention_kernel(DType dtype, int head_dim) {
-  KernelEntry e;
-  if (dtype == DType::fp16) e = pick_short<0>(head_dim);
-  if (dtype == DType::bf16) e = pick_short<1>(head_dim);
-  if (!e.kernel)
-    throw Error("cuda executor: no short kernel compiled for dtype " + std::string(to_string(dtype)) +
-                ", head_dim " + std::to_string(head_dim));
-  return e;
-}
 
 KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile) {
   KernelEntry e;

@@ -183,7 +183,8 @@ struct CudaExecutor::Impl {
   }
 };
 
-CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_unique<Impl>()) {
+CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorOptions& o)
+    : impl_(std::make_unique<Impl>()) {
   validate_plan(w, p);
   Impl& m = *impl_;
   m.dtype = w.layout.dtype;
@@ -238,10 +239,31 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
              "cudaDeviceGetAttribute(ReservedSharedMemoryPerBlock)");
   check_cuda(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev),
              "cudaDeviceGetAttribute(MultiProcessorCount)");
+  // The tile each unit runs with: the plan's, except that a launch of the
+  // n = 64 m = 16 tile whose units all have at most 32 tokens (a tree's short
+  // leaves, from planners that only count rows) runs the m = 16 n = 32 tile:
+  // 2 warps and half the shared memory per CTA, so 8 instead of 4 of these
+  // latency-bound CTAs share an SM, and half of each 64-token tile is no
+  // longer copied and multiplied as zeros. It joins the plan's own m16n32
+  // units (PAT's tile selector) in one launch.
+  constexpr int kTile16 = tile_index(16, kDefaultKvTile), kTile16Short = tile_index(16, 32);
+  static_assert(kTile16 >= 0 && kTile16Short >= 0, "the m = 16 tiles with n = 64 and n = 32 must be compiled");
+  std::vector<uint8_t> run_tile(p.unit_tile);
+  {
+    bool any = false, all_short = true;
+    for (int u = 0; u < U; ++u)
+      if (p.unit_tile[u] == kTile16) {
+        any = true;
+        all_short = all_short && desc[u].len <= 32;
+      }
+    if (o.short_m16 && any && all_short)
+      for (uint8_t& t : run_tile)
+        if (t == kTile16) t = uint8_t(kTile16Short);
+  }
   for (int tile = 0; tile < int(kTileConfigs.size()); ++tile) {
     const size_t first = unit_order.size();
     for (int u = 0; u < U; ++u)
-      if (p.unit_tile[u] == tile) unit_order.push_back(desc[u]);
+      if (run_tile[u] == tile) unit_order.push_back(desc[u]);
     if (unit_order.size() == first) continue;
     std::stable_sort(unit_order.begin() + first, unit_order.end(),
                      [](const cuda::UnitDesc& a, const cuda::UnitDesc& b) { return a.len > b.len; });
@@ -251,10 +273,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p) : impl_(std::make_u
       throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +
                   " kv heads exceed the grid");
     l.max_len = unit_order[first].len;
-    // Units of at most 32 tokens at m = 16 (a tree's short leaves): the
-    // 32-token, 2-warp variant of the kernel (half the shared memory and
-    // registers per CTA: 8 instead of 4 latency-bound CTAs per SM).
-    if (l.kernel.m == 16 && l.max_len <= 32) l.kernel = cuda::find_short_attention_kernel(m.dtype, m.head_dim);
     // The attribute is per kernel and process-wide: allow the most any plan may use.
     check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     std::min(smem_optin, l.kernel.smem_bytes(l.kernel.max_stages))),

@@ -1,7 +1,7 @@
 // The compiled kernel set and its single dispatch point: (dtype, head_dim,
 // tile index into kTileConfigs) -> one instantiation of the attention kernel.
 // Host-only declarations; the instantiations live in kernels/*.cu, one per
-// (dtype, head_dim, m) so they build in parallel.
+// (dtype, head_dim, m, n) so they build in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,9 +28,6 @@ KernelEntry attention_entry();
 
 // Throws Error for a combination that is not compiled.
 KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile);
-// The m = 16 tile with 32-token K/V tiles (kernels/attn_*_m16n32.cu), for
-// launches whose units have at most 32 tokens; throws like the above.
-KernelEntry find_short_attention_kernel(DType dtype, int head_dim);
 
 // The merge kernel over (query, qo head): launches and returns without syncing.
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream);

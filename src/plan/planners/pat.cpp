@@ -12,8 +12,10 @@
 //  4. Units are emitted grouped by tile config, ready for one stream per config.
 // The lazy plan update (cache + incremental path) is PatPlanner, below.
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 
@@ -42,7 +44,7 @@ using json = nlohmann::json;
 constexpr const char* kBuiltinTileRules = R"({
   "format": "treeattn-pat-tile-rules/1",
   "source": "pat-artifact",
-  "note": "KV-tile thresholds of PAT's artifact (getMNW: n = 16 below 32 KV tokens, 32 below 64, 64 up to 128, else 128; m = 64 tiles use n >= 32), extended with the 128-row tile (n = 16 up to 16 tokens, else 64). Not yet re-derived from this project's kernels: the CUDA executor compiles only n = 64 today, so every rule resolves to n = 64 until more KV tiles exist.",
+  "note": "KV-tile thresholds of PAT's artifact (getMNW: n = 16 below 32 KV tokens, 32 below 64, 64 up to 128, else 128; m = 64 tiles use n >= 32), extended with the 128-row tile (n = 16 up to 16 tokens, else 64). Each rule resolves to the compiled tile with the unit's m whose n is nearest: n = 32 and 64 at m <= 64, also 128 at m <= 32, only 64 at m = 128 (so n = 16 runs as 32). Not yet derived from this project's kernels: `treeattn calibrate --pat-tiles --out data/pat_tile_rules.json` on the GPU replaces it with measured rules.",
   "rules": [
     {"max_rows": 32, "max_kv": 31, "n": 16},
     {"max_rows": 32, "max_kv": 63, "n": 32},
@@ -110,6 +112,32 @@ PatTileRules parse_pat_tile_rules(std::string_view text) {
     rule.n = static_cast<int>(int_field(e, "n", where, 1, 1 << 16));
     r.rules.push_back(rule);
   }
+  const auto str = [&](const char* key) {
+    const auto f = j.find(key);
+    if (f == j.end()) return std::string();
+    if (!f->is_string()) throw Error(std::string("pat tile rules: ") + key + " = " + f->dump() + " is not a string");
+    return f->get<std::string>();
+  };
+  r.device = str("device");
+  r.date = str("date");
+  r.commit = str("commit");
+  r.config = str("config");
+  if (const auto m = j.find("measurements"); m != j.end()) {
+    if (!m->is_array()) throw Error("pat tile rules: measurements must be an array");
+    for (size_t i = 0; i < m->size(); ++i) {
+      const json& e = (*m)[i];
+      const std::string where = "pat tile rules: measurements[" + std::to_string(i) + "]";
+      if (!e.is_object()) throw Error(where + " is not an object");
+      PatTileTiming t;
+      t.m = static_cast<int>(int_field(e, "m", where, 1, kMaxTileRows));
+      t.kv = int_field(e, "kv", where, 0, int64_t(1) << 40);
+      t.n = static_cast<int>(int_field(e, "n", where, 1, 1 << 16));
+      const auto us = e.find("us");
+      if (us == e.end() || !us->is_number()) throw Error(where + ".us is missing or not a number");
+      t.us = us->get<double>();
+      r.measurements.push_back(t);
+    }
+  }
   return r;
 }
 
@@ -121,18 +149,64 @@ PatTileRules load_pat_tile_rules(const std::string& path) {
   }
 }
 
-std::string to_json(const PatTileRules& r) {
-  json j;
-  j["format"] = "treeattn-pat-tile-rules/1";
-  j["source"] = r.source;
-  j["note"] = r.note;
-  j["rules"] = json::array();
-  for (const PatTileRule& x : r.rules) {
-    json e = {{"max_rows", x.max_rows}, {"n", x.n}};
-    if (x.max_kv >= 0) e["max_kv"] = x.max_kv;
-    j["rules"].push_back(e);
+std::string to_json(const PatTileRules& r, bool with_measurements) {
+  // One rule / measurement per line, keys in reading order (as the shipped file).
+  const auto q = [](const std::string& x) { return json(x).dump(); };
+  std::string out = "{\n  \"format\": \"treeattn-pat-tile-rules/1\",\n  \"source\": " + q(r.source) + ",\n";
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"device", &r.device},
+                                   {"date", &r.date}, {"commit", &r.commit}, {"config", &r.config}})
+    if (!value->empty()) out += std::string("  \"") + key + "\": " + q(*value) + ",\n";
+  out += "  \"note\": " + q(r.note) + ",\n  \"rules\": [";
+  for (size_t i = 0; i < r.rules.size(); ++i) {
+    const PatTileRule& x = r.rules[i];
+    out += std::string(i ? "," : "") + "\n    {\"max_rows\": " + std::to_string(x.max_rows);
+    if (x.max_kv >= 0) out += ", \"max_kv\": " + std::to_string(x.max_kv);
+    out += ", \"n\": " + std::to_string(x.n) + "}";
   }
-  return j.dump(2) + "\n";
+  out += "\n  ]";
+  if (with_measurements && !r.measurements.empty()) {
+    out += ",\n  \"measurements\": [";
+    for (size_t i = 0; i < r.measurements.size(); ++i) {
+      const PatTileTiming& t = r.measurements[i];
+      char us[32];
+      std::snprintf(us, sizeof us, "%.2f", t.us);
+      out += std::string(i ? "," : "") + "\n    {\"m\": " + std::to_string(t.m) + ", \"kv\": " + std::to_string(t.kv) +
+             ", \"n\": " + std::to_string(t.n) + ", \"us\": " + us + "}";
+    }
+    out += "\n  ]";
+  }
+  return out + "\n}\n";
+}
+
+std::vector<PatTileRule> derive_pat_tile_rules(const std::vector<PatTileTiming>& times, double tie) {
+  if (times.empty()) throw Error("pat tile rules: no measurements to derive rules from");
+  if (!(tie >= 0 && tie < 1)) throw Error("pat tile rules: tie = " + std::to_string(tie) + " is out of range [0, 1)");
+  for (const PatTileTiming& t : times)
+    if (!(t.us > 0) || !std::isfinite(t.us) || t.m < 1 || t.m > kMaxTileRows || t.kv < 0 || t.n < 1)
+      throw Error("pat tile rules: bad measurement m=" + std::to_string(t.m) + " kv=" + std::to_string(t.kv) +
+                  " n=" + std::to_string(t.n) + " us=" + std::to_string(t.us));
+  // (m, kv) -> the winning n, in ascending (m, kv).
+  std::map<std::pair<int, int64_t>, std::vector<const PatTileTiming*>> points;
+  for (const PatTileTiming& t : times) points[{t.m, t.kv}].push_back(&t);
+  std::vector<PatTileRule> rules;
+  int last_m = -1;
+  for (const auto& [key, cands] : points) {
+    double best = INFINITY;
+    for (const PatTileTiming* t : cands) best = std::min(best, t->us);
+    int n = 0;
+    for (const PatTileTiming* t : cands)
+      if (t->us <= best * (1 + tie)) n = std::max(n, t->n);
+    const auto [m, kv] = key;
+    if (m == last_m && rules.back().n == n) {
+      rules.back().max_kv = kv;  // the run goes on
+    } else {
+      if (m != last_m && !rules.empty()) rules.back().max_kv = -1;  // the previous m's last run: unbounded
+      rules.push_back({m, kv, n});
+    }
+    last_m = m;
+  }
+  rules.back().max_kv = -1;
+  return rules;
 }
 
 const PatTileRules& builtin_pat_tile_rules() {
