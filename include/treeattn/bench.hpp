@@ -24,6 +24,7 @@ struct BenchOptions {
   int verify_queries = 8;       // sampled queries checked against fp64 (0: no check)
   uint64_t seed = 1;            // inputs
   bool exact_tiles = false;     // run every unit with its plan's tile (CudaExecutorOptions::short_m16 = false)
+  bool streams = false;         // CudaExecutorOptions::stream_per_tile_config (PAT's multi-stream forward)
 };
 
 struct GpuTiming {

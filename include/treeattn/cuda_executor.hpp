@@ -64,6 +64,14 @@ struct CudaExecutorOptions {
   // every unit runs exactly its plan's tile (what `calibrate --pat-tiles`
   // times).
   bool short_m16 = true;
+  // How a run's launches (one per tile config, then the merge) are ordered.
+  // false (default): all in the caller's stream, longest CTAs first, chained
+  // by programmatic dependent launch on sm_90+: each launch may fill the SMs
+  // the one before leaves free, and the merge loads its descriptors while the
+  // last one drains (no events, no launch gap). true: PAT's multi-stream
+  // forward, one internal stream per tile config, forked from and joined
+  // back into the caller's stream with events.
+  bool stream_per_tile_config = false;
 };
 
 class CudaExecutor {
@@ -76,9 +84,9 @@ class CudaExecutor {
   CudaExecutor& operator=(CudaExecutor&&) noexcept;
 
   // Computes attention for device tensors `a` (the workload's shapes and
-  // dtype) on `stream`: the attention launches (one per tile config used,
-  // forked onto internal streams and joined back into `stream`), then the
-  // merge. Asynchronous. Not re-entrant: one run in flight per executor.
+  // dtype) on `stream`: the attention launches (one per tile config used;
+  // see CudaExecutorOptions::stream_per_tile_config), then the merge.
+  // Asynchronous. Not re-entrant: one run in flight per executor.
   void run(const AttentionArgs& a, cudaStream_t stream) const;
 
   size_t plan_bytes() const;       // the uploaded plan + page-table buffer

@@ -30,6 +30,9 @@ void add_bench_command(CLI::App& app) {
   auto flags = std::make_shared<std::array<bool, 2>>();  // --no-flush, --no-graph
   cmd->add_flag("--no-flush", (*flags)[0], "keep the L2 warm between runs");
   cmd->add_flag("--no-graph", (*flags)[1], "skip the CUDA-graph replay timing");
+  cmd->add_flag("--streams", b->streams,
+                "one internal stream per tile config, joined with events (PAT's multi-stream forward), instead of "
+                "chaining the launches in the caller's stream");
   auto suite = std::make_shared<SuiteRun>();
   cmd->add_option("--suite", suite->suite,
                   "run a whole suite (fasttree, pat, flashforge, deft, or a suite file; see data/suites/) and write "

@@ -21,6 +21,7 @@
 
 #include "exec/cuda/attention_params.hpp"
 #include "exec/cuda/primitives/cp_async.cuh"
+#include "exec/cuda/primitives/grid_dependency.cuh"
 #include "exec/cuda/primitives/math.cuh"
 #include "exec/cuda/primitives/mma.cuh"
 #include "exec/cuda/primitives/wgmma.cuh"
@@ -138,6 +139,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   constexpr float kNegInf = -INFINITY;
   const int S = p.stages, kSlots = p.stages + 1;  // the executor keeps kMinStages <= S <= kMaxStages (1: one-tile units)
 
+  // Chained runs (executor.cpp): the next launch in the stream (another
+  // attention launch, which reads nothing this one writes, or the merge,
+  // which waits on ctas_done) may take the SMs this one leaves free at once.
+  launch_dependents();
   extern __shared__ __align__(1024) uint8_t smem[];
   auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem);
   uint8_t* sQ = smem + Tr::kQOffset;
@@ -487,6 +492,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       *reinterpret_cast<float4*>(p.partial_o + off) = acc;
       if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
     }
+  }
+  if (p.ctas_done) {  // after every thread's stores, visible device-wide
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) atomicAdd(p.ctas_done, 1u);
   }
 }
 

@@ -53,6 +53,9 @@ struct AttnParams {
   int32_t page_size;
   float scale_log2;   // softmax scale * log2(e): scores are kept in log2 units
   int32_t stages;     // K/V pipeline depth of this launch (AttnTraits::kMinStages..kMaxStages)
+  // Chained runs (executor.cpp): every CTA adds 1 after its last store, the
+  // merge waits for the run's total. nullptr: not chained.
+  unsigned int* ctas_done;
 };
 
 // A query with partials to merge: its slots are query_slots[first .. first +
@@ -71,6 +74,12 @@ struct MergeParams {
   const int32_t* query_slots;
   int32_t num_merges;
   int32_t num_qo_heads;
+  // Chained runs: wait until ctas_done reaches attention_ctas (every
+  // attention CTA of the run has stored its partials); the last merge CTA
+  // past the wait resets both counters for the next run. nullptr: not chained.
+  unsigned int* ctas_done;
+  unsigned int* merge_ctas_past;
+  uint32_t attention_ctas;
 };
 
 }  // namespace treeattn::cuda

@@ -239,6 +239,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   const Workload& w = m.w;
   CudaExecutorOptions eo;
   eo.short_m16 = !o.exact_tiles;
+  eo.stream_per_tile_config = o.streams;
   CudaExecutor ex(w, p, eo);
   const AttentionArgs args = m.d.args();
   const PlanSummary s = summarize(w, p);

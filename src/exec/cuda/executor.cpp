@@ -1,6 +1,7 @@
 // CudaExecutor: plan-time packing and upload of the plan + page table, the
 // partial workspace, and the run-time launch sequence (attention launches per
-// tile config, forked over internal streams, then the merge). Also the RAII
+// tile config, chained in one stream or forked over internal streams, then the
+// merge). Also the RAII
 // device buffer and the device-tensor helper of cuda_executor.hpp.
 #include <cuda_runtime.h>
 
@@ -172,7 +173,8 @@ struct CudaExecutor::Impl {
   std::vector<Launch> launches;
   cuda::AttnParams attn{};  // plan pointers filled at plan time, tensors per run
   cuda::MergeParams merge{};
-  std::vector<cudaStream_t> aux;  // aux[i] runs launches[i] (only with several launches)
+  bool chained = false;           // launches after the first use programmatic dependent launch
+  std::vector<cudaStream_t> aux;  // aux[i] runs launches[i] (stream_per_tile_config, several launches)
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> join;
 
@@ -325,6 +327,14 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   const size_t o_qs = pk.add(p.query_slots);
   const size_t o_mq = pk.add(merges);
 
+  // Workspace: fp32 partials, their lse, two counters of chained runs
+  // (zeroed with the upload below; each chained run leaves them zero).
+  const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
+  const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
+  const size_t lse_bytes = size_t(p.num_slots) * H * sizeof(float);
+  const size_t counters = (o_bytes + lse_bytes + 15) / 16 * 16;
+  m.workspace = DeviceBuffer(counters + 16);
+
   // One pinned staging buffer, one copy.
   void* host = nullptr;
   check_cuda(cudaMallocHost(&host, pk.size()), "cuda executor: pinned plan buffer");
@@ -334,13 +344,11 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   cudaStream_t up = nullptr;
   check_cuda(cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking), "cuda executor: upload stream");
   cudaError_t st = cudaMemcpyAsync(m.plan_buf.get(), host, pk.size(), cudaMemcpyHostToDevice, up);
+  if (st == cudaSuccess) st = cudaMemsetAsync(m.workspace.as<uint8_t>() + counters, 0, 16, up);
   if (st == cudaSuccess) st = cudaStreamSynchronize(up);
   cudaStreamDestroy(up);
   check_cuda(st, "cuda executor: plan upload");
 
-  const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
-  const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
-  m.workspace = DeviceBuffer(o_bytes + size_t(p.num_slots) * H * sizeof(float));
 
   auto at = [&](size_t off) { return static_cast<const uint8_t*>(m.plan_buf.get()) + off; };
   cuda::AttnParams& a = m.attn;
@@ -365,11 +373,28 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   mg.num_merges = int32_t(merges.size());
   mg.num_qo_heads = H;
 
-  // Tile configs run concurrently: with more than one launch, each gets an
-  // internal stream, forked from and joined back into the caller's stream with
-  // events (which also works under stream capture); stream priorities follow
-  // the launch order (longest CTAs highest).
-  if (m.launches.size() > 1) {
+  // Tile configs run concurrently. Chained (default, sm_90+, plans with a
+  // merge): in the caller's stream, each launch after the first (and the
+  // merge) with programmatic stream serialization, so it may start as soon as
+  // every CTA of the launch before it has (attention_kernel.cuh); the merge
+  // then waits on a counter of finished attention CTAs (merge_kernel.cu). The
+  // first launch is an ordinary one: it overwrites the partials the previous
+  // run's merge read. Otherwise, with several launches, each gets an
+  // internal stream, forked from and joined back into the caller's stream
+  // with events (which also works under stream capture); stream priorities
+  // follow the launch order (longest CTAs highest).
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+             "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  m.chained = !o.stream_per_tile_config && major >= 9 && mg.num_merges > 0 && !m.launches.empty();
+  if (m.chained) {
+    unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
+    a.ctas_done = mg.ctas_done = c;
+    mg.merge_ctas_past = c + 1;
+    int64_t ctas = 0;
+    for (const Launch& l : m.launches) ctas += int64_t(l.num_units) * m.num_kv_heads;
+    mg.attention_ctas = uint32_t(ctas);
+  } else if (m.launches.size() > 1) {
     int least = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
     check_cuda(cudaEventCreateWithFlags(&m.fork, cudaEventDisableTiming), "cudaEventCreate");
@@ -418,22 +443,30 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   a.out = args.out;
   a.scale_log2 = scale * 1.4426950408889634f;
 
-  auto launch = [&](const Launch& l, cudaStream_t s) {
+  auto launch = [&](const Launch& l, cudaStream_t s, bool chained) {
     cuda::AttnParams lp = a;
     lp.units = a.units + l.first_unit;
     lp.stages = l.stages;
     void* kargs[] = {&lp};
-    check_cuda(cudaLaunchKernel(l.kernel.kernel, dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads)),
-                                dim3(l.kernel.threads), kargs, size_t(l.smem), s),
-               "cuda executor: attention launch");
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads));
+    cfg.blockDim = dim3(l.kernel.threads);
+    cfg.dynamicSmemBytes = size_t(l.smem);
+    cfg.stream = s;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = chained ? 1 : 0;
+    check_cuda(cudaLaunchKernelExC(&cfg, l.kernel.kernel, kargs), "cuda executor: attention launch");
   };
   if (m.aux.empty()) {
-    if (!m.launches.empty()) launch(m.launches[0], stream);
+    for (size_t i = 0; i < m.launches.size(); ++i) launch(m.launches[i], stream, m.chained && i > 0);
   } else {
     check_cuda(cudaEventRecord(m.fork, stream), "cudaEventRecord(fork)");
     for (size_t i = 0; i < m.launches.size(); ++i) {
       check_cuda(cudaStreamWaitEvent(m.aux[i], m.fork, 0), "cudaStreamWaitEvent(fork)");
-      launch(m.launches[i], m.aux[i]);
+      launch(m.launches[i], m.aux[i], false);
       check_cuda(cudaEventRecord(m.join[i], m.aux[i]), "cudaEventRecord(join)");
     }
     for (size_t i = 0; i < m.launches.size(); ++i)
@@ -442,8 +475,7 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
 
   cuda::MergeParams mg = m.merge;
   mg.out = args.out;
-  cuda::launch_merge(m.dtype, m.head_dim, mg, stream);
-  check_cuda(cudaGetLastError(), "cuda executor: merge launch");
+  cuda::launch_merge(m.dtype, m.head_dim, mg, stream, m.chained);
 }
 
 }  // namespace treeattn

@@ -30,6 +30,8 @@ KernelEntry attention_entry();
 KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile);
 
 // The merge kernel over (query, qo head): launches and returns without syncing.
-void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream);
+// chained: launched with programmatic stream serialization (sm_90+), so it
+// may start before the attention launch before it in `stream` ends.
+void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained);
 
 }  // namespace treeattn::cuda

@@ -13,6 +13,7 @@
 
 #include "exec/cuda/kernels.hpp"
 #include "exec/cuda/primitives/mma.cuh"
+#include "treeattn/cuda_executor.hpp"
 #include "treeattn/numeric.hpp"
 
 namespace treeattn::cuda {
@@ -21,6 +22,12 @@ namespace {
 
 constexpr int kMergeWarps = 4;
 
+__device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeParams p) {
   constexpr int kPerLane = D / 32;  // 2, 4 or 8 floats
@@ -28,6 +35,19 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   constexpr int kBatch = 8;         // slots whose partials are loaded before they are merged
   const int lane = threadIdx.x & 31;
   const int H = p.num_qo_heads;
+  if (p.ctas_done) {
+    // A chained merge may start while attention CTAs still run: every one of
+    // them is resident by then (each launch of the chain started only once
+    // all CTAs of the one before had), so this wait cannot starve them.
+    if (threadIdx.x == 0) {
+      while (ld_acquire(p.ctas_done) < p.attention_ctas) __nanosleep(256);
+      if (atomicAdd(p.merge_ctas_past, 1u) == gridDim.x - 1) {  // every merge CTA is past the wait
+        *p.ctas_done = 0;
+        *p.merge_ctas_past = 0;
+      }
+    }
+    __syncthreads();
+  }
   const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
   if (item >= int64_t(p.num_merges) * H) return;
   const MergeDesc md = p.merges[item / H];
@@ -57,7 +77,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
         const int slot = __shfl_sync(0xffffffffu, my_slot, j & 31);
         // Every lane loads the slot's lse (one broadcast transaction) in the
         // same round trip as the partials, instead of a load + shuffle chain.
-        ls[b] = j < n ? p.partial_lse[int64_t(slot) * H + h] : -INFINITY;
+        // .cg loads (L2): in a chained run the partials were stored while
+        // this kernel was already resident.
+        ls[b] = j < n ? __ldcg(p.partial_lse + int64_t(slot) * H + h) : -INFINITY;
         const float* po = p.partial_o + (int64_t(slot) * H + h) * D;
 #pragma unroll
         for (int v = 0; v < kPerLane / kVec; ++v) {
@@ -65,10 +87,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
           const float* src = po + (v * 32 + lane) * kVec;
           if (j < n) {
             if constexpr (kVec == 4) {
-              const float4 f = *reinterpret_cast<const float4*>(src);
+              const float4 f = __ldcg(reinterpret_cast<const float4*>(src));
               x[b][v * 4] = f.x, x[b][v * 4 + 1] = f.y, x[b][v * 4 + 2] = f.z, x[b][v * 4 + 3] = f.w;
             } else {
-              const float2 f = *reinterpret_cast<const float2*>(src);
+              const float2 f = __ldcg(reinterpret_cast<const float2*>(src));
               x[b][0] = f.x, x[b][1] = f.y;
             }
           } else {
@@ -101,28 +123,36 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
 }
 
 template <class T, int D>
-void launch(const MergeParams& p, cudaStream_t stream) {
+void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
   const int64_t items = int64_t(p.num_merges) * p.num_qo_heads;
-  const int blocks = int((items + kMergeWarps - 1) / kMergeWarps);
-  merge_kernel<T, D><<<blocks, kMergeWarps * 32, 0, stream>>>(p);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned((items + kMergeWarps - 1) / kMergeWarps));
+  cfg.blockDim = dim3(kMergeWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = chained ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, merge_kernel<T, D>, p), "cuda executor: merge launch");
 }
 
 template <class T>
-void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream) {
+void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream, bool chained) {
   switch (head_dim) {
-    case 64: return launch<T, 64>(p, stream);
-    case 128: return launch<T, 128>(p, stream);
-    case 256: return launch<T, 256>(p, stream);
+    case 64: return launch<T, 64>(p, stream, chained);
+    case 128: return launch<T, 128>(p, stream, chained);
+    case 256: return launch<T, 256>(p, stream, chained);
     default: throw Error("cuda merge: unsupported head_dim " + std::to_string(head_dim));
   }
 }
 
 }  // namespace
 
-void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream) {
+void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained) {
   if (p.num_merges == 0) return;
-  if (dtype == DType::fp16) return launch_dim<__half>(head_dim, p, stream);
-  if (dtype == DType::bf16) return launch_dim<__nv_bfloat16>(head_dim, p, stream);
+  if (dtype == DType::fp16) return launch_dim<__half>(head_dim, p, stream, chained);
+  if (dtype == DType::bf16) return launch_dim<__nv_bfloat16>(head_dim, p, stream, chained);
   throw Error("cuda merge: unsupported dtype " + std::string(to_string(dtype)));
 }
 
