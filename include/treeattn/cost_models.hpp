@@ -115,7 +115,10 @@ const PatTileRules& builtin_pat_tile_rules();
 // replaced (e.g. by the CLI from a measured file). Thread-safe.
 std::shared_ptr<const PatTileRules> default_pat_tile_rules();
 void set_default_pat_tile_rules(std::shared_ptr<const PatTileRules> rules);
-int pat_select_tile(const PatTileRules& rules, int rows, int64_t kv_tokens);
+// The tile for a unit of `rows` Q rows and `kv_tokens` tokens: m = the
+// smallest n = 64 tile holding the rows, n = the first matching rule's,
+// resolved to the nearest compiled n of that m that fits head_dim.
+int pat_select_tile(const PatTileRules& rules, int rows, int64_t kv_tokens, int head_dim = 128);
 
 // PAT with explicit rules and no cache (what `pat` and PatPlanner run).
 Plan plan_pat_with(const Workload& w, const PlanOptions& opt, const PatTileRules& rules);

@@ -40,6 +40,13 @@ inline constexpr int kMaxTileRows = 128;
 int num_tile_configs();
 // Smallest compiled n = 64 tile whose m holds `rows`; throws Error if none does.
 int smallest_tile_for_rows(int rows);
+// Whether a CTA of tile t can run at head_dim: Q plus a two-stage K/V
+// pipeline of 16-bit elements, and ~8 KB of bookkeeping, within the 227 KB
+// of shared memory one CTA may use on sm_90 (the n = 128 tiles do not at
+// head_dim 256). The validator rejects plans that use a tile that cannot.
+constexpr bool tile_fits_head_dim(int t, int head_dim) {
+  return (kTileConfigs[t].m + 4 * kTileConfigs[t].n) * head_dim * 2 + 8 * 1024 <= 227 * 1024;
+}
 // Index of the compiled tile (m, n) in kTileConfigs; -1 if it is not compiled.
 constexpr int tile_index(int m, int n) {
   for (int i = 0; i < int(kTileConfigs.size()); ++i)

@@ -118,6 +118,7 @@ void calibrate_pat_tiles(const CommonOptions& o, const std::string& out, int wav
              std::string(to_string(p.dtype)) + ", page " + std::to_string(p.page_size) + ", " + std::to_string(units) +
              " units x " + std::to_string(p.heads.num_kv_heads) + " kv heads per launch";
   r.rules = derive_pat_tile_rules(times);
+  r.measurements = times;
   r.note = "Measured by `treeattn calibrate --pat-tiles --heads " + o.heads + " --head-dim " +
            std::to_string(p.heads.head_dim) + " --dtype " + o.dtype +
            "`: for each Q tile m (rows = m) and KV length, the median time (us, L2 flushed) of one launch of " +

@@ -51,6 +51,9 @@ void validate_plan(const Workload& w, const Plan& p) {
     const int32_t nseg = p.unit_num_segments(u), nq = p.unit_num_queries(u);
     if (nseg > kMaxSegmentsPerUnit) fail(p.planner, unit + str(nseg) + " segments exceed " + str(kMaxSegmentsPerUnit));
     if (nq == 0) fail(p.planner, unit + "has no queries");
+    if (!tile_fits_head_dim(p.unit_tile[u], w.heads.head_dim))
+      fail(p.planner, unit + "tile m=" + str(kTileConfigs[p.unit_tile[u]].m) + " n=" + str(kTileConfigs[p.unit_tile[u]].n) +
+                          " does not fit shared memory at head_dim " + str(w.heads.head_dim));
     if (nq * g > kTileConfigs[p.unit_tile[u]].m)
       fail(p.planner, unit + str(nq) + " queries x " + str(g) + " heads exceed the tile's " +
                           str(kTileConfigs[p.unit_tile[u]].m) + " rows");

@@ -30,6 +30,15 @@ WorkloadParams heads(int qo, int kv, int d, DType t = DType::fp16) {
   return wp;
 }
 
+// PAT's artifact thresholds (getMNW), the table shipped before ours was
+// measured: fixed expectations for the selector, whatever the shipped file holds.
+PatTileRules artifact_rules() {
+  PatTileRules r;
+  r.rules = {{32, 31, 16}, {32, 63, 32}, {32, 128, 64}, {32, -1, 128}, {64, 63, 32},
+             {64, 128, 64}, {64, -1, 128}, {128, 16, 16}, {128, -1, 64}};
+  return r;
+}
+
 }  // namespace
 
 TEST(PatTiles, TileTableKeepsTheDefaultTilesAndAddsKvVariants) {
@@ -53,8 +62,8 @@ TEST(PatTiles, TileTableKeepsTheDefaultTilesAndAddsKvVariants) {
 
 // The shipped table (PAT's artifact thresholds) resolved to the compiled
 // tiles: n = 16 runs as 32; n = 128 exists at m <= 32 only.
-TEST(PatTiles, ShippedRulesPickTheKvVariants) {
-  const PatTileRules& r = builtin_pat_tile_rules();
+TEST(PatTiles, SelectorResolvesRulesToCompiledTiles) {
+  const PatTileRules r = artifact_rules();
   const auto pick = [&](int rows, int64_t kv) {
     const TileConfig t = kTileConfigs[pat_select_tile(r, rows, kv)];
     return std::pair{t.m, t.n};
@@ -73,6 +82,21 @@ TEST(PatTiles, ShippedRulesPickTheKvVariants) {
   EXPECT_EQ(pick(64, 5000), (std::pair{64, 64}));  // no 64 x 128 tile: nearest n
   EXPECT_EQ(pick(128, 8), (std::pair{128, 64}));   // only n = 64 at m = 128
   EXPECT_EQ(pick(100, 5000), (std::pair{128, 64}));
+  // n = 128 tiles do not fit shared memory at head_dim 256: nearest that does.
+  EXPECT_EQ(kTileConfigs[pat_select_tile(r, 16, 5000, 256)].n, 64);
+  EXPECT_EQ(kTileConfigs[pat_select_tile(r, 16, 5000, 128)].n, 128);
+}
+
+// The shipped table is measured, and every row count has a rule for any KV length.
+TEST(PatTiles, ShippedRulesAreMeasuredAndComplete) {
+  const PatTileRules& r = builtin_pat_tile_rules();
+  EXPECT_EQ(r.source, "measured");
+  for (int rows : {1, 16, 17, 32, 33, 64, 65, 128})
+    for (int64_t kv : {1, 100, 1000000}) {
+      const int t = pat_select_tile(r, rows, kv);
+      EXPECT_GE(kTileConfigs[t].m, rows);
+      EXPECT_TRUE(tile_fits_head_dim(t, 128));
+    }
 }
 
 TEST(PatTiles, DeriveRulesTakesTheFastestPerLengthAndMergesRuns) {
@@ -214,7 +238,7 @@ TEST(PatTiles, PlansWithKvVariantsValidateAndMatchReference) {
 TEST(PatTiles, PatPlannerUsesShortAndLongKvTiles) {
   const auto tiles_of = [](const char* spec) {
     const Workload w = make_workload(spec, heads(32, 8, 128));
-    const Plan p = make_plan("pat", w, PlanOptions{});
+    const Plan p = plan_pat_with(w, PlanOptions{}, artifact_rules());
     validate_plan(w, p);
     std::set<std::pair<int, int>> used;
     for (int32_t u = 0; u < p.num_units(); ++u) used.insert({kTileConfigs[p.unit_tile[u]].m, n_of(p, u)});

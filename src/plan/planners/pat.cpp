@@ -43,21 +43,26 @@ using json = nlohmann::json;
 // checks that they agree).
 constexpr const char* kBuiltinTileRules = R"({
   "format": "treeattn-pat-tile-rules/1",
-  "source": "pat-artifact",
-  "note": "KV-tile thresholds of PAT's artifact (getMNW: n = 16 below 32 KV tokens, 32 below 64, 64 up to 128, else 128; m = 64 tiles use n >= 32), extended with the 128-row tile (n = 16 up to 16 tokens, else 64). Each rule resolves to the compiled tile with the unit's m whose n is nearest: n = 32 and 64 at m <= 64, also 128 at m <= 32, only 64 at m = 128 (so n = 16 runs as 32). Not yet derived from this project's kernels: `treeattn calibrate --pat-tiles --out data/pat_tile_rules.json` on the GPU replaces it with measured rules.",
+  "source": "measured",
+  "device": "NVIDIA H100 80GB HBM3",
+  "date": "2026-11-22",
+  "commit": "cb4b54f",
+  "config": "heads 32/8, head_dim 128, fp16, page 16, 264 units x 8 kv heads per launch",
+  "note": "Measured by `treeattn calibrate --pat-tiles --heads 32/8 --head-dim 128 --dtype fp16`: for each Q tile m (rows = m) and KV length, the median time (us, L2 flushed) of one launch of 264 identical single-segment units x 8 kv heads with each compiled KV tile n (measurements); a rule is the fastest n over a run of adjacent measured lengths (within 2% the larger n wins), up to the longest length of the run.",
   "rules": [
-    {"max_rows": 32, "max_kv": 31, "n": 16},
-    {"max_rows": 32, "max_kv": 63, "n": 32},
-    {"max_rows": 32, "max_kv": 128, "n": 64},
+    {"max_rows": 16, "max_kv": 32, "n": 32},
+    {"max_rows": 16, "max_kv": 64, "n": 64},
+    {"max_rows": 16, "max_kv": 96, "n": 32},
+    {"max_rows": 16, "max_kv": 1024, "n": 64},
+    {"max_rows": 16, "n": 128},
+    {"max_rows": 32, "max_kv": 192, "n": 32},
+    {"max_rows": 32, "max_kv": 1024, "n": 64},
     {"max_rows": 32, "n": 128},
-    {"max_rows": 64, "max_kv": 63, "n": 32},
-    {"max_rows": 64, "max_kv": 128, "n": 64},
-    {"max_rows": 64, "n": 128},
-    {"max_rows": 128, "max_kv": 16, "n": 16},
+    {"max_rows": 64, "max_kv": 512, "n": 32},
+    {"max_rows": 64, "n": 64},
     {"max_rows": 128, "n": 64}
   ]
-}
-)";
+})";
 
 json parse_text(std::string_view text, const std::string& what) {
   try {
@@ -229,10 +234,10 @@ namespace {
 
 // The compiled config with m = kTileConfigs[base].m whose n is nearest to the
 // rule's n (ties: the smaller n).
-int resolve_rule(const PatTileRule& r, int base) {
+int resolve_rule(const PatTileRule& r, int base, int head_dim) {
   int best = base;
   for (int t = 0; t < num_tile_configs(); ++t) {
-    if (kTileConfigs[t].m != kTileConfigs[base].m) continue;
+    if (kTileConfigs[t].m != kTileConfigs[base].m || !tile_fits_head_dim(t, head_dim)) continue;
     const int d = std::abs(kTileConfigs[t].n - r.n), bd = std::abs(kTileConfigs[best].n - r.n);
     if (d < bd || (d == bd && kTileConfigs[t].n < kTileConfigs[best].n)) best = t;
   }
@@ -243,10 +248,11 @@ int resolve_rule(const PatTileRule& r, int base) {
 // a tile for each of its units).
 class TileSelector {
  public:
-  explicit TileSelector(const PatTileRules& rules) : rules_(rules.rules) {
+  TileSelector(const PatTileRules& rules, int head_dim) : rules_(rules.rules) {
     resolved_.resize(rules_.size());
     for (size_t r = 0; r < rules_.size(); ++r)
-      for (int base = 0; base < num_tile_configs(); ++base) resolved_[r][base] = static_cast<uint8_t>(resolve_rule(rules_[r], base));
+      for (int base = 0; base < num_tile_configs(); ++base)
+        resolved_[r][base] = static_cast<uint8_t>(resolve_rule(rules_[r], base, head_dim));
   }
   int operator()(int rows, int64_t kv_tokens) const {
     const int base = smallest_tile_for_rows(std::max(rows, 1));
@@ -262,7 +268,9 @@ class TileSelector {
 
 }  // namespace
 
-int pat_select_tile(const PatTileRules& rules, int rows, int64_t kv_tokens) { return TileSelector(rules)(rows, kv_tokens); }
+int pat_select_tile(const PatTileRules& rules, int rows, int64_t kv_tokens, int head_dim) {
+  return TileSelector(rules, head_dim)(rows, kv_tokens);
+}
 
 std::vector<TileRun> tile_runs(const Plan& p) {
   std::vector<TileRun> runs;
@@ -355,7 +363,7 @@ Plan pat_emit(const Workload& w, const PlanOptions& opt, const PatTileRules& rul
   }
   const double mean = counted ? double(total) / double(counted) : 0.0;
   const int64_t min_piece = std::max(1, opt.min_split_tokens);
-  const TileSelector select_tile(rules);
+  const TileSelector select_tile(rules, w.heads.head_dim);
 
   // Pieces after the long-KV split, then emitted grouped by tile config.
   struct Piece {
