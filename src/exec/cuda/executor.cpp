@@ -448,17 +448,9 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
     lp.units = a.units + l.first_unit;
     lp.stages = l.stages;
     void* kargs[] = {&lp};
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads));
-    cfg.blockDim = dim3(l.kernel.threads);
-    cfg.dynamicSmemBytes = size_t(l.smem);
-    cfg.stream = s;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = chained ? 1 : 0;
-    check_cuda(cudaLaunchKernelExC(&cfg, l.kernel.kernel, kargs), "cuda executor: attention launch");
+    const cuda::LaunchConfig lc(dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads)), dim3(l.kernel.threads),
+                                size_t(l.smem), s, chained);
+    check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "cuda executor: attention launch");
   };
   if (m.aux.empty()) {
     for (size_t i = 0; i < m.launches.size(); ++i) launch(m.launches[i], stream, m.chained && i > 0);

@@ -11,6 +11,26 @@
 
 namespace treeattn::cuda {
 
+// A launch of `grid` x `block` on `stream`; chained: with programmatic stream
+// serialization (the kernel may start before the one before it in the stream
+// ends, see executor.cpp). Holds its attribute, so keep it alive until the launch.
+struct LaunchConfig {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t cfg{};
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool chained) {
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = chained ? 1 : 0;
+  }
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
+
 struct KernelEntry {
   const void* kernel = nullptr;  // __global__ function, for cudaLaunchKernel / attributes
   int threads = 0;

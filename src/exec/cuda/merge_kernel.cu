@@ -125,16 +125,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
 template <class T, int D>
 void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
   const int64_t items = int64_t(p.num_merges) * p.num_qo_heads;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned((items + kMergeWarps - 1) / kMergeWarps));
-  cfg.blockDim = dim3(kMergeWarps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = chained ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&cfg, merge_kernel<T, D>, p), "cuda executor: merge launch");
+  const LaunchConfig lc(dim3(unsigned((items + kMergeWarps - 1) / kMergeWarps)), dim3(kMergeWarps * 32), 0, stream,
+                        chained);
+  check_cuda(cudaLaunchKernelEx(&lc.cfg, merge_kernel<T, D>, p), "cuda executor: merge launch");
 }
 
 template <class T>
