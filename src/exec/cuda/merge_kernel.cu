@@ -35,6 +35,19 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   constexpr int kBatch = 8;         // slots whose partials are loaded before they are merged
   const int lane = threadIdx.x & 31;
   const int H = p.num_qo_heads;
+  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
+  const bool active = item < int64_t(p.num_merges) * H;
+  // Plan data first (descriptor, the first 32 slot ids), so that in a chained
+  // run these loads overlap the wait below.
+  MergeDesc md{};
+  if (active) md = p.merges[item / H];
+  const int h = int(item % H);
+  auto slot_id = [&](int k) {
+    static_assert(MergeDesc::kInline == 4, "select chain below");
+    return k == 0 ? md.slot[0] : k == 1 ? md.slot[1] : k == 2 ? md.slot[2] : k == 3 ? md.slot[3]
+                                                                    : p.query_slots[md.first + k];
+  };
+  int my_slot = lane < md.count ? slot_id(lane) : 0;
   if (p.ctas_done) {
     // A chained merge may start while attention CTAs still run: every one of
     // them is resident by then (each launch of the chain started only once
@@ -48,10 +61,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     }
     __syncthreads();
   }
-  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
-  if (item >= int64_t(p.num_merges) * H) return;
-  const MergeDesc md = p.merges[item / H];
-  const int h = int(item % H);
+  if (!active) return;
 
   float acc[kPerLane];
 #pragma unroll
@@ -61,13 +71,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   // partials are loaded kBatch slots at a time, then folded in slot order.
   for (int base = 0; base < md.count; base += 32) {
     const int n = min(32, md.count - base);
-    int my_slot = 0;
-    if (lane < n) {
-      const int k = base + lane;
-      static_assert(MergeDesc::kInline == 4, "select chain below");
-      my_slot = k == 0 ? md.slot[0] : k == 1 ? md.slot[1] : k == 2 ? md.slot[2] : k == 3 ? md.slot[3]
-                                                                               : p.query_slots[md.first + k];
-    }
+    if (base > 0) my_slot = lane < n ? slot_id(base + lane) : 0;
     for (int j0 = 0; j0 < n; j0 += kBatch) {
       float x[kBatch][kPerLane];
       float ls[kBatch];
