@@ -1,8 +1,8 @@
 // CudaExecutor: plan-time packing and upload of the plan + page table, the
 // partial workspace, and the run-time launch sequence (attention launches per
 // tile config, chained in one stream or forked over internal streams, then the
-// merge). Also the RAII
-// device buffer and the device-tensor helper of cuda_executor.hpp.
+// merge). Also the RAII device buffer and the device-tensor helper of
+// cuda_executor.hpp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -160,8 +160,10 @@ void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, in
       return;
     }
   }
-  throw Error("cuda executor: tile m=" + std::to_string(k.m) + " needs " + std::to_string(k.smem_bytes(k.min_stages)) +
-              " bytes of shared memory, the device allows " + std::to_string(smem_optin));
+  throw Error("cuda executor: tile m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " needs " +
+              std::to_string(k.smem_bytes(min_stages)) + " bytes of shared memory for " + std::to_string(min_stages) +
+              " K/V stage(s) (units of " + std::to_string(l.max_len) + " tokens), the device allows " +
+              std::to_string(std::min(smem_optin, budget - smem_reserved)) + " per CTA");
 }
 
 }  // namespace
@@ -349,7 +351,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   cudaStreamDestroy(up);
   check_cuda(st, "cuda executor: plan upload");
 
-
   auto at = [&](size_t off) { return static_cast<const uint8_t*>(m.plan_buf.get()) + off; };
   cuda::AttnParams& a = m.attn;
   a.partial_o = m.workspace.as<float>();
@@ -393,6 +394,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
     mg.merge_ctas_past = c + 1;
     int64_t ctas = 0;
     for (const Launch& l : m.launches) ctas += int64_t(l.num_units) * m.num_kv_heads;
+    if (ctas > int64_t(UINT32_MAX))
+      throw Error("cuda executor: " + std::to_string(ctas) + " attention CTAs per run exceed the chained counter");
     mg.attention_ctas = uint32_t(ctas);
   } else if (m.launches.size() > 1) {
     int least = 0, greatest = 0;
