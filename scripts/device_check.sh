@@ -4,13 +4,15 @@
 # an ncu read of the DRAM bytes of the node planner; write logs and JSON to
 # $OUT (and bench/results/<device>/), and print a summary table last.
 # Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) scripts/device_check.sh
-#   STEPS="build tests sanitize bench ncu profile" (default: all) picks steps.
+#   STEPS="build tests sanitize bench ncu profile trace" (default: all but deep)
+#   picks steps; trace builds a second tree with -DTREEATTN_CTA_TRACE=ON and
+#   prints the CTA timelines of node on the bar trees (trace.log).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/build/device_out}
 BUILD=${BUILD:-$ROOT/build/device}
-STEPS=${STEPS:-"build tests sanitize bench ncu profile"}
+STEPS=${STEPS:-"build tests sanitize bench ncu profile trace"}
 mkdir -p "$OUT" "$BUILD"
 export TREEATTN_COMMIT=${TREEATTN_COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 DEVICE=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
@@ -21,6 +23,7 @@ CLI="$BUILD/treeattn"
 T0=$(date +%s)
 declare -A STATUS
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 
 stamp "device: $DEVICE; commit $TREEATTN_COMMIT; date $DATE"
@@ -29,7 +32,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 
 if has build; then
   stamp "build (Release, sm_90a)"
-  GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
   if cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
       -DTREEATTN_BENCHMARKS=OFF >"$OUT/build.log" 2>&1 &&
      cmake --build "$BUILD" -j16 --target treeattn_cli treeattn_gpu_tests >>"$OUT/build.log" 2>&1; then
@@ -138,6 +140,27 @@ if has deep && [[ ${STATUS[build]:-ok} == ok ]]; then
     --verify 0 --no-graph >"$BUILD/deep.txt" 2>&1 || STATUS[deep]=FAIL
   grep -E "attention_kernel|merge_kernel|Duration|SM Frequency|Memory Throughput|DRAM Throughput|Compute \(SM\) Th|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Eligible Warps|L2 Hit|Stall|cycles being stalled" \
     "$BUILD/deep.txt" | cut -c1-160 | tee -a "$OUT/ncu.log"
+fi
+
+if has trace && [[ ${STATUS[build]:-ok} == ok ]]; then
+  stamp "trace: CTA timelines of node on the bar trees (own build with -DTREEATTN_CTA_TRACE=ON)"
+  TBUILD="$BUILD-trace"
+  : >"$OUT/trace.log"
+  if cmake -S "$ROOT" -B "$TBUILD" $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DTREEATTN_BENCHMARKS=OFF -DTREEATTN_CTA_TRACE=ON >"$TBUILD.log" 2>&1 &&
+     cmake --build "$TBUILD" -j16 --target treeattn_cli treeattn_gpu_tests >>"$TBUILD.log" 2>&1; then
+    STATUS[trace]=ok
+    timeout 60 "$TBUILD/tests/treeattn_gpu_tests" --gtest_filter='*CtaTrace*' >>"$OUT/trace.log" 2>&1 || STATUS[trace]=FAIL
+    for heads in 32/8 32/32; do
+      for w in fasttree:N=1,256:C=256,32 fasttree:N=1,10:C=4000,400 pat:B=1,8,512:L=32,2048,256; do
+        timeout 120 "$TBUILD/treeattn" bench -w "$w" --heads "$heads" -p node --trace --iters 50 --warmup 5 \
+          --verify 0 --no-graph >>"$OUT/trace.log" 2>&1 || STATUS[trace]=FAIL
+      done
+    done
+    grep -E "^\[  (PASSED|FAILED)|^fasttree|^pat:|^  (node|m[0-9]|merge)" "$OUT/trace.log" | cut -c1-200
+  else
+    STATUS[trace]=FAIL; tail -20 "$TBUILD.log"
+  fi
 fi
 
 mkdir -p "$RESULTS" && cp "$OUT"/bench.json "$RESULTS/bench-$TREEATTN_COMMIT.json" 2>/dev/null

@@ -25,6 +25,7 @@ struct BenchOptions {
   uint64_t seed = 1;            // inputs
   bool exact_tiles = false;     // run every unit with its plan's tile (CudaExecutorOptions::short_m16 = false)
   bool streams = false;         // CudaExecutorOptions::stream_per_tile_config (PAT's multi-stream forward)
+  bool trace = false;           // CudaExecutorOptions::trace: GpuTiming::trace of the last timed run
 };
 
 struct GpuTiming {
@@ -41,6 +42,7 @@ struct GpuTiming {
   double max_rel_err = -1;      // worst per-query relative L2 error of the sampled queries; -1: not checked
   int units = 0, slots = 0, launches = 0;
   std::string launch_info;      // CudaExecutor::describe()
+  std::string trace;            // CudaExecutor::trace_report() of the last timed run (BenchOptions::trace)
 };
 
 // True when the library has CUDA and a device is visible.

@@ -72,6 +72,12 @@ struct CudaExecutorOptions {
   // forward, one internal stream per tile config, forked from and joined
   // back into the caller's stream with events.
   bool stream_per_tile_config = false;
+  // Record when each CTA of a run starts, has its first K/V tile, leaves its
+  // KV loop, has issued its output stores and is done (ns stamps of the GPU's
+  // global timer), for trace_report(). Needs a library built with
+  // -DTREEATTN_CTA_TRACE=ON (the constructor throws otherwise); costs a few
+  // registers per thread, so keep it out of timings that get reported.
+  bool trace = false;
 };
 
 class CudaExecutor {
@@ -94,6 +100,13 @@ class CudaExecutor {
   int num_launches() const;        // attention launches per run (+1 merge when slots exist)
   // One line per launch: tile, CTAs, pipeline stages, shared memory.
   std::string describe() const;
+  // The last run's CTA timeline (CudaExecutorOptions::trace), one line per
+  // launch: when its CTAs started and ended (µs from the run's first CTA),
+  // then p50/p90 of each phase: to first tile (descriptor, page-table and Q
+  // loads, first K/V tile), kv loop, stores (epilogue), count (the fence and
+  // the chained counter), life; for the merge, wait (for the attention CTAs)
+  // and merge. Synchronous: call once the run's stream is idle.
+  std::string trace_report() const;
 
  private:
   struct Impl;

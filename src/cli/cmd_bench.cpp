@@ -33,6 +33,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--streams", b->streams,
                 "one internal stream per tile config, joined with events (PAT's multi-stream forward), instead of "
                 "chaining the launches in the caller's stream");
+  cmd->add_flag("--trace", b->trace,
+                "print each launch's CTA timeline of the last timed run (phases per CTA, p50/p90 in us); needs a "
+                "build with -DTREEATTN_CTA_TRACE=ON, and its timings are not the ones to report");
   auto suite = std::make_shared<SuiteRun>();
   cmd->add_option("--suite", suite->suite,
                   "run a whole suite (fasttree, pat, flashforge, deft, or a suite file; see data/suites/) and write "
@@ -111,6 +114,7 @@ void add_bench_command(CLI::App& app) {
           std::printf("  %-11s %6d %3d %10.1f %10.1f %11s %8.0f %6.0f%% %8s %9s %9.2f\n", name.c_str(), t.units,
                       t.launches, t.us, t.us_graph, format_bytes(double(t.kv_bytes)).c_str(), gbps, 100 * frac, sp,
                       err, plan_ms);
+          if (!t.trace.empty()) std::printf("%s", t.trace.c_str());
         }
       }
       if (!o->json)

@@ -62,6 +62,7 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
   r["launches"] = t.launches;
   r["launch_info"] = t.launch_info;
+  if (!t.trace.empty()) r["cta_trace"] = t.trace;
   r["slots"] = t.slots;
   r["iters"] = b.iters;
   r["l2_flush"] = b.flush_l2;

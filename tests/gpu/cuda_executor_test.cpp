@@ -4,13 +4,15 @@
 // 64; GQA 1/4/8/16; head_dim 64/128/256; fp16 (<= 2e-3) and bf16 (<= 1e-2);
 // hand-built plans with 1 and 64 masked segments; every tile config (m, n),
 // PAT's KV-tile variants included; one query; one-token nodes;
-// a 128k-token node; CUDA graph replay. Tests named Sanitize* are the small
+// a 128k-token node; CUDA graph replay; the CTA trace. Tests named Sanitize* are the small
 // subset that the device script runs under compute-sanitizer.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -415,6 +417,39 @@ TEST(CudaExecutor, SanitizeDeterministicAndGraphReplay) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
   }
+}
+
+// The CTA timeline of a traced run: one line per attention launch and one for
+// the merge, every phase non-negative (the stamps are in order), the output
+// still right. In a build without TREEATTN_CTA_TRACE the option must say so.
+TEST(CudaExecutor, CtaTrace) {
+  const Workload w = make_workload("fasttree:N=1,4,16:C=300,40,20", params(32, 8, 128, DType::fp16, 16));
+  PlanOptions opt;
+  opt.num_sms = 4;
+  const Plan p = make_plan("node", w, opt);
+  EXPECT_THROW(CudaExecutor(w, p).trace_report(), Error) << "an untraced executor has no timeline";
+  CudaExecutorOptions eo;
+  eo.trace = true;
+  std::unique_ptr<CudaExecutor> ex;
+  try {
+    ex = std::make_unique<CudaExecutor>(w, p, eo);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TREEATTN_CTA_TRACE"), std::string::npos) << e.what();
+    return;
+  }
+  HostTensors h = make_random_inputs(w, 3);
+  DeviceTensors d = DeviceTensors::upload(h);
+  d.poison_out();
+  ex->run(d.args(), nullptr);
+  check_cuda(cudaDeviceSynchronize(), "traced run");
+  const std::string r = ex->trace_report();
+  std::printf("%s", r.c_str());
+  EXPECT_EQ(std::count(r.begin(), r.end(), '\n'), ex->num_launches() + 1) << r;
+  EXPECT_NE(r.find("merge"), std::string::npos) << r;
+  EXPECT_EQ(r.find('-'), std::string::npos) << "a phase ends before it starts:\n" << r;
+  HostTensors g = h;
+  d.download_out(g);
+  EXPECT_LE(relative_error(w, g.out.data(), reference_attention(w, h.args())), tolerance(w.layout.dtype));
 }
 
 TEST(CudaExecutor, RejectsBadArgs) {

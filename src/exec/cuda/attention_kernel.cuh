@@ -21,6 +21,7 @@
 
 #include "exec/cuda/attention_params.hpp"
 #include "exec/cuda/primitives/cp_async.cuh"
+#include "exec/cuda/primitives/cta_trace.cuh"
 #include "exec/cuda/primitives/grid_dependency.cuh"
 #include "exec/cuda/primitives/math.cuh"
 #include "exec/cuda/primitives/mma.cuh"
@@ -143,6 +144,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   // attention launch, which reads nothing this one writes, or the merge,
   // which waits on ctas_done) may take the SMs this one leaves free at once.
   launch_dependents();
+  CtaTrace trace;
+  trace.mark(kTraceStart);
   extern __shared__ __align__(1024) uint8_t smem[];
   auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem);
   uint8_t* sQ = smem + Tr::kQOffset;
@@ -315,6 +318,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       next = lookup(t + S + 1);
     }
 
+    if (t == 0) trace.mark(kTraceFirstTile);
     const uint8_t* Ks = sK + st * Tr::kTileBytes;
     const uint8_t* Vs = sV + st * Tr::kTileBytes;
 
@@ -439,6 +443,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   }
 
   // ---- epilogue: slices -> shared memory, combined per row, written out.
+  trace.mark(kTraceLoopDone);
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with Q and K/V: the scratch may overlap them
   float* sO = reinterpret_cast<float*>(sQ);
@@ -493,10 +498,21 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
     }
   }
-  if (p.ctas_done) {  // after every thread's stores, visible device-wide
-    __threadfence();
+  trace.mark(kTraceStored);
+  if (p.ctas_done) {
+    // Every thread's stores, then one fence and the count: the barrier orders
+    // them before thread 0's fence, which makes them visible device-wide
+    // before the count (cumulativity, as a grid barrier does), and the other
+    // warps can leave without a fence round trip of their own.
     __syncthreads();
-    if (tid == 0) atomicAdd(p.ctas_done, 1u);
+    if (tid == 0) {
+      __threadfence();
+      atomicAdd(p.ctas_done, 1u);
+    }
+  }
+  if (tid == 0) {
+    trace.mark(kTraceDone);
+    trace.store(p.trace ? p.trace + (int64_t(p.trace_first_cta) + blockIdx.x) * kTracePoints : nullptr);
   }
 }
 

@@ -9,6 +9,10 @@
 
 namespace treeattn::cuda {
 
+// Phase boundaries a traced CTA stamps (primitives/cta_trace.cuh). Merge
+// CTAs: kFirstTile and kLoopDone both mark the end of the chained wait.
+enum TracePoint : int { kTraceStart, kTraceFirstTile, kTraceLoopDone, kTraceStored, kTraceDone, kTracePoints };
+
 // A segment as the kernel reads it: unit positions [pos, end) are tokens
 // [begin, begin + end - pos) of a node whose pages start at page_ids[pbase].
 struct alignas(16) SegDesc {
@@ -56,6 +60,10 @@ struct AttnParams {
   // Chained runs (executor.cpp): every CTA adds 1 after its last store, the
   // merge waits for the run's total. nullptr: not chained.
   unsigned int* ctas_done;
+  // Traced runs (CudaExecutorOptions::trace): kTracePoints stamps per CTA,
+  // this launch's first CTA at trace[trace_first_cta]. nullptr: not traced.
+  unsigned long long* trace;
+  int64_t trace_first_cta;
 };
 
 // A query with partials to merge: its slots are query_slots[first .. first +
@@ -74,12 +82,14 @@ struct MergeParams {
   const int32_t* query_slots;
   int32_t num_merges;
   int32_t num_qo_heads;
+  int32_t max_slots;        // most slots of one query (picks the merge's batch size)
   // Chained runs: wait until ctas_done reaches attention_ctas (every
   // attention CTA of the run has stored its partials); the last merge CTA
   // past the wait resets both counters for the next run. nullptr: not chained.
   unsigned int* ctas_done;
   unsigned int* merge_ctas_past;
   uint32_t attention_ctas;
+  unsigned long long* trace;  // traced runs: kTracePoints stamps per merge CTA
 };
 
 }  // namespace treeattn::cuda

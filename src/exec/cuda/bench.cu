@@ -240,6 +240,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   CudaExecutorOptions eo;
   eo.short_m16 = !o.exact_tiles;
   eo.stream_per_tile_config = o.streams;
+  eo.trace = o.trace;
   CudaExecutor ex(w, p, eo);
   const AttentionArgs args = m.d.args();
   const PlanSummary s = summarize(w, p);
@@ -298,6 +299,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     cudaGraphDestroy(graph);
   }
   check_cuda(cudaStreamSynchronize(m.stream), "bench: timing");
+  if (o.trace) r.trace = ex.trace_report();
   return r;
 }
 

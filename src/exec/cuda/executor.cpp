@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -112,6 +113,12 @@ class Packer {
   size_t size_ = 0;
 };
 
+#if defined(TREEATTN_CTA_TRACE)
+constexpr bool kCtaTraceCompiled = true;
+#else
+constexpr bool kCtaTraceCompiled = false;
+#endif
+
 struct Launch {
   cuda::KernelEntry kernel;
   int32_t first_unit;  // into the uploaded unit descriptors
@@ -179,6 +186,9 @@ struct CudaExecutor::Impl {
   std::vector<cudaStream_t> aux;  // aux[i] runs launches[i] (stream_per_tile_config, several launches)
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> join;
+
+  DeviceBuffer trace;  // CudaExecutorOptions::trace: kTracePoints stamps per CTA, attention then merge
+  int64_t attention_ctas = 0, merge_ctas = 0;
 
   ~Impl() {
     for (cudaEvent_t e : join) cudaEventDestroy(e);
@@ -281,6 +291,12 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
     check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     std::min(smem_optin, l.kernel.smem_bytes(l.kernel.max_stages))),
                "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    // All of an SM's unified L1/shared memory as shared memory: an SM takes
+    // the carveout of the first CTA it runs, and a smaller one keeps CTAs of
+    // a concurrent launch off it until it drains.
+    check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    int(cudaSharedmemCarveoutMaxShared)),
+               "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
     m.launches.push_back(l);
   }
   for (Launch& l : m.launches)
@@ -372,7 +388,20 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   mg.merges = reinterpret_cast<const cuda::MergeDesc*>(at(o_mq));
   mg.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
   mg.num_merges = int32_t(merges.size());
+  mg.max_slots = 0;
+  for (const cuda::MergeDesc& md : merges) mg.max_slots = std::max(mg.max_slots, md.count);
   mg.num_qo_heads = H;
+
+  for (const Launch& l : m.launches) m.attention_ctas += int64_t(l.num_units) * m.num_kv_heads;
+  m.merge_ctas = mg.num_merges ? cuda::merge_ctas(mg) : 0;
+  if (o.trace) {
+    if (!kCtaTraceCompiled)
+      throw Error("cuda executor: trace needs a library built with -DTREEATTN_CTA_TRACE=ON");
+    m.trace = DeviceBuffer(size_t(m.attention_ctas + m.merge_ctas) * cuda::kTracePoints * sizeof(uint64_t));
+    check_cuda(cudaMemset(m.trace.get(), 0, m.trace.size()), "cuda executor: trace buffer");
+    a.trace = m.trace.as<unsigned long long>();
+    mg.trace = a.trace + m.attention_ctas * cuda::kTracePoints;
+  }
 
   // Tile configs run concurrently. Chained (default, sm_90+, plans with a
   // merge): in the caller's stream, each launch after the first (and the
@@ -392,11 +421,10 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
     unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
     a.ctas_done = mg.ctas_done = c;
     mg.merge_ctas_past = c + 1;
-    int64_t ctas = 0;
-    for (const Launch& l : m.launches) ctas += int64_t(l.num_units) * m.num_kv_heads;
-    if (ctas > int64_t(UINT32_MAX))
-      throw Error("cuda executor: " + std::to_string(ctas) + " attention CTAs per run exceed the chained counter");
-    mg.attention_ctas = uint32_t(ctas);
+    if (m.attention_ctas > int64_t(UINT32_MAX))
+      throw Error("cuda executor: " + std::to_string(m.attention_ctas) +
+                  " attention CTAs per run exceed the chained counter");
+    mg.attention_ctas = uint32_t(m.attention_ctas);
   } else if (m.launches.size() > 1) {
     int least = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
@@ -432,6 +460,58 @@ std::string CudaExecutor::describe() const {
   return out;
 }
 
+std::string CudaExecutor::trace_report() const {
+  const Impl& m = *impl_;
+  if (!m.trace.get()) throw Error("cuda executor: trace_report needs CudaExecutorOptions::trace");
+  constexpr int P = cuda::kTracePoints;
+  std::vector<uint64_t> t(m.trace.size() / sizeof(uint64_t));
+  check_cuda(cudaMemcpy(t.data(), m.trace.get(), m.trace.size(), cudaMemcpyDeviceToHost), "cuda executor: trace read");
+  const int64_t ctas = m.attention_ctas + m.merge_ctas;
+  uint64_t t0 = UINT64_MAX;
+  for (int64_t c = 0; c < ctas; ++c) t0 = std::min(t0, t[c * P + cuda::kTraceStart]);
+  if (ctas == 0 || t0 == 0) return "no traced run\n";
+  // p50 / max (or p90) of a phase over the CTAs of one launch, in µs.
+  auto stat = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(q * double(v.size())))];
+  };
+  std::string out;
+  auto line = [&](const std::string& name, int64_t first, int64_t n, bool merge) {
+    std::vector<double> start, end, wait, loop, store, count, life;
+    for (int64_t c = first; c < first + n; ++c) {
+      const uint64_t* s = &t[c * P];
+      auto us = [](uint64_t a, uint64_t b) { return (double(b) - double(a)) / 1000.0; };
+      start.push_back(us(t0, s[cuda::kTraceStart]));
+      end.push_back(us(t0, s[cuda::kTraceDone]));
+      wait.push_back(us(s[cuda::kTraceStart], s[cuda::kTraceFirstTile]));
+      loop.push_back(us(s[cuda::kTraceFirstTile], s[cuda::kTraceLoopDone]));
+      store.push_back(us(s[cuda::kTraceLoopDone], s[cuda::kTraceStored]));
+      count.push_back(us(s[cuda::kTraceStored], s[cuda::kTraceDone]));
+      life.push_back(us(s[cuda::kTraceStart], s[cuda::kTraceDone]));
+    }
+    char buf[400];
+    if (merge)
+      std::snprintf(buf, sizeof buf,
+                    "  %-10s %6lld CTAs  start %6.2f..%6.2f  end p50 %6.2f max %6.2f | wait %5.2f/%5.2f | "
+                    "merge %5.2f/%5.2f\n",
+                    name.c_str(), (long long)n, stat(start, 0), stat(start, 1), stat(end, .5), stat(end, 1),
+                    stat(wait, .5), stat(wait, .9), stat(store, .5), stat(store, .9));
+    else
+      std::snprintf(buf, sizeof buf,
+                    "  %-10s %6lld CTAs  start %6.2f..%6.2f  end p50 %6.2f max %6.2f | to first tile %5.2f/%5.2f | "
+                    "kv loop %5.2f/%5.2f | stores %5.2f/%5.2f | count %5.2f/%5.2f | life %5.2f/%5.2f\n",
+                    name.c_str(), (long long)n, stat(start, 0), stat(start, 1), stat(end, .5), stat(end, 1),
+                    stat(wait, .5), stat(wait, .9), stat(loop, .5), stat(loop, .9), stat(store, .5), stat(store, .9),
+                    stat(count, .5), stat(count, .9), stat(life, .5), stat(life, .9));
+    out += buf;
+  };
+  for (const Launch& l : m.launches)
+    line("m" + std::to_string(l.kernel.m) + "n" + std::to_string(l.kernel.n) + " s" + std::to_string(l.stages),
+         int64_t(l.first_unit) * m.num_kv_heads, int64_t(l.num_units) * m.num_kv_heads, false);
+  if (m.merge_ctas) line("merge", m.attention_ctas, m.merge_ctas, true);
+  return out;
+}
+
 void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   const Impl& m = *impl_;
   const float scale = args.scale != 0.f ? args.scale : 1.f / std::sqrt(float(m.head_dim));
@@ -450,6 +530,7 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
     cuda::AttnParams lp = a;
     lp.units = a.units + l.first_unit;
     lp.stages = l.stages;
+    lp.trace_first_cta = int64_t(l.first_unit) * m.num_kv_heads;
     void* kargs[] = {&lp};
     const cuda::LaunchConfig lc(dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads)), dim3(l.kernel.threads),
                                 size_t(l.smem), s, chained);

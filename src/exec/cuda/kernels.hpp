@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "exec/cuda/attention_params.hpp"
 #include "treeattn/types.hpp"
 
@@ -53,5 +55,6 @@ KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile);
 // chained: launched with programmatic stream serialization (sm_90+), so it
 // may start before the attention launch before it in `stream` ends.
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained);
+int64_t merge_ctas(const MergeParams& p);  // its grid
 
 }  // namespace treeattn::cuda

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "exec/cuda/kernels.hpp"
+#include "exec/cuda/primitives/cta_trace.cuh"
 #include "exec/cuda/primitives/mma.cuh"
 #include "treeattn/cuda_executor.hpp"
 #include "treeattn/numeric.hpp"
@@ -28,11 +29,23 @@ __device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
   return v;
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_constant__ MergeParams p) {
+// kBatch: slots whose partials are loaded before they are folded. Registers
+// decide how many merge warps an SM holds: a tree's leaves give one merge per
+// (query, qo head), thousands of warps of two slots each; with 8-slot batches
+// (85 registers at d = 128) 6 CTAs fit per SM and such a merge ran in 2.6
+// waves after the attention CTAs left. Plans whose queries have at most 2
+// slots run 2-slot batches at 16 CTAs per SM (one wave of 8448 warps; 32
+// registers, 36 bytes spilled at d = 128): their merge tail after the last
+// attention CTA went from 10.5-11.9 to 6.9-7.4 µs (CTA trace, fasttree:N=1,256).
+template <int D, int kBatch>
+constexpr int merge_min_blocks() { return kBatch <= 2 && D <= 128 ? 16 : 1; }
+
+template <class T, int D, int kBatch>
+__global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>())) merge_kernel(const __grid_constant__ MergeParams p) {
   constexpr int kPerLane = D / 32;  // 2, 4 or 8 floats
   constexpr int kVec = kPerLane >= 4 ? 4 : kPerLane;
-  constexpr int kBatch = 8;         // slots whose partials are loaded before they are merged
+  CtaTrace trace;
+  trace.mark(kTraceStart);
   const int lane = threadIdx.x & 31;
   const int H = p.num_qo_heads;
   const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
@@ -41,13 +54,10 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   // run these loads overlap the wait below.
   MergeDesc md{};
   if (active) md = p.merges[item / H];
-  const int h = int(item % H);
-  auto slot_id = [&](int k) {
-    static_assert(MergeDesc::kInline == 4, "select chain below");
-    return k == 0 ? md.slot[0] : k == 1 ? md.slot[1] : k == 2 ? md.slot[2] : k == 3 ? md.slot[3]
-                                                                    : p.query_slots[md.first + k];
-  };
-  int my_slot = lane < md.count ? slot_id(lane) : 0;
+  const int h = int(item % H), count = md.count, first = md.first, query = md.query;
+  static_assert(MergeDesc::kInline == 4, "select chain below");
+  int my_slot = lane >= count ? 0 : lane == 0 ? md.slot[0] : lane == 1 ? md.slot[1] : lane == 2 ? md.slot[2]
+                                  : lane == 3 ? md.slot[3] : p.query_slots[first + lane];
   if (p.ctas_done) {
     // A chained merge may start while attention CTAs still run: every one of
     // them is resident by then (each launch of the chain started only once
@@ -61,7 +71,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
     }
     __syncthreads();
   }
-  if (!active) return;
+  trace.mark(kTraceFirstTile);
+  trace.mark(kTraceLoopDone);
+  if (!active) return;  // only warps of the last CTA: warp 0 is active in every CTA
 
   float acc[kPerLane];
 #pragma unroll
@@ -69,9 +81,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
   float lse = -INFINITY;
   // Lane j holds slot j of each group of 32 (id and lse, loaded in parallel);
   // partials are loaded kBatch slots at a time, then folded in slot order.
-  for (int base = 0; base < md.count; base += 32) {
-    const int n = min(32, md.count - base);
-    if (base > 0) my_slot = lane < n ? slot_id(base + lane) : 0;
+  for (int base = 0; base < count; base += 32) {
+    const int n = min(32, count - base);
+    if (base > 0) my_slot = lane < n ? p.query_slots[first + base + lane] : 0;
     for (int j0 = 0; j0 < n; j0 += kBatch) {
       float x[kBatch][kPerLane];
       float ls[kBatch];
@@ -113,7 +125,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
       }
     }
   }
-  T* out = static_cast<T*>(p.out) + (int64_t(md.query) * H + h) * D;
+  T* out = static_cast<T*>(p.out) + (int64_t(query) * H + h) * D;
 #pragma unroll
   for (int v = 0; v < kPerLane / kVec; ++v) {
     T* dst = out + (v * 32 + lane) * kVec;
@@ -124,14 +136,18 @@ __global__ void __launch_bounds__(kMergeWarps * 32) merge_kernel(const __grid_co
       *reinterpret_cast<uint32_t*>(dst) = Mma<T>::pack(acc[0], acc[1]);
     }
   }
+  if (threadIdx.x == 0) {
+    trace.mark(kTraceStored);
+    trace.mark(kTraceDone);
+    trace.store(p.trace ? p.trace + int64_t(blockIdx.x) * kTracePoints : nullptr);
+  }
 }
 
 template <class T, int D>
 void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
-  const int64_t items = int64_t(p.num_merges) * p.num_qo_heads;
-  const LaunchConfig lc(dim3(unsigned((items + kMergeWarps - 1) / kMergeWarps)), dim3(kMergeWarps * 32), 0, stream,
-                        chained);
-  check_cuda(cudaLaunchKernelEx(&lc.cfg, merge_kernel<T, D>, p), "cuda executor: merge launch");
+  const LaunchConfig lc(dim3(unsigned(merge_ctas(p))), dim3(kMergeWarps * 32), 0, stream, chained);
+  const auto kernel = p.max_slots <= 2 ? merge_kernel<T, D, 2> : merge_kernel<T, D, 8>;
+  check_cuda(cudaLaunchKernelEx(&lc.cfg, kernel, p), "cuda executor: merge launch");
 }
 
 template <class T>
@@ -145,6 +161,10 @@ void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream, bool ch
 }
 
 }  // namespace
+
+int64_t merge_ctas(const MergeParams& p) {
+  return (int64_t(p.num_merges) * p.num_qo_heads + kMergeWarps - 1) / kMergeWarps;
+}
 
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained) {
   if (p.num_merges == 0) return;

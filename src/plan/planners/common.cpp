@@ -33,6 +33,40 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
   return std::max<int64_t>(even, opt.min_split_tokens);
 }
 
+int64_t one_wave_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
+                              const PlanOptions& opt) {
+  const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
+  int64_t work = 0, longest = 0;
+  for (const auto& [tokens, copies] : jobs) {
+    work += tokens * copies;
+    longest = std::max(longest, tokens);
+  }
+  auto pieces = [&](int64_t p) {
+    int64_t n = 0;
+    for (const auto& [tokens, copies] : jobs) n += (tokens + p - 1) / p * copies;
+    return n;
+  };
+  int64_t lo = std::max<int64_t>(opt.min_split_tokens, 1), hi = std::max(lo, longest);
+  if (pieces(hi) > slots) return split_length(work, w, opt);
+  while (lo < hi) {  // pieces(p) does not grow with p
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (pieces(mid) <= slots) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
+std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens) {
+  const int64_t n = seg.size(), k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
+  std::vector<Segment> out;
+  int32_t at = seg.begin;
+  for (int64_t i = 0; i < k; ++i) {
+    const int32_t take = int32_t(n / k + (i < n % k ? 1 : 0));
+    out.push_back({seg.node, at, at + take});
+    at += take;
+  }
+  return out;
+}
+
 std::vector<std::vector<int32_t>> subtree_queries(const Workload& w, const TreeIndex& ix) {
   const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
   std::vector<std::vector<int32_t>> at(n);

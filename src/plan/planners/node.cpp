@@ -1,9 +1,11 @@
 // node (DeFT-Node, KV-guided grouping): each node's KV is loaded once per Q
 // tile of the queries in its subtree, instead of once per query. Queries are
 // taken in depth-first order so a tile's queries share as much path as
-// possible. Deviation from DeFT-Node: nodes longer than the even share of the
-// work per CTA slot are split along KV (as per-query does), so one long shared
-// prefix does not serialise on one SM while the others idle.
+// possible. Deviation from DeFT-Node: long nodes are split along KV into equal
+// pieces (as per-query does), so one long shared prefix does not serialise on
+// one SM while the others idle; the piece length is the least that fits every
+// piece in one wave of CTA slots when that is possible, else the even share of
+// the work per slot.
 #include <algorithm>
 
 #include "plan/planners/planners.hpp"
@@ -15,21 +17,22 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   const auto sub = planning::subtree_queries(w, ix);
   const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
 
-  int64_t work = 0;
+  std::vector<std::pair<int64_t, int64_t>> jobs;  // (tokens, query tiles) of each node
   for (const int32_t v : ix.bfs_order)
-    work += (int64_t(sub[v].size()) + per_tile - 1) / per_tile * w.tree.nodes[v].num_tokens;
-  const int64_t piece = planning::split_length(work, w, opt);
+    if (w.tree.nodes[v].num_tokens > 0 && !sub[v].empty())
+      jobs.emplace_back(w.tree.nodes[v].num_tokens, (int64_t(sub[v].size()) + per_tile - 1) / per_tile);
+  const int64_t piece = planning::one_wave_split_length(jobs, w, opt);
 
   PlanBuilder b(w, "node");
   for (const int32_t v : ix.bfs_order) {
     const Node& node = w.tree.nodes[v];
     if (node.num_tokens == 0 || sub[v].empty()) continue;
-    const auto chunks = planning::split_segments({{v, 0, node.num_tokens}}, piece);
+    const auto chunks = planning::split_evenly({v, 0, node.num_tokens}, piece);
     for (size_t q0 = 0; q0 < sub[v].size(); q0 += per_tile) {
       const size_t q1 = std::min(sub[v].size(), q0 + per_tile);
-      for (const auto& chunk : chunks) {
+      for (const Segment& chunk : chunks) {
         b.begin_unit();
-        for (const Segment& s : chunk) b.add_segment(s.node, s.begin, s.end);
+        b.add_segment(chunk.node, chunk.begin, chunk.end);
         for (size_t i = q0; i < q1; ++i) b.add_query(sub[v][i]);
         b.end_unit();
       }

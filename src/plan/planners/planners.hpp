@@ -2,6 +2,7 @@
 // planner is a pure function; src/plan/registry.cpp lists them by name.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "treeattn/planner.hpp"
@@ -28,6 +29,18 @@ std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& seg
 // opt.min_split_tokens. Longer units are split along KV (flash-decoding), so
 // one long node cannot become the tail of the whole launch.
 int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt);
+
+// For jobs of (tokens, copies), each cut into ceil(tokens / P) equal pieces:
+// the least P >= opt.min_split_tokens whose pieces all fit in one wave of the
+// resident CTA slots per kv head, so that no piece waits for a slot (a second
+// partial wave costs a whole piece). When even unsplit jobs outnumber the
+// slots, split_length of their total work.
+int64_t one_wave_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
+                              const PlanOptions& opt);
+
+// [begin, end) of `seg` cut into ceil(size / max_tokens) pieces whose sizes
+// differ by at most one token.
+std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens);
 
 // Queries grouped by the node they attach to, and each node's subtree
 // queries in depth-first order (so groups of consecutive queries share paths).
