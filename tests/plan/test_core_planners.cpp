@@ -4,6 +4,9 @@
 // plan passes the validator and the CPU result matches the fp64 reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+
 #include "treeattn/executor.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
@@ -73,6 +76,32 @@ TEST(CorePlanners, NodePlannerLoadsSharedPrefixOnce) {
   EXPECT_EQ(node.kv_bytes, w.unique_kv_bytes());  // every token exactly once
   EXPECT_EQ(pq.kv_bytes, int64_t(32) * (4000 + 256) * w.kv_bytes_per_token());
   EXPECT_GE(double(pq.kv_bytes) / node.kv_bytes, 10.0);
+}
+
+// node's KV split: a long prompt beside many short leaves is still split (one
+// unsplit 4000-token unit would be the whole run's tail), and a tree whose
+// pieces can all fit in one wave of CTA slots gets exactly such pieces, of
+// equal length per node.
+TEST(CorePlanners, NodeSplitBalancesTheSlots) {
+  WorkloadParams p;  // heads 32/8: 264 target CTAs = 33 slots per kv head
+  const Workload fewshot = fewshot_workload(4000, 32, 256, p);
+  const Plan a = make_plan("node", fewshot);
+  validate_plan(fewshot, a);
+  int32_t longest = 0;
+  for (const Segment& s : a.segments) longest = std::max(longest, s.size());  // node plans: one segment per unit
+  EXPECT_LE(longest, 512) << "the 4000-token prompt must be split";
+
+  const Workload tree = fasttree_workload({1, 10}, {4000, 400}, p);
+  const Plan b = make_plan("node", tree);
+  validate_plan(tree, b);
+  EXPECT_LE(b.num_units(), 33) << "every piece fits one wave of slots";
+  std::map<int32_t, std::pair<int32_t, int32_t>> by_node;  // node -> (shortest, longest) piece
+  for (int u = 0; u < b.num_units(); ++u) {
+    const Segment& s = b.segments[b.unit_segment_offset[u]];
+    auto [it, fresh] = by_node.try_emplace(s.node, s.size(), s.size());
+    it->second = {std::min(it->second.first, s.size()), std::max(it->second.second, s.size())};
+  }
+  for (const auto& [node, range] : by_node) EXPECT_LE(range.second - range.first, 1) << "node " << node;
 }
 
 TEST(CorePlanners, PerQuerySplitsOnlyWhenTheGridWouldNotFill) {

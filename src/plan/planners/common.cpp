@@ -1,5 +1,7 @@
 // Helpers shared by planners: KV splitting and query grouping.
 #include <algorithm>
+#include <functional>
+#include <queue>
 
 #include "plan/planners/planners.hpp"
 
@@ -33,9 +35,10 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
   return std::max<int64_t>(even, opt.min_split_tokens);
 }
 
-int64_t one_wave_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
+int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt) {
   const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
+  constexpr int64_t kPieceCost = 64;  // fixed cost of a CTA, in tokens
   int64_t work = 0, longest = 0;
   for (const auto& [tokens, copies] : jobs) {
     work += tokens * copies;
@@ -46,13 +49,34 @@ int64_t one_wave_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
     for (const auto& [tokens, copies] : jobs) n += (tokens + p - 1) / p * copies;
     return n;
   };
+  // Longest-first list scheduling onto `slots` equal slots: the latest finish.
+  auto makespan = [&](int64_t p) {
+    std::vector<int64_t> len;
+    for (const auto& [tokens, copies] : jobs) {
+      const int64_t k = (tokens + p - 1) / p;
+      for (int64_t c = 0; c < copies; ++c)
+        for (int64_t i = 0; i < k; ++i) len.push_back(tokens / k + (i < tokens % k ? 1 : 0) + kPieceCost);
+    }
+    std::sort(len.begin(), len.end(), std::greater<>());
+    std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> load;
+    for (int64_t i = 0; i < slots; ++i) load.push(0);
+    int64_t end = 0;
+    for (const int64_t l : len) {
+      const int64_t at = load.top() + l;
+      load.pop();
+      load.push(at);
+      end = std::max(end, at);
+    }
+    return end;
+  };
+  const int64_t even = split_length(work, w, opt);
   int64_t lo = std::max<int64_t>(opt.min_split_tokens, 1), hi = std::max(lo, longest);
-  if (pieces(hi) > slots) return split_length(work, w, opt);
-  while (lo < hi) {  // pieces(p) does not grow with p
+  if (pieces(hi) > slots) return even;  // no one-wave choice
+  while (lo < hi) {                     // pieces(p) does not grow with p
     const int64_t mid = lo + (hi - lo) / 2;
     if (pieces(mid) <= slots) hi = mid; else lo = mid + 1;
   }
-  return lo;
+  return makespan(lo) < makespan(even) ? lo : even;
 }
 
 std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens) {

@@ -3,9 +3,9 @@
 // taken in depth-first order so a tile's queries share as much path as
 // possible. Deviation from DeFT-Node: long nodes are split along KV into equal
 // pieces (as per-query does), so one long shared prefix does not serialise on
-// one SM while the others idle; the piece length is the least that fits every
-// piece in one wave of CTA slots when that is possible, else the even share of
-// the work per slot.
+// one SM while the others idle; the piece length is the even share of the
+// work per CTA slot, or the least that fits every piece in one wave of slots
+// when that finishes first (planning::balanced_split_length).
 #include <algorithm>
 
 #include "plan/planners/planners.hpp"
@@ -21,7 +21,7 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   for (const int32_t v : ix.bfs_order)
     if (w.tree.nodes[v].num_tokens > 0 && !sub[v].empty())
       jobs.emplace_back(w.tree.nodes[v].num_tokens, (int64_t(sub[v].size()) + per_tile - 1) / per_tile);
-  const int64_t piece = planning::one_wave_split_length(jobs, w, opt);
+  const int64_t piece = planning::balanced_split_length(jobs, w, opt);
 
   PlanBuilder b(w, "node");
   for (const int32_t v : ix.bfs_order) {

@@ -31,11 +31,14 @@ std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& seg
 int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt);
 
 // For jobs of (tokens, copies), each cut into ceil(tokens / P) equal pieces:
-// the least P >= opt.min_split_tokens whose pieces all fit in one wave of the
-// resident CTA slots per kv head, so that no piece waits for a slot (a second
-// partial wave costs a whole piece). When even unsplit jobs outnumber the
-// slots, split_length of their total work.
-int64_t one_wave_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
+// the P, of two candidates, whose pieces finish first when scheduled longest
+// first onto the resident CTA slots per kv head (each piece costing its tokens
+// plus one 64-token tile of fixed cost): split_length of the total work, and
+// the least P >= opt.min_split_tokens that fits every piece in one wave (no
+// piece waits for a slot). A second, partial wave costs a whole piece; one
+// long unsplit job in one wave costs more (a 4000-token prompt beside 32
+// leaves).
+int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt);
 
 // [begin, end) of `seg` cut into ceil(size / max_tokens) pieces whose sizes
