@@ -419,6 +419,42 @@ TEST(CudaExecutor, SanitizeDeterministicAndGraphReplay) {
   }
 }
 
+// Chained runs back to back on one stream, each on other inputs: a merge
+// that waited for the wrong count (the counters of stored partials carry over
+// from run to run, compared against the run's epoch) would fold the previous
+// run's partials or hang. The tree has many slots per query and a leaf level
+// of short units that the merge of early queries overtakes.
+TEST(CudaExecutor, SanitizeChainedRunsMergeTheirOwnPartials) {
+  const Workload w = make_workload("fasttree:N=1,8,64:C=700,60,12", params(16, 4, 64, DType::fp16, 16));
+  PlanOptions opt;
+  opt.num_sms = 16;
+  const Plan p = make_plan("node", w, opt);
+  CudaExecutor ex(w, p);
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  constexpr int kInputs = 3;
+  std::vector<HostTensors> h;
+  std::vector<DeviceTensors> d;
+  std::vector<std::vector<double>> ref;
+  for (int i = 0; i < kInputs; ++i) {
+    h.push_back(make_random_inputs(w, 100 + i));
+    d.push_back(DeviceTensors::upload(h.back()));
+    ref.push_back(reference_attention(w, h.back().args()));
+  }
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < kInputs; ++i) d[i].poison_out(s);
+    for (int i = 0; i < kInputs; ++i) ex.run(d[i].args(), s);  // no host sync in between
+    check_cuda(cudaStreamSynchronize(s), "chained runs");
+    for (int i = 0; i < kInputs; ++i) {
+      HostTensors g = h[i];
+      d[i].download_out(g);
+      EXPECT_LE(relative_error(w, g.out.data(), ref[i]), tolerance(w.layout.dtype))
+          << "round " << round << ", inputs " << i;
+    }
+  }
+  cudaStreamDestroy(s);
+}
+
 // The CTA timeline of a traced run: one line per attention launch and one for
 // the merge, every phase non-negative (the stamps are in order), the output
 // still right. In a build without TREEATTN_CTA_TRACE the option must say so.
