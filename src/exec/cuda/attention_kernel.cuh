@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 
   // Chained runs (executor.cpp): the next launch in the stream (another
   // attention launch, which reads nothing this one writes, or the merge,
-  // which waits on query_done) may take the SMs this one leaves free at once.
+  // which waits on ctas_done) may take the SMs this one leaves free at once.
   launch_dependents();
   CtaTrace trace;
   trace.mark(kTraceStart);
@@ -499,14 +499,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     }
   }
   trace.mark(kTraceStored);
-  if (p.query_done) {
-    // Every thread's stores, then one release per counter: the barrier puts
-    // them before warp 0's release adds (cumulative, as a grid barrier's
-    // fence is), and the other warps leave without a fence of their own.
+  if (p.ctas_done) {
+    // Every thread's stores, then one fence and the count: the barrier orders
+    // them before thread 0's fence, which makes them visible device-wide
+    // before the count (cumulativity, as a grid barrier does), and the other
+    // warps can leave without a fence round trip of their own.
     __syncthreads();
-    if (warp == 0)
-      for (int e = lane; e < nent; e += 32)
-        if (misc.ent_slot[e] >= 0) red_release_add(p.query_done + misc.ent_query[e], 1u);
+    if (tid == 0) {
+      __threadfence();
+      atomicAdd(p.ctas_done, 1u);
+    }
   }
   if (tid == 0) {
     trace.mark(kTraceDone);

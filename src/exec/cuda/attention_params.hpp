@@ -57,11 +57,9 @@ struct AttnParams {
   int32_t page_size;
   float scale_log2;   // softmax scale * log2(e): scores are kept in log2 units
   int32_t stages;     // K/V pipeline depth of this launch (AttnTraits::kMinStages..kMaxStages)
-  // Chained runs (executor.cpp): after its last store every CTA adds 1 to
-  // the counter of each of its queries that has slots; the merge of a query
-  // waits for its own count (slots x kv heads), not for the whole run.
-  // Indexed by query; never reset (merge_kernel.cu). nullptr: not chained.
-  unsigned int* query_done;
+  // Chained runs (executor.cpp): every CTA adds 1 after its last store, the
+  // merge waits for the run's total. nullptr: not chained.
+  unsigned int* ctas_done;
   // Traced runs (CudaExecutorOptions::trace): kTracePoints stamps per CTA,
   // this launch's first CTA at trace[trace_first_cta]. nullptr: not traced.
   unsigned long long* trace;
@@ -85,15 +83,12 @@ struct MergeParams {
   int32_t num_merges;
   int32_t num_qo_heads;
   int32_t max_slots;        // most slots of one query (picks the merge's batch size)
-  // Chained runs: the merge of query q waits until query_done[q] reaches
-  // (run + 1) x count x num_kv_heads, i.e. every (unit, kv head) CTA that
-  // writes one of its slots has stored it in this run; `run` is *run_epoch,
-  // which the last merge CTA past its wait advances (the counters only grow,
-  // so nothing needs resetting between runs). nullptr: not chained.
-  unsigned int* query_done;
-  unsigned int* run_epoch;
+  // Chained runs: wait until ctas_done reaches attention_ctas (every
+  // attention CTA of the run has stored its partials); the last merge CTA
+  // past the wait resets both counters for the next run. nullptr: not chained.
+  unsigned int* ctas_done;
   unsigned int* merge_ctas_past;
-  int32_t num_kv_heads;
+  uint32_t attention_ctas;
   unsigned long long* trace;  // traced runs: kTracePoints stamps per merge CTA
 };
 

@@ -345,15 +345,13 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   const size_t o_qs = pk.add(p.query_slots);
   const size_t o_mq = pk.add(merges);
 
-  // Workspace: fp32 partials, their lse, and the counters of chained runs
-  // (run epoch, merge CTAs past their wait, one per query), zeroed with the
-  // upload below.
+  // Workspace: fp32 partials, their lse, two counters of chained runs
+  // (zeroed with the upload below; each chained run leaves them zero).
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
   const size_t lse_bytes = size_t(p.num_slots) * H * sizeof(float);
   const size_t counters = (o_bytes + lse_bytes + 15) / 16 * 16;
-  const size_t counter_bytes = (2 + size_t(w.num_queries())) * sizeof(unsigned int);
-  m.workspace = DeviceBuffer(counters + counter_bytes);
+  m.workspace = DeviceBuffer(counters + 16);
 
   // One pinned staging buffer, one copy.
   void* host = nullptr;
@@ -364,7 +362,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   cudaStream_t up = nullptr;
   check_cuda(cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking), "cuda executor: upload stream");
   cudaError_t st = cudaMemcpyAsync(m.plan_buf.get(), host, pk.size(), cudaMemcpyHostToDevice, up);
-  if (st == cudaSuccess) st = cudaMemsetAsync(m.workspace.as<uint8_t>() + counters, 0, counter_bytes, up);
+  if (st == cudaSuccess) st = cudaMemsetAsync(m.workspace.as<uint8_t>() + counters, 0, 16, up);
   if (st == cudaSuccess) st = cudaStreamSynchronize(up);
   cudaStreamDestroy(up);
   check_cuda(st, "cuda executor: plan upload");
@@ -409,7 +407,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   // merge): in the caller's stream, each launch after the first (and the
   // merge) with programmatic stream serialization, so it may start as soon as
   // every CTA of the launch before it has (attention_kernel.cuh); the merge
-  // then waits, query by query, on counters of stored partials (merge_kernel.cu). The
+  // then waits on a counter of finished attention CTAs (merge_kernel.cu). The
   // first launch is an ordinary one: it overwrites the partials the previous
   // run's merge read. Otherwise, with several launches, each gets an
   // internal stream, forked from and joined back into the caller's stream
@@ -421,15 +419,12 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   m.chained = !o.stream_per_tile_config && major >= 9 && mg.num_merges > 0 && !m.launches.empty();
   if (m.chained) {
     unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
-    mg.run_epoch = c;
+    a.ctas_done = mg.ctas_done = c;
     mg.merge_ctas_past = c + 1;
-    a.query_done = mg.query_done = c + 2;
-    mg.num_kv_heads = m.num_kv_heads;
-    // A query's count per run must stay far below 2^31 for the wrap-around
-    // comparison of the wait.
-    if (int64_t(mg.max_slots) * m.num_kv_heads >= (int64_t(1) << 30))
-      throw Error("cuda executor: " + std::to_string(mg.max_slots) + " slots x " +
-                  std::to_string(m.num_kv_heads) + " kv heads per query exceed the chained counters");
+    if (m.attention_ctas > int64_t(UINT32_MAX))
+      throw Error("cuda executor: " + std::to_string(m.attention_ctas) +
+                  " attention CTAs per run exceed the chained counter");
+    mg.attention_ctas = uint32_t(m.attention_ctas);
   } else if (m.launches.size() > 1) {
     int least = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");

@@ -13,7 +13,6 @@
 
 #include "exec/cuda/kernels.hpp"
 #include "exec/cuda/primitives/cta_trace.cuh"
-#include "exec/cuda/primitives/grid_dependency.cuh"
 #include "exec/cuda/primitives/mma.cuh"
 #include "treeattn/cuda_executor.hpp"
 #include "treeattn/numeric.hpp"
@@ -23,6 +22,12 @@ namespace treeattn::cuda {
 namespace {
 
 constexpr int kMergeWarps = 4;
+
+__device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 // kBatch: slots whose partials are loaded before they are folded. Registers
 // decide how many merge warps an SM holds: a tree's leaves give one merge per
@@ -53,22 +58,18 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
   static_assert(MergeDesc::kInline == 4, "select chain below");
   int my_slot = lane >= count ? 0 : lane == 0 ? md.slot[0] : lane == 1 ? md.slot[1] : lane == 2 ? md.slot[2]
                                   : lane == 3 ? md.slot[3] : p.query_slots[first + lane];
-  if (p.query_done) {
+  if (p.ctas_done) {
     // A chained merge may start while attention CTAs still run: every one of
     // them is resident by then (each launch of the chain started only once
-    // all CTAs of the one before had), so this wait cannot starve them. Each
-    // warp waits for its own query only: a query whose units are done merges
-    // while the rest of the run's attention CTAs still stream KV.
-    if (active && lane == 0) {
-      const unsigned int target = (*reinterpret_cast<volatile unsigned int*>(p.run_epoch) + 1u) *
-                                  unsigned(count) * unsigned(p.num_kv_heads);
-      while (int(ld_acquire(p.query_done + query) - target) < 0) __nanosleep(128);  // wraps around
+    // all CTAs of the one before had), so this wait cannot starve them.
+    if (threadIdx.x == 0) {
+      while (ld_acquire(p.ctas_done) < p.attention_ctas) __nanosleep(256);
+      if (atomicAdd(p.merge_ctas_past, 1u) == gridDim.x - 1) {  // every merge CTA is past the wait
+        *p.ctas_done = 0;
+        *p.merge_ctas_past = 0;
+      }
     }
-    __syncthreads();  // every epoch read of this CTA precedes its count below
-    if (threadIdx.x == 0 && atom_acq_rel_add(p.merge_ctas_past, 1u) == gridDim.x - 1) {
-      *p.merge_ctas_past = 0;  // every merge CTA of this run is past its wait
-      atomicAdd(p.run_epoch, 1u);
-    }
+    __syncthreads();
   }
   trace.mark(kTraceFirstTile);
   trace.mark(kTraceLoopDone);
