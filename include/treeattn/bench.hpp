@@ -25,6 +25,7 @@ struct BenchOptions {
   uint64_t seed = 1;            // inputs
   bool exact_tiles = false;     // run every unit with its plan's tile (CudaExecutorOptions::short_m16 = false)
   bool streams = false;         // CudaExecutorOptions::stream_per_tile_config (PAT's multi-stream forward)
+  bool persistent = true;       // CudaExecutorOptions::persistent
   bool trace = false;           // CudaExecutorOptions::trace: GpuTiming::trace of the last timed run
 };
 

@@ -455,6 +455,39 @@ TEST(CudaExecutor, SanitizeChainedRunsMergeTheirOwnPartials) {
   cudaStreamDestroy(s);
 }
 
+// A launch of more items than fit on the GPU at once runs persistent CTAs
+// that claim items in turn: every item computed exactly once (poisoned
+// output, fp64 reference), bit-identical to one CTA per item, and again on
+// the next run (the claim counters reset themselves).
+TEST(CudaExecutor, SanitizePersistentLaunch) {
+  for (const char* spec : {"fasttree:N=1,96:C=40,20", "fasttree:N=1,4,40:C=100,70,300"}) {
+    const Workload w = make_workload(spec, params(64, 32, 64, DType::fp16, 16));
+    const Plan p = make_plan("node", w, PlanOptions{});
+    HostTensors h = make_random_inputs(w, 21);
+    const std::vector<double> ref = reference_attention(w, h.args());
+    DeviceTensors d = DeviceTensors::upload(h);
+    CudaExecutorOptions one_per_item;
+    one_per_item.persistent = false;
+    CudaExecutor ex(w, p), plain(w, p, one_per_item);
+    EXPECT_NE(ex.describe().find("persistent"), std::string::npos) << spec << ": " << ex.describe();
+    EXPECT_EQ(plain.describe().find("persistent"), std::string::npos) << spec << ": " << plain.describe();
+    HostTensors expect = h;
+    d.poison_out();
+    plain.run(d.args(), nullptr);
+    check_cuda(cudaDeviceSynchronize(), "one CTA per item");
+    d.download_out(expect);
+    EXPECT_LE(relative_error(w, expect.out.data(), ref), tolerance(w.layout.dtype)) << spec;
+    for (int r = 0; r < 3; ++r) {
+      HostTensors g = h;
+      d.poison_out();
+      ex.run(d.args(), nullptr);
+      check_cuda(cudaDeviceSynchronize(), "persistent run");
+      d.download_out(g);
+      EXPECT_EQ(g.out, expect.out) << spec << ": persistent run " << r << " differs from one CTA per item";
+    }
+  }
+}
+
 // The CTA timeline of a traced run: one line per attention launch and one for
 // the merge, every phase non-negative (the stamps are in order), the output
 // still right. In a build without TREEATTN_CTA_TRACE the option must say so.

@@ -42,6 +42,7 @@ KernelEntry attention_entry() {
   e.n = N;
   e.min_stages = Tr::kMinStages;
   e.max_stages = Tr::kMaxStages;
+  e.persistent = Tr::kPersistent;
   e.smem_base = Tr::kQOffset + Tr::kQBytes;
   e.smem_per_stage = 2 * Tr::kTileBytes;
   return e;

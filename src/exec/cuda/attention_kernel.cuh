@@ -45,6 +45,7 @@ struct SmemMisc {
   uint32_t tile_flag[kMaxSlots][N / 32];     // ballot: positions that need the mask
   float row_m[WN][M];                        // per-slice softmax state, log2 units
   float row_d[WN][M];
+  int32_t next_item;                         // persistent launches: the item after this one
 };
 
 template <class T_, int D_, int M_, int N_>
@@ -89,6 +90,11 @@ struct AttnTraits {
   // The 128-row wgmma tile at d <= 128 is capped at 128 registers too, for 2
   // CTAs/SM: it spills 44 bytes, and measured 9% (pat:B=1,8,512 32/8) to 17%
   // (pat:B=1,4,16,512 64/8) faster than 1 CTA/SM at 162 registers.
+  // Persistent launches (AttnParams::work) only for decode tiles at d <= 128,
+  // whose launches have thousands of short items; the other tiles are at
+  // their register caps (the item loop's state made the 128-row tile spill
+  // 208 instead of 44 bytes, and m = 32 at d = 256 48 instead of 0).
+  static constexpr bool kPersistent = M <= 32 && D <= 128;
   static constexpr int kMinBlocksPerSm =
       (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : (kWgmma && M == 128 && D <= 128) ? 2 : 1;
   using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
@@ -158,347 +164,375 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
-  const UnitDesc u = p.units[blockIdx.x / Hkv];
-  const int kvh = blockIdx.x % Hkv;
-  const int nseg = u.nseg, e0 = u.ent_off, len = u.len;
-  const int nent = min(u.nent, M);
-  const int rows = min(u.nent * G, M);  // the validator guarantees nent * G <= M
-  const bool masked = u.any_missing != 0;
-  const uint64_t any_missing = u.any_missing;
+  // Items are (unit, kv head) pairs: item i is units[i / Hkv] for kv head
+  // i % Hkv. A CTA computes item blockIdx.x; in a persistent launch (p.work)
+  // it then takes items gridDim.x + 0, 1, 2, ... in the order it claims them,
+  // and claims the next one when it starts this one, so that the claim and
+  // the next descriptor are in flight while this item streams its K/V (a
+  // short unit's CTA otherwise spends most of its life on that chain and on
+  // being launched).
+  const bool persistent = Tr::kPersistent && p.work != nullptr;
+  int item = blockIdx.x;
+  UnitDesc u = p.units[item / Hkv];
+  for (bool first_item = true;; first_item = false) {
+    unsigned int claimed = 0;
+    if (persistent && tid == 0) claimed = atomicAdd(p.work, 1u);  // read only after the KV loop
+    const int kvh = item % Hkv;
+    const int nseg = u.nseg, e0 = u.ent_off, len = u.len;
+    const int nent = min(u.nent, M);
+    const int rows = min(u.nent * G, M);  // the validator guarantees nent * G <= M
+    const bool masked = u.any_missing != 0;
+    const uint64_t any_missing = u.any_missing;
 
-  // Resolving a tile's N positions (one filler thread each) to token rows of
-  // the pool takes two steps, so that the page-table load is in flight for a
-  // whole iteration before its result is needed: lookup() finds the segment
-  // (binary search over the segment ends) and starts the load of the page id;
-  // commit() writes the row, the segment and the mask flag into a slot.
-  struct Lookup {
-    int seg = 255, tok = 0, page = 0;  // seg 255: past the end of the unit
-  };
-  // early: a one-segment unit before its record is in shared memory (the
-  // record comes from the descriptor's registers; only the prologue, so that
-  // they are not live in the main loop).
-  auto lookup = [&](int t, bool early = false) {
-    Lookup l;
-    const int pos = t * N + tid;
-    if (tid < N && pos < len) {
-      int lo = 0, hi = nseg - 1;  // first s with end > pos (skips empty segments)
-      while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
-      }
-      const SegDesc sg = early ? u.seg0 : misc.seg[lo];
-      l.seg = lo;
-      l.tok = sg.begin + pos - sg.pos;
-      l.page = p.page_ids[sg.pbase + l.tok / ps];
-    }
-    return l;
-  };
-  auto commit = [&](const Lookup& l, int sl) {
-    if (tid < N) {
-      const bool valid = l.seg != 255;
-      misc.row[sl][tid] = valid ? l.page * ps + l.tok % ps : -1;
-      misc.pos_seg[sl][tid] = uint8_t(l.seg);
-      const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
-      const uint32_t b = __ballot_sync(0xffffffffu, need);
-      if (lane == 0) misc.tile_flag[sl][warp] = b;
-    }
-  };
-
-  // Issues the cp.async copies of the K and V rows of the tile described by
-  // slot sl into stage st; positions past the end are zero-filled (a masked
-  // score times a V row of garbage could be NaN).
-  const T* kpool = static_cast<const T*>(p.k);
-  const T* vpool = static_cast<const T*>(p.v);
-  auto issue = [&](int st, int sl) {
-    uint8_t* dk = sK + st * Tr::kTileBytes;
-    uint8_t* dv = sV + st * Tr::kTileBytes;
-#pragma unroll
-    for (int i = tid; i < N * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const int row = misc.row[sl][r];
-      const int64_t off = (int64_t(row < 0 ? 0 : row) * Hkv + kvh) * D + c * 8;
-      const uint32_t so = swz<Tr, N>(r, c);
-      cp_async_16_zfill(dk + so, kpool + off, row >= 0);
-      cp_async_16_zfill(dv + so, vpool + off, row >= 0);
-    }
-  };
-
-  // ---- the unit's segment records and entries -> shared memory. The first
-  // segment comes with the descriptor: a one-segment unit's page lookups
-  // depend on nothing else.
-  if (tid == 0 && nseg > 0) misc.seg[0] = u.seg0;
-  if (tid > 0 && tid < nseg) misc.seg[tid] = p.segs[u.seg_off + tid];
-  for (int e = tid; e < nent; e += kThreads) {
-    misc.ent_query[e] = p.entry_query[e0 + e];
-    misc.ent_slot[e] = p.entry_slot[e0 + e];
-    if (masked) misc.ent_mask[e] = p.entry_mask[e0 + e];
-  }
-  const int num_tiles = (len + N - 1) / N;
-  // A one-segment unit's page lookups need nothing from shared memory: their
-  // loads go out now, together with the entries' (one round trip fewer
-  // before the first K/V copy).
-  Lookup first[Tr::kMaxStages];
-  const bool early = D <= 128 && nseg <= 1;  // at d = 256 the registers it holds spill
-  if (early) {
-#pragma unroll
-    for (int t = 0; t < Tr::kMaxStages; ++t)
-      if (t < S && t < num_tiles) first[t] = lookup(t, true);
-  }
-  __syncthreads();
-
-  // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
-  {
-    const T* q = static_cast<const T*>(p.q);
-    for (int i = tid; i < M * kChunks; i += kThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const T* src = q;
-      if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
-      cp_async_16_zfill(sQ + swz<Tr, M>(r, c), src, r < rows);
-    }
-    cp_async_commit();
-  }
-
-  // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
-  if (!early) {  // all loads first, then all commits
-#pragma unroll
-    for (int t = 0; t < Tr::kMaxStages; ++t)
-      if (t < S && t < num_tiles) first[t] = lookup(t);
-  }
-#pragma unroll
-  for (int t = 0; t < Tr::kMaxStages; ++t)
-    if (t < S && t < num_tiles) commit(first[t], t);
-  Lookup next = lookup(S);  // tile S, committed in iteration 0
-  __syncthreads();
-  for (int t = 0; t < S - 1; ++t) {
-    if (t < num_tiles) issue(t, t);
-    cp_async_commit();
-  }
-
-  // Rows of this thread in the mma accumulators: r0 = lane / 4 and r0 + 8 of
-  // the warp's row block.
-  uint64_t rmask[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = wm * 16 + (lane >> 2) + 8 * i;
-    rmask[i] = (masked && r < rows) ? misc.ent_mask[r / G] : ~0ull;
-  }
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) o[j][c] = 0.f;
-  float row_max[2] = {kNegInf, kNegInf};  // log2 units
-  float row_sum[2] = {0.f, 0.f};          // this thread's columns only; quad-summed at the end
-  const float sl2 = p.scale_log2;
-
-  // Ring positions: stage/slot of the tile computed (t), issued (t + S - 1)
-  // and filled (t + S), advanced with wrap-around instead of a modulo.
-  int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
-  for (int t = 0; t < num_tiles; ++t) {
-    if (Tr::kMinStages == 1 && S == 1) {
-      // One stage: tile t is issued and awaited here (one-tile units only, so
-      // nothing is lost); the barrier before the issue frees the stage, and
-      // makes the slot committed in iteration t - 1 visible.
-      if (t > 0) __syncthreads();
-      issue(0, sl);
-      cp_async_commit();
-      cp_async_wait<0>();
-      if constexpr (Tr::kWgmma) fence_proxy_async();
-      __syncthreads();
-    } else {
-      cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
-      if constexpr (Tr::kWgmma) fence_proxy_async();  // ... visible to wgmma's reads
-      __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
-      if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
-      cp_async_commit();
-    }
-    if (t + S < num_tiles) {
-      commit(next, sl_fill);
-      next = lookup(t + S + 1);
-    }
-
-    if (t == 0) trace.mark(kTraceFirstTile);
-    const uint8_t* Ks = sK + st * Tr::kTileBytes;
-    const uint8_t* Vs = sV + st * Tr::kTileBytes;
-
-    // S = Q K^T over this warp's WT tokens.
-    float s[WT / 8][4];
-#pragma unroll
-    for (int j = 0; j < WT / 8; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
-    if constexpr (Tr::kWgmma) {
-      // Q rows of this warpgroup and the K tile, both K-major; a k-step of 16
-      // elements is 32 bytes into a 128-byte row of a 64-element region.
-      const uint32_t q_base = smem_addr(sQ) + (warp / 4) * 64 * 128, k_base = smem_addr(Ks);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t step = (kk & 3) * 32;
-        Wgmma<T, N>::ss(s, wgmma_desc(q_base + (kk >> 2) * M * 128 + step, 16),
-                        wgmma_desc(k_base + (kk >> 2) * N * 128 + step, 16), kk > 0);
-      }
-      wgmma_commit();
-      wgmma_wait<0>();
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, sQ + swz<Tr, M>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-        for (int n2 = 0; n2 < WT / 16; ++n2) {
-          uint32_t b[4];
-          const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
-          ldmatrix_x4(b, Ks + swz<Tr, N>(r, 2 * kk + ((lane >> 3) & 1)));
-          MmaT::run(s[2 * n2], a, b[0], b[1]);
-          MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
+    // Resolving a tile's N positions (one filler thread each) to token rows of
+    // the pool takes two steps, so that the page-table load is in flight for a
+    // whole iteration before its result is needed: lookup() finds the segment
+    // (binary search over the segment ends) and starts the load of the page id;
+    // commit() writes the row, the segment and the mask flag into a slot.
+    struct Lookup {
+      int seg = 255, tok = 0, page = 0;  // seg 255: past the end of the unit
+    };
+    // early: a one-segment unit before its record is in shared memory (the
+    // record comes from the descriptor's registers; only the prologue, so that
+    // they are not live in the main loop).
+    auto lookup = [&](int t, bool early = false) {
+      Lookup l;
+      const int pos = t * N + tid;
+      if (tid < N && pos < len) {
+        int lo = 0, hi = nseg - 1;  // first s with end > pos (skips empty segments)
+        while (lo < hi) {
+          const int mid = (lo + hi) >> 1;
+          if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
         }
+        const SegDesc sg = early ? u.seg0 : misc.seg[lo];
+        l.seg = lo;
+        l.tok = sg.begin + pos - sg.pos;
+        l.page = p.page_ids[sg.pbase + l.tok / ps];
       }
+      return l;
+    };
+    auto commit = [&](const Lookup& l, int sl) {
+      if (tid < N) {
+        const bool valid = l.seg != 255;
+        misc.row[sl][tid] = valid ? l.page * ps + l.tok % ps : -1;
+        misc.pos_seg[sl][tid] = uint8_t(l.seg);
+        const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
+        const uint32_t b = __ballot_sync(0xffffffffu, need);
+        if (lane == 0) misc.tile_flag[sl][warp] = b;
+      }
+    };
+
+    // Issues the cp.async copies of the K and V rows of the tile described by
+    // slot sl into stage st; positions past the end are zero-filled (a masked
+    // score times a V row of garbage could be NaN).
+    const T* kpool = static_cast<const T*>(p.k);
+    const T* vpool = static_cast<const T*>(p.v);
+    auto issue = [&](int st, int sl) {
+      uint8_t* dk = sK + st * Tr::kTileBytes;
+      uint8_t* dv = sV + st * Tr::kTileBytes;
+#pragma unroll
+      for (int i = tid; i < N * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = i % kChunks;
+        const int row = misc.row[sl][r];
+        const int64_t off = (int64_t(row < 0 ? 0 : row) * Hkv + kvh) * D + c * 8;
+        const uint32_t so = swz<Tr, N>(r, c);
+        cp_async_16_zfill(dk + so, kpool + off, row >= 0);
+        cp_async_16_zfill(dv + so, vpool + off, row >= 0);
+      }
+    };
+
+    // ---- the unit's segment records and entries -> shared memory. The first
+    // segment comes with the descriptor: a one-segment unit's page lookups
+    // depend on nothing else.
+    if (tid == 0 && nseg > 0) misc.seg[0] = u.seg0;
+    if (tid > 0 && tid < nseg) misc.seg[tid] = p.segs[u.seg_off + tid];
+    for (int e = tid; e < nent; e += kThreads) {
+      misc.ent_query[e] = p.entry_query[e0 + e];
+      misc.ent_slot[e] = p.entry_slot[e0 + e];
+      if (masked) misc.ent_mask[e] = p.entry_mask[e0 + e];
+    }
+    const int num_tiles = (len + N - 1) / N;
+    // A one-segment unit's page lookups need nothing from shared memory: their
+    // loads go out now, together with the entries' (one round trip fewer
+    // before the first K/V copy).
+    Lookup first[Tr::kMaxStages];
+    const bool early = D <= 128 && nseg <= 1;  // at d = 256 the registers it holds spill
+    if (early) {
+#pragma unroll
+      for (int t = 0; t < Tr::kMaxStages; ++t)
+        if (t < S && t < num_tiles) first[t] = lookup(t, true);
+    }
+    __syncthreads();
+
+    // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
+    {
+      const T* q = static_cast<const T*>(p.q);
+      for (int i = tid; i < M * kChunks; i += kThreads) {
+        const int r = i / kChunks, c = i % kChunks;
+        const T* src = q;
+        if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
+        cp_async_16_zfill(sQ + swz<Tr, M>(r, c), src, r < rows);
+      }
+      cp_async_commit();
     }
 
-    // Masks only where needed: a position past the end, or a segment some
-    // entry of the unit does not see.
-    uint32_t flag = 0;
+    // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
+    if (!early) {  // all loads first, then all commits
 #pragma unroll
-    for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
-    if (flag) {
+      for (int t = 0; t < Tr::kMaxStages; ++t)
+        if (t < S && t < num_tiles) first[t] = lookup(t);
+    }
+#pragma unroll
+    for (int t = 0; t < Tr::kMaxStages; ++t)
+      if (t < S && t < num_tiles) commit(first[t], t);
+    Lookup next = lookup(S);  // tile S, committed in iteration 0
+    __syncthreads();
+    for (int t = 0; t < S - 1; ++t) {
+      if (t < num_tiles) issue(t, t);
+      cp_async_commit();
+    }
+
+    // Rows of this thread in the mma accumulators: r0 = lane / 4 and r0 + 8 of
+    // the warp's row block.
+    uint64_t rmask[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = wm * 16 + (lane >> 2) + 8 * i;
+      rmask[i] = (masked && r < rows) ? misc.ent_mask[r / G] : ~0ull;
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[j][c] = 0.f;
+    float row_max[2] = {kNegInf, kNegInf};  // log2 units
+    float row_sum[2] = {0.f, 0.f};          // this thread's columns only; quad-summed at the end
+    const float sl2 = p.scale_log2;
+
+    // Ring positions: stage/slot of the tile computed (t), issued (t + S - 1)
+    // and filled (t + S), advanced with wrap-around instead of a modulo.
+    int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
+    for (int t = 0; t < num_tiles; ++t) {
+      if (Tr::kMinStages == 1 && S == 1) {
+        // One stage: tile t is issued and awaited here (one-tile units only, so
+        // nothing is lost); the barrier before the issue frees the stage, and
+        // makes the slot committed in iteration t - 1 visible.
+        if (t > 0) __syncthreads();
+        issue(0, sl);
+        cp_async_commit();
+        cp_async_wait<0>();
+        if constexpr (Tr::kWgmma) fence_proxy_async();
+        __syncthreads();
+      } else {
+        cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
+        if constexpr (Tr::kWgmma) fence_proxy_async();  // ... visible to wgmma's reads
+        __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
+        if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
+        cp_async_commit();
+      }
+      if (t + S < num_tiles) {
+        commit(next, sl_fill);
+        next = lookup(t + S + 1);
+      }
+
+      if (t == 0 && first_item) trace.mark(kTraceFirstTile);
+      const uint8_t* Ks = sK + st * Tr::kTileBytes;
+      const uint8_t* Vs = sV + st * Tr::kTileBytes;
+
+      // S = Q K^T over this warp's WT tokens.
+      float s[WT / 8][4];
 #pragma unroll
       for (int j = 0; j < WT / 8; ++j)
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int sg = misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1) + c];
-          const bool ok = sg != 255;
-          if (!(ok && ((rmask[0] >> (sg & 63)) & 1))) s[j][c] = kNegInf;
-          if (!(ok && ((rmask[1] >> (sg & 63)) & 1))) s[j][2 + c] = kNegInf;
+        for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
+      if constexpr (Tr::kWgmma) {
+        // Q rows of this warpgroup and the K tile, both K-major; a k-step of 16
+        // elements is 32 bytes into a 128-byte row of a 64-element region.
+        const uint32_t q_base = smem_addr(sQ) + (warp / 4) * 64 * 128, k_base = smem_addr(Ks);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t step = (kk & 3) * 32;
+          Wgmma<T, N>::ss(s, wgmma_desc(q_base + (kk >> 2) * M * 128 + step, 16),
+                          wgmma_desc(k_base + (kk >> 2) * N * 128 + step, 16), kk > 0);
         }
+        wgmma_commit();
+        wgmma_wait<0>();
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          uint32_t a[4];
+          ldmatrix_x4(a, sQ + swz<Tr, M>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+          for (int n2 = 0; n2 < WT / 16; ++n2) {
+            uint32_t b[4];
+            const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
+            ldmatrix_x4(b, Ks + swz<Tr, N>(r, 2 * kk + ((lane >> 3) & 1)));
+            MmaT::run(s[2 * n2], a, b[0], b[1]);
+            MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
+          }
+        }
+      }
+
+      // Masks only where needed: a position past the end, or a segment some
+      // entry of the unit does not see.
+      uint32_t flag = 0;
+#pragma unroll
+      for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
+      if (flag) {
+#pragma unroll
+        for (int j = 0; j < WT / 8; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int sg = misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1) + c];
+            const bool ok = sg != 255;
+            if (!(ok && ((rmask[0] >> (sg & 63)) & 1))) s[j][c] = kNegInf;
+            if (!(ok && ((rmask[1] >> (sg & 63)) & 1))) s[j][2 + c] = kNegInf;
+          }
+      }
+
+      // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
+      // exp2(-inf - m_safe) = 0 instead of NaN.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+        mx = quad_max(mx) * sl2;
+        const float m_new = fmaxf(row_max[i], mx);
+        const float m_safe = m_new == kNegInf ? 0.f : m_new;
+        const float alpha = fast_exp2(row_max[i] - m_safe);
+        row_max[i] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < WT / 8; ++j) {
+          s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sl2, -m_safe));
+          s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sl2, -m_safe));
+          sum += s[j][2 * i] + s[j][2 * i + 1];
+        }
+        row_sum[i] = row_sum[i] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[j][2 * i] *= alpha;
+          o[j][2 * i + 1] *= alpha;
+        }
+      }
+
+      // O += P V: the S accumulators become A fragments (16 tokens) directly.
+      auto p_fragment = [&](int kk, uint32_t (&a)[4]) {
+        a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      };
+      if constexpr (Tr::kWgmma) {
+        // V is N-major for this product: 16 tokens (rows) per k-step, the
+        // 64-element regions of head_dim N * 128 bytes apart.
+        uint32_t pa[WT / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < WT / 16; ++kk) p_fragment(kk, pa[kk]);
+        const uint32_t v_base = smem_addr(Vs);
+        wgmma_fence();  // o was rescaled and pa written by ordinary instructions
+#pragma unroll
+        for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], wgmma_desc(v_base + kk * 16 * 128, N * 128));
+        wgmma_commit();
+        wgmma_wait<0>();
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < WT / 16; ++kk) {
+          uint32_t a[4];
+          p_fragment(kk, a);
+          const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+#pragma unroll
+          for (int d2 = 0; d2 < D / 16; ++d2) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, Vs + swz<Tr, N>(r, 2 * d2 + (lane >> 4)));
+            MmaT::run(o[2 * d2], a, b[0], b[1]);
+            MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
+          }
+        }
+      }
+      st = st + 1 == S ? 0 : st + 1;
+      sl = sl + 1 == kSlots ? 0 : sl + 1;
+      st_issue = st_issue + 1 == S ? 0 : st_issue + 1;
+      sl_issue = sl_issue + 1 == kSlots ? 0 : sl_issue + 1;
+      sl_fill = sl_fill + 1 == kSlots ? 0 : sl_fill + 1;
     }
 
-    // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
-    // exp2(-inf - m_safe) = 0 instead of NaN.
+    // ---- epilogue: slices -> shared memory, combined per row, written out.
+    trace.mark(kTraceLoopDone);
+    cp_async_wait<0>();
+    if (persistent && tid == 0) misc.next_item = int(gridDim.x + claimed);
+    __syncthreads();  // every warp is done with Q and K/V: the scratch may overlap them
+    const int next_item = persistent ? misc.next_item : p.num_items;
+    UnitDesc next_unit{};
+    if (next_item < p.num_items) next_unit = p.units[next_item / Hkv];  // in flight during the epilogue
+    float* sO = reinterpret_cast<float*>(sQ);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+      const int r = wm * 16 + (lane >> 2) + 8 * i;
+      const float d = quad_sum(row_sum[i]);
+      if ((lane & 3) == 0) {
+        misc.row_m[wn][r] = row_max[i];
+        misc.row_d[wn][r] = d;
+      }
+      float* dst = sO + (wn * M + r) * Tr::kOStride + ((lane & 3) << 1);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+    }
+    __syncthreads();
+
+    constexpr float kLn2 = 0.6931471805599453f;
+    for (int i = tid; i < rows * (D / 4); i += kThreads) {
+      const int r = i / (D / 4), c = (i % (D / 4)) * 4;
       float mx = kNegInf;
 #pragma unroll
-      for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-      mx = quad_max(mx) * sl2;
-      const float m_new = fmaxf(row_max[i], mx);
-      const float m_safe = m_new == kNegInf ? 0.f : m_new;
-      const float alpha = fast_exp2(row_max[i] - m_safe);
-      row_max[i] = m_new;
+      for (int w = 0; w < WN; ++w) mx = fmaxf(mx, misc.row_m[w][r]);
       float sum = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int j = 0; j < WT / 8; ++j) {
-        s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sl2, -m_safe));
-        s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sl2, -m_safe));
-        sum += s[j][2 * i] + s[j][2 * i + 1];
+      for (int w = 0; w < WN; ++w) {
+        const float mw = misc.row_m[w][r];
+        const float sc = mw == kNegInf ? 0.f : fast_exp2(mw - mx);  // empty slice: weight 0
+        sum += misc.row_d[w][r] * sc;
+        const float4 x = *reinterpret_cast<const float4*>(sO + (w * M + r) * Tr::kOStride + c);
+        acc.x += sc * x.x;
+        acc.y += sc * x.y;
+        acc.z += sc * x.z;
+        acc.w += sc * x.w;
       }
-      row_sum[i] = row_sum[i] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        o[j][2 * i] *= alpha;
-        o[j][2 * i + 1] *= alpha;
-      }
-    }
-
-    // O += P V: the S accumulators become A fragments (16 tokens) directly.
-    auto p_fragment = [&](int kk, uint32_t (&a)[4]) {
-      a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    };
-    if constexpr (Tr::kWgmma) {
-      // V is N-major for this product: 16 tokens (rows) per k-step, the
-      // 64-element regions of head_dim N * 128 bytes apart.
-      uint32_t pa[WT / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < WT / 16; ++kk) p_fragment(kk, pa[kk]);
-      const uint32_t v_base = smem_addr(Vs);
-      wgmma_fence();  // o was rescaled and pa written by ordinary instructions
-#pragma unroll
-      for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], wgmma_desc(v_base + kk * 16 * 128, N * 128));
-      wgmma_commit();
-      wgmma_wait<0>();
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < WT / 16; ++kk) {
-        uint32_t a[4];
-        p_fragment(kk, a);
-        const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
-#pragma unroll
-        for (int d2 = 0; d2 < D / 16; ++d2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, Vs + swz<Tr, N>(r, 2 * d2 + (lane >> 4)));
-          MmaT::run(o[2 * d2], a, b[0], b[1]);
-          MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
-        }
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row yields zeros
+      acc.x *= inv;
+      acc.y *= inv;
+      acc.z *= inv;
+      acc.w *= inv;
+      const int h = kvh * G + r % G;
+      const int slot = misc.ent_slot[r / G];
+      if (slot < 0) {
+        const int64_t off = (int64_t(misc.ent_query[r / G]) * Hqo + h) * D + c;
+        uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
+        *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) = packed;
+      } else {
+        const int64_t off = (int64_t(slot) * Hqo + h) * D + c;
+        *reinterpret_cast<float4*>(p.partial_o + off) = acc;
+        if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
       }
     }
-    st = st + 1 == S ? 0 : st + 1;
-    sl = sl + 1 == kSlots ? 0 : sl + 1;
-    st_issue = st_issue + 1 == S ? 0 : st_issue + 1;
-    sl_issue = sl_issue + 1 == kSlots ? 0 : sl_issue + 1;
-    sl_fill = sl_fill + 1 == kSlots ? 0 : sl_fill + 1;
-  }
+    trace.mark(kTraceStored);
+    if (next_item >= p.num_items) break;
+    __syncthreads();  // the next item reuses the shared memory: every read of this one is done
+    item = next_item;
+    u = next_unit;
+  }  // items
 
-  // ---- epilogue: slices -> shared memory, combined per row, written out.
-  trace.mark(kTraceLoopDone);
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is done with Q and K/V: the scratch may overlap them
-  float* sO = reinterpret_cast<float*>(sQ);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = wm * 16 + (lane >> 2) + 8 * i;
-    const float d = quad_sum(row_sum[i]);
-    if ((lane & 3) == 0) {
-      misc.row_m[wn][r] = row_max[i];
-      misc.row_d[wn][r] = d;
-    }
-    float* dst = sO + (wn * M + r) * Tr::kOStride + ((lane & 3) << 1);
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+  if (persistent && tid == 0 && atomicAdd(p.work + 1, 1u) == gridDim.x - 1) {
+    // The last CTA out (every CTA's last claim came before its count): reset
+    // the claim counters for the next run.
+    p.work[0] = 0;
+    p.work[1] = 0;
   }
-  __syncthreads();
-
-  constexpr float kLn2 = 0.6931471805599453f;
-  for (int i = tid; i < rows * (D / 4); i += kThreads) {
-    const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-    float mx = kNegInf;
-#pragma unroll
-    for (int w = 0; w < WN; ++w) mx = fmaxf(mx, misc.row_m[w][r]);
-    float sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < WN; ++w) {
-      const float mw = misc.row_m[w][r];
-      const float sc = mw == kNegInf ? 0.f : fast_exp2(mw - mx);  // empty slice: weight 0
-      sum += misc.row_d[w][r] * sc;
-      const float4 x = *reinterpret_cast<const float4*>(sO + (w * M + r) * Tr::kOStride + c);
-      acc.x += sc * x.x;
-      acc.y += sc * x.y;
-      acc.z += sc * x.z;
-      acc.w += sc * x.w;
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row yields zeros
-    acc.x *= inv;
-    acc.y *= inv;
-    acc.z *= inv;
-    acc.w *= inv;
-    const int h = kvh * G + r % G;
-    const int slot = misc.ent_slot[r / G];
-    if (slot < 0) {
-      const int64_t off = (int64_t(misc.ent_query[r / G]) * Hqo + h) * D + c;
-      uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
-      *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) = packed;
-    } else {
-      const int64_t off = (int64_t(slot) * Hqo + h) * D + c;
-      *reinterpret_cast<float4*>(p.partial_o + off) = acc;
-      if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
-    }
-  }
-  trace.mark(kTraceStored);
   if (p.ctas_done) {
     // Every thread's stores, then one fence and the count: the barrier orders
     // them before thread 0's fence, which makes them visible device-wide

@@ -41,9 +41,15 @@ struct AttnParams {
   float* partial_o;    // [num_slots, num_qo_heads, head_dim], normalised
   float* partial_lse;  // [num_slots, num_qo_heads], natural log
 
-  // One descriptor per unit of this launch, longest unit first: CTA i
-  // computes units[i / Hkv] for kv head i % Hkv.
+  // One descriptor per unit of this launch, longest unit first: item i is
+  // units[i / Hkv] for kv head i % Hkv.
   const UnitDesc* units;
+  int32_t num_items;  // units of this launch x num_kv_heads
+  // Persistent launches (more items than CTAs fit on the GPU at once): the
+  // grid is one wave; CTA b computes item b, then claims items gridDim.x +
+  // atomicAdd(&work[0], 1) until they run out; work[1] counts CTAs done, and
+  // the last one resets both. nullptr: one item per CTA (grid = num_items).
+  unsigned int* work;
   const SegDesc* segs;  // segment records, indexed by UnitDesc::seg_off
   // Plan entry arrays (plan.hpp), as uploaded.
   const int32_t* entry_query;

@@ -240,6 +240,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   CudaExecutorOptions eo;
   eo.short_m16 = !o.exact_tiles;
   eo.stream_per_tile_config = o.streams;
+  eo.persistent = o.persistent;
   eo.trace = o.trace;
   CudaExecutor ex(w, p, eo);
   const AttentionArgs args = m.d.args();

@@ -126,6 +126,10 @@ struct Launch {
   int32_t max_len = 0;  // tokens of its longest unit
   int stages = 0;
   int smem = 0;
+  int64_t grid = 0;         // CTAs: its items (units x kv heads), or one wave of them when persistent
+  bool persistent = false;  // more items than fit on the GPU at once (AttnParams::work)
+  size_t work_offset = 0;   // persistent: its two claim counters in the workspace
+  int64_t first_cta = 0;    // of its CTAs among the run's (trace buffer)
 };
 
 // Pipeline depth of a launch: the CTAs an SM can hold by registers, but no
@@ -320,6 +324,20 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
       }
       if (deeper.stages > l.stages) l = deeper;
     }
+  // A launch with more items than fit on the GPU at once runs one wave of
+  // CTAs that claim items as they finish (attention_kernel.cuh): measured on
+  // a tree's 32-token leaves, a CTA spent ~2 of its ~9 us per item with K/V
+  // in flight; the rest was its launch, the descriptor -> page id -> K/V load
+  // chain, and the fence and count.
+  for (Launch& l : m.launches) {
+    const int64_t items = int64_t(l.num_units) * m.num_kv_heads;
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel.kernel, l.kernel.threads, size_t(l.smem)),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attention kernel)");
+    const int64_t wave = int64_t(std::max(per_sm, 1)) * num_sms;
+    l.persistent = o.persistent && l.kernel.persistent && items > wave;
+    l.grid = l.persistent ? wave : items;
+  }
   // The launch with the longest CTAs goes first and on the highest-priority
   // stream: its CTAs must not queue behind a grid of short ones (the tail).
   std::stable_sort(m.launches.begin(), m.launches.end(),
@@ -345,13 +363,20 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   const size_t o_qs = pk.add(p.query_slots);
   const size_t o_mq = pk.add(merges);
 
-  // Workspace: fp32 partials, their lse, two counters of chained runs
-  // (zeroed with the upload below; each chained run leaves them zero).
+  // Workspace: fp32 partials, their lse, two counters of chained runs and
+  // two per persistent launch (zeroed with the upload below; every run
+  // leaves them zero).
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
   const size_t lse_bytes = size_t(p.num_slots) * H * sizeof(float);
   const size_t counters = (o_bytes + lse_bytes + 15) / 16 * 16;
-  m.workspace = DeviceBuffer(counters + 16);
+  size_t counter_bytes = 2 * sizeof(unsigned int);  // chained runs: attention CTAs done, merge CTAs past the wait
+  for (Launch& l : m.launches)
+    if (l.persistent) {
+      l.work_offset = counters + counter_bytes;
+      counter_bytes += 2 * sizeof(unsigned int);
+    }
+  m.workspace = DeviceBuffer(counters + counter_bytes);
 
   // One pinned staging buffer, one copy.
   void* host = nullptr;
@@ -362,7 +387,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   cudaStream_t up = nullptr;
   check_cuda(cudaStreamCreateWithFlags(&up, cudaStreamNonBlocking), "cuda executor: upload stream");
   cudaError_t st = cudaMemcpyAsync(m.plan_buf.get(), host, pk.size(), cudaMemcpyHostToDevice, up);
-  if (st == cudaSuccess) st = cudaMemsetAsync(m.workspace.as<uint8_t>() + counters, 0, 16, up);
+  if (st == cudaSuccess) st = cudaMemsetAsync(m.workspace.as<uint8_t>() + counters, 0, counter_bytes, up);
   if (st == cudaSuccess) st = cudaStreamSynchronize(up);
   cudaStreamDestroy(up);
   check_cuda(st, "cuda executor: plan upload");
@@ -392,7 +417,10 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   for (const cuda::MergeDesc& md : merges) mg.max_slots = std::max(mg.max_slots, md.count);
   mg.num_qo_heads = H;
 
-  for (const Launch& l : m.launches) m.attention_ctas += int64_t(l.num_units) * m.num_kv_heads;
+  for (Launch& l : m.launches) {
+    l.first_cta = m.attention_ctas;
+    m.attention_ctas += l.grid;
+  }
   m.merge_ctas = mg.num_merges ? cuda::merge_ctas(mg) : 0;
   if (o.trace) {
     if (!kCtaTraceCompiled)
@@ -454,7 +482,7 @@ std::string CudaExecutor::describe() const {
   for (const Launch& l : impl_->launches)
     out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) +
            (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) + " ctas=" +
-           std::to_string(int64_t(l.num_units) * impl_->num_kv_heads) + " stages=" + std::to_string(l.stages) +
+           std::to_string(l.grid) + (l.persistent ? " persistent" : "") + " stages=" + std::to_string(l.stages) +
            " smem=" + std::to_string(l.smem / 1024) + "K maxlen=" + std::to_string(l.max_len);
   if (impl_->merge.num_merges) out += "; merge " + std::to_string(impl_->merge.num_merges) + " queries";
   return out;
@@ -506,8 +534,9 @@ std::string CudaExecutor::trace_report() const {
     out += buf;
   };
   for (const Launch& l : m.launches)
-    line("m" + std::to_string(l.kernel.m) + "n" + std::to_string(l.kernel.n) + " s" + std::to_string(l.stages),
-         int64_t(l.first_unit) * m.num_kv_heads, int64_t(l.num_units) * m.num_kv_heads, false);
+    line("m" + std::to_string(l.kernel.m) + "n" + std::to_string(l.kernel.n) + " s" + std::to_string(l.stages) +
+             (l.persistent ? " p" : ""),
+         l.first_cta, l.grid, false);
   if (m.merge_ctas) line("merge", m.attention_ctas, m.merge_ctas, true);
   return out;
 }
@@ -529,11 +558,12 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   auto launch = [&](const Launch& l, cudaStream_t s, bool chained) {
     cuda::AttnParams lp = a;
     lp.units = a.units + l.first_unit;
+    lp.num_items = l.num_units * m.num_kv_heads;
+    lp.work = l.persistent ? reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + l.work_offset) : nullptr;
     lp.stages = l.stages;
-    lp.trace_first_cta = int64_t(l.first_unit) * m.num_kv_heads;
+    lp.trace_first_cta = l.first_cta;
     void* kargs[] = {&lp};
-    const cuda::LaunchConfig lc(dim3(unsigned(l.num_units) * unsigned(m.num_kv_heads)), dim3(l.kernel.threads),
-                                size_t(l.smem), s, chained);
+    const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), s, chained);
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "cuda executor: attention launch");
   };
   if (m.aux.empty()) {

@@ -38,6 +38,7 @@ struct KernelEntry {
   int threads = 0;
   int m = 0, n = 0;
   int min_stages = 0, max_stages = 0;
+  bool persistent = false;   // may run a persistent launch (AttnTraits::kPersistent)
   int smem_base = 0;         // dynamic shared memory besides the K/V stages
   int smem_per_stage = 0;    // one K + one V tile
   int smem_bytes(int stages) const { return smem_base + stages * smem_per_stage; }
