@@ -166,17 +166,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
   // Items are (unit, kv head) pairs: item i is units[i / Hkv] for kv head
   // i % Hkv. A CTA computes item blockIdx.x; in a persistent launch (p.work)
-  // it then takes items gridDim.x + 0, 1, 2, ... in the order it claims them,
-  // and claims the next one when it starts this one, so that the claim and
-  // the next descriptor are in flight while this item streams its K/V (a
-  // short unit's CTA otherwise spends most of its life on that chain and on
-  // being launched).
+  // it then takes items gridDim.x + 0, 1, 2, ... in the order they are
+  // claimed, and loads the next item's descriptor during this item's epilogue
+  // (a short unit's CTA otherwise spends much of its life being launched and
+  // on the descriptor -> page id -> K/V load chain).
   const bool persistent = Tr::kPersistent && p.work != nullptr;
   int item = blockIdx.x;
   UnitDesc u = p.units[item / Hkv];
   for (bool first_item = true;; first_item = false) {
-    unsigned int claimed = 0;
-    if (persistent && tid == 0) claimed = atomicAdd(p.work, 1u);  // read only after the KV loop
+    unsigned int claimed = 0;  // persistent: thread 0's claim of the next item, read after the KV loop
     const int kvh = item % Hkv;
     const int nseg = u.nseg, e0 = u.ent_off, len = u.len;
     const int nent = min(u.nent, M);
@@ -310,6 +308,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     float row_sum[2] = {0.f, 0.f};          // this thread's columns only; quad-summed at the end
     const float sl2 = p.scale_log2;
 
+    // A persistent CTA claims its next item once it has issued this item's
+    // last copies: near its end, so that items go to CTAs in the order they
+    // finish (claims made when items start handed the last items to the CTAs
+    // of the longest ones: a 20 us tail on fasttree:N=1,10 at 32/32), yet
+    // early enough that the claim is back by the epilogue.
+    const int claim_at = max(0, num_tiles - S);
+    if (persistent && tid == 0 && num_tiles == 0) claimed = atomicAdd(p.work, 1u);
+
     // Ring positions: stage/slot of the tile computed (t), issued (t + S - 1)
     // and filled (t + S), advanced with wrap-around instead of a modulo.
     int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
@@ -331,6 +337,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
         cp_async_commit();
       }
+      if (persistent && tid == 0 && t == claim_at) claimed = atomicAdd(p.work, 1u);
       if (t + S < num_tiles) {
         commit(next, sl_fill);
         next = lookup(t + S + 1);

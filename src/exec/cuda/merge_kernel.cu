@@ -31,12 +31,14 @@ __device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
 
 // kBatch: slots whose partials are loaded before they are folded. Registers
 // decide how many merge warps an SM holds: a tree's leaves give one merge per
-// (query, qo head), thousands of warps of two slots each; with 8-slot batches
-// (85 registers at d = 128) 6 CTAs fit per SM and such a merge ran in 2.6
-// waves after the attention CTAs left. Plans whose queries have at most 2
-// slots run 2-slot batches at 16 CTAs per SM (one wave of 8448 warps; 32
-// registers, 36 bytes spilled at d = 128): their merge tail after the last
-// attention CTA went from 10.5-11.9 to 6.9-7.4 µs (CTA trace, fasttree:N=1,256).
+// (query, qo head), thousands of warps of a few slots each; with 8-slot
+// batches (85 registers at d = 128) 6 CTAs fit per SM and such a merge ran in
+// 2.6 (fasttree:N=1,256, 2 slots) to 5 (pat:B=1,8,512, 3 slots) waves after
+// the attention CTAs left. Plans whose queries have at most 4 slots run
+// 2-slot batches at 16 CTAs per SM (32 registers, 36 bytes spilled at
+// d = 128): the merge tail of fasttree:N=1,256 went from 10.5-11.9 to
+// 6.9-7.4 µs (CTA trace).
+constexpr int kSmallMergeSlots = 4;
 template <int D, int kBatch>
 constexpr int merge_min_blocks() { return kBatch <= 2 && D <= 128 ? 16 : 1; }
 
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
 template <class T, int D>
 void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
   const LaunchConfig lc(dim3(unsigned(merge_ctas(p))), dim3(kMergeWarps * 32), 0, stream, chained);
-  const auto kernel = p.max_slots <= 2 ? merge_kernel<T, D, 2> : merge_kernel<T, D, 8>;
+  const auto kernel = p.max_slots <= kSmallMergeSlots ? merge_kernel<T, D, 2> : merge_kernel<T, D, 8>;
   check_cuda(cudaLaunchKernelEx(&lc.cfg, kernel, p), "cuda executor: merge launch");
 }
 
