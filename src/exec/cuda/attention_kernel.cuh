@@ -320,6 +320,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // and filled (t + S), advanced with wrap-around instead of a modulo.
     int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
     for (int t = 0; t < num_tiles; ++t) {
+      if (persistent && tid == 0 && t == claim_at) claimed = atomicAdd(p.work, 1u);  // in flight during the wait
       if (Tr::kMinStages == 1 && S == 1) {
         // One stage: tile t is issued and awaited here (one-tile units only, so
         // nothing is lost); the barrier before the issue frees the stage, and
@@ -337,7 +338,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
         cp_async_commit();
       }
-      if (persistent && tid == 0 && t == claim_at) claimed = atomicAdd(p.work, 1u);
       if (t + S < num_tiles) {
         commit(next, sl_fill);
         next = lookup(t + S + 1);
