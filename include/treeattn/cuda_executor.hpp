@@ -72,10 +72,11 @@ struct CudaExecutorOptions {
   // forward, one internal stream per tile config, forked from and joined
   // back into the caller's stream with events.
   bool stream_per_tile_config = false;
-  // A launch with more (unit, kv head) items than CTAs fit on the GPU at once
-  // runs one wave of CTAs, each computing items until none are left, and
-  // fetching the next item's descriptor while it computes one. false: one
-  // CTA per item, scheduled by the hardware.
+  // A launch of decode tiles (m <= 32, d <= 128) with more (unit, kv head)
+  // items than CTAs fit on the GPU at once, and units longer than one K/V
+  // tile, runs one wave of CTAs, each computing items until none are left
+  // and fetching the next item's descriptor while it finishes one. false:
+  // one CTA per item, scheduled by the hardware.
   bool persistent = true;
   // Record when each CTA of a run starts, has its first K/V tile, leaves its
   // KV loop, has issued its output stores and is done (ns stamps of the GPU's

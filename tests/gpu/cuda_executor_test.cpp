@@ -455,13 +455,13 @@ TEST(CudaExecutor, SanitizeChainedRunsMergeTheirOwnPartials) {
   cudaStreamDestroy(s);
 }
 
-// A launch of more items than fit on the GPU at once runs persistent CTAs
-// that claim items in turn: every item computed exactly once (poisoned
-// output, fp64 reference), bit-identical to one CTA per item, and again on
-// the next run (the claim counters reset themselves).
+// A launch of more items than fit on the GPU at once (multi-tile leaves)
+// runs persistent CTAs that claim items in turn: every item computed exactly
+// once (poisoned output, fp64 reference), bit-identical to one CTA per item,
+// and again on the next runs (the claim counters reset themselves).
 TEST(CudaExecutor, SanitizePersistentLaunch) {
-  for (const char* spec : {"fasttree:N=1,96:C=40,20", "fasttree:N=1,4,40:C=100,70,300"}) {
-    const Workload w = make_workload(spec, params(64, 32, 64, DType::fp16, 16));
+  for (const char* spec : {"fasttree:N=1,96:C=40,100", "fasttree:N=1,4,80:C=100,70,300"}) {
+    const Workload w = make_workload(spec, params(64, 16, 64, DType::fp16, 16));
     const Plan p = make_plan("node", w, PlanOptions{});
     HostTensors h = make_random_inputs(w, 21);
     const std::vector<double> ref = reference_attention(w, h.args());

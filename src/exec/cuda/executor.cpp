@@ -324,18 +324,23 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
       }
       if (deeper.stages > l.stages) l = deeper;
     }
-  // A launch with more items than fit on the GPU at once runs one wave of
-  // CTAs that claim items as they finish (attention_kernel.cuh): measured on
-  // a tree's 32-token leaves, a CTA spent ~2 of its ~9 us per item with K/V
-  // in flight; the rest was its launch, the descriptor -> page id -> K/V load
-  // chain, and the fence and count.
+  // A launch with more items than fit on the GPU at once, of units longer
+  // than one K/V tile, runs one wave of CTAs that claim items as they finish
+  // (attention_kernel.cuh); its CTAs fetch the next descriptor during an
+  // item's epilogue, and the merge launch may start (and load its plan data)
+  // as soon as the wave is resident. Measured on the H100 (same machine, 3
+  // rounds): pat:B=1,8,512 node 269.8 -> 267.6 us (32/8) and 849 -> 845 us
+  // (32/32), whose leaves have 4 tiles; on one-tile units (the 32-token
+  // leaves of fasttree:N=1,256) 39.9 -> 41.0 us at 32/8 and unchanged at
+  // 32/32, so those keep one CTA per item: the item's wait for its K/V (~5 of
+  // ~7 us) is the same either way.
   for (Launch& l : m.launches) {
     const int64_t items = int64_t(l.num_units) * m.num_kv_heads;
     int per_sm = 0;
     check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel.kernel, l.kernel.threads, size_t(l.smem)),
                "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attention kernel)");
     const int64_t wave = int64_t(std::max(per_sm, 1)) * num_sms;
-    l.persistent = o.persistent && l.kernel.persistent && items > wave;
+    l.persistent = o.persistent && l.kernel.persistent && items > wave && l.max_len > l.kernel.n;
     l.grid = l.persistent ? wave : items;
   }
   // The launch with the longest CTAs goes first and on the highest-priority
