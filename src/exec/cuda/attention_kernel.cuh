@@ -1,4 +1,5 @@
-// The partial-attention kernel: one CTA computes one (unit, kv head) of a Plan.
+// The partial-attention kernel: a CTA computes one (unit, kv head) item of a
+// Plan (a persistent CTA several, one after another).
 // Its Q rows (the unit's queries x the qo heads of the kv head) are staged once
 // in shared memory; the unit's KV tokens (the concatenation of its segments)
 // stream through a cp.async pipeline of K/V tiles of N tokens, gathered page
