@@ -137,10 +137,8 @@ struct Launch {
 // SM and the deepest pipeline), at least two when other launches run
 // alongside; then the most stages (up to one more than the longest unit has
 // tiles) that keep that many CTAs per SM.
-// partner > 0: leave that much of an SM's shared memory to one CTA of
-// another launch (instead of the concurrent rule's half an SM).
 void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, int smem_reserved, int smem_optin,
-                   bool concurrent, int partner = 0) {
+                   bool concurrent) {
   const cuda::KernelEntry& k = l.kernel;
   cudaFuncAttributes attr{};
   check_cuda(cudaFuncGetAttributes(&attr, k.kernel), "cudaFuncGetAttributes(attention kernel)");
@@ -152,9 +150,12 @@ void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, in
   // With other launches running at the same time, leave an SM room for one of
   // their CTAs: a deep pipeline that takes a whole SM's shared memory makes
   // them queue behind it (measured: it bought nothing for 128-row CTAs, which
-  // are issue-bound, not latency-bound).
-  if (concurrent && partner == 0) per_sm = std::max(per_sm, 2);
-  const int budget = smem_per_sm - partner;
+  // are issue-bound, not latency-bound). A tree's upper level of at most one
+  // CTA per SM once took all of an SM's shared memory but one CTA's worth of
+  // the other launch (a96c35a); with 8 short leaf CTAs per SM that kept 7 of
+  // them off 64 SMs for the root's 20 us: fasttree:N=1,256 went 39.9 -> 37.4
+  // us at 32/8 without that rule (same machine, two rounds), nothing slower.
+  if (concurrent) per_sm = std::max(per_sm, 2);
   const int tiles = (l.max_len + k.n - 1) / k.n;
   // One stage only where every unit has one tile (nothing to overlap inside
   // the CTA) and the kernel allows it: then more short CTAs fit on an SM.
@@ -163,7 +164,7 @@ void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, in
   for (; per_sm >= 1; --per_sm) {
     int s = want;
     while (s >= min_stages &&
-           (k.smem_bytes(s) > smem_optin || per_sm * (k.smem_bytes(s) + smem_reserved) > budget))
+           (k.smem_bytes(s) > smem_optin || per_sm * (k.smem_bytes(s) + smem_reserved) > smem_per_sm))
       --s;
     if (s >= min_stages) {
       l.stages = s;
@@ -174,7 +175,7 @@ void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, in
   throw Error("cuda executor: tile m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " needs " +
               std::to_string(k.smem_bytes(min_stages)) + " bytes of shared memory for " + std::to_string(min_stages) +
               " K/V stage(s) (units of " + std::to_string(l.max_len) + " tokens), the device allows " +
-              std::to_string(std::min(smem_optin, budget - smem_reserved)) + " per CTA");
+              std::to_string(std::min(smem_optin, smem_per_sm - smem_reserved)) + " per CTA");
 }
 
 }  // namespace
@@ -305,25 +306,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   }
   for (Launch& l : m.launches)
     choose_stages(l, m.num_kv_heads, num_sms, smem_per_sm, smem_reserved, smem_optin, m.launches.size() > 1);
-  // A launch of at most one CTA per SM (a tree's upper levels) beside others
-  // need not stop at half an SM: it may take all but what one CTA of the
-  // smallest other launch needs, so its few long CTAs get a deeper pipeline
-  // and still share each SM with one CTA of the rest.
-  if (m.launches.size() > 1)
-    for (size_t i = 0; i < m.launches.size(); ++i) {
-      Launch& l = m.launches[i];
-      if (int64_t(l.num_units) * m.num_kv_heads > num_sms) continue;
-      int partner = smem_per_sm;
-      for (size_t j = 0; j < m.launches.size(); ++j)
-        if (j != i) partner = std::min(partner, m.launches[j].smem + smem_reserved);
-      Launch deeper = l;
-      try {
-        choose_stages(deeper, m.num_kv_heads, num_sms, smem_per_sm, smem_reserved, smem_optin, true, partner);
-      } catch (const Error&) {
-        continue;  // not even the shallowest pipeline fits beside the partner: keep the first choice
-      }
-      if (deeper.stages > l.stages) l = deeper;
-    }
   // A launch with more items than fit on the GPU at once, of units longer
   // than one K/V tile, runs one wave of CTAs that claim items as they finish
   // (attention_kernel.cuh); its CTAs fetch the next descriptor during an
