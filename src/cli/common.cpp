@@ -1,8 +1,10 @@
 // Shared flags and helpers of the subcommands.
 #include "cli/common.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "treeattn/cost_models.hpp"
 
@@ -23,6 +25,10 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
                   "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)");
   cmd->add_option("--pat-rules", o.pat_rules,
                   "pat's KV-tile rules (treeattn calibrate --pat-tiles output; default: data/pat_tile_rules.json)");
+  cmd->add_option("--plan-opt", o.plan_opts,
+                  "planner option KEY=NUMBER, repeatable: ctas_per_sm, chunk_tokens, min_split_tokens, or a "
+                  "planner's own knob (node: split_tokens; fasttree: alpha, beta, gamma, q_tile0, q_tile1, "
+                  "kv_tile0, kv_tile1, kv_split_long, kv_split_short; pat: pat_max_rows; flatten: fill)");
 }
 
 WorkloadParams workload_params(const CommonOptions& o) {
@@ -34,10 +40,40 @@ WorkloadParams workload_params(const CommonOptions& o) {
   return p;
 }
 
+namespace {
+// The knobs planners read from PlanOptions::extra (src/plan/planners/).
+const std::set<std::string> kPlannerKnobs = {"split_tokens", "alpha",   "beta",           "gamma",
+                                             "q_tile0",      "q_tile1", "kv_tile0",       "kv_tile1",
+                                             "kv_split_long", "kv_split_short", "pat_max_rows", "fill"};
+}  // namespace
+
 PlanOptions plan_options(const CommonOptions& o) {
   PlanOptions opt;
   if (o.num_sms <= 0) throw Error("sms: " + std::to_string(o.num_sms) + " must be positive");
   opt.num_sms = o.num_sms;
+  for (const std::string& kv : o.plan_opts) {
+    const size_t eq = kv.find('=');
+    const std::string key = kv.substr(0, eq), text = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    double value = 0;
+    size_t used = 0;
+    try {
+      value = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (key.empty() || text.empty() || used != text.size() || !std::isfinite(value))
+      throw Error("plan-opt: '" + kv + "' is not KEY=NUMBER");
+    const auto as_int = [&](int lo) {
+      if (value != std::floor(value) || value < lo || value > 1e9)
+        throw Error("plan-opt: " + key + " = " + text + " must be an integer >= " + std::to_string(lo));
+      return int(value);
+    };
+    if (key == "ctas_per_sm") opt.ctas_per_sm = as_int(1);
+    else if (key == "chunk_tokens") opt.chunk_tokens = as_int(1);
+    else if (key == "min_split_tokens") opt.min_split_tokens = as_int(1);
+    else if (kPlannerKnobs.count(key)) opt.extra[key] = value;
+    else throw Error("plan-opt: unknown key '" + key + "' (see --help)");
+  }
   const std::string shipped = std::string(TREEATTN_SOURCE_DIR) + "/data/forge_cost_h100.json";
   const std::string table = !o.forge_table.empty() ? o.forge_table : std::filesystem::exists(shipped) ? shipped : "";
   if (!table.empty()) set_default_forge_cost_table(std::make_shared<ForgeCostTable>(load_forge_cost_table(table)));

@@ -67,6 +67,23 @@ TEST(Cli, PatRulesFileIsLoaded) {
   EXPECT_EQ(r.code, 0) << r.out;
 }
 
+TEST(Cli, PlanOptionsReachThePlanner) {
+  const auto units = [](const std::string& opts) {
+    const Result r = run("plan --json -w fasttree:N=1,10:C=4000,400 --heads 32/32 -p node " + opts);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return r.code == 0 ? nlohmann::json::parse(r.out).at(0).at("units").get<int>() : -1;
+  };
+  // 4000 tokens in pieces of at most 400: 10 pieces, plus the 10 leaves.
+  EXPECT_EQ(units("--plan-opt split_tokens=400"), 20);
+  EXPECT_EQ(units("--plan-opt split_tokens=4000"), 11);
+  EXPECT_NE(units(""), units("--plan-opt split_tokens=100"));
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt nosuchknob=1", "unknown key 'nosuchknob'");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt split_tokens", "not KEY=NUMBER");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt ctas_per_sm=two", "not KEY=NUMBER");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt ctas_per_sm=0", "ctas_per_sm");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 -p node --plan-opt split_tokens=2.5", "split_tokens");
+}
+
 TEST(Cli, PlanJsonHasTheSummaryKeys) {
   const Result r = run("plan --json -w pat:B=1,4,16:L=128,256,1024 -w fasttree:N=1,4,16:C=128,32,32");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -5,8 +5,10 @@
 // pieces (as per-query does), so one long shared prefix does not serialise on
 // one SM while the others idle; the piece length is the even share of the
 // work per CTA slot, or the least that fits every piece in one wave of slots
-// when that finishes first (planning::balanced_split_length).
+// when that finishes first (planning::balanced_split_length); the option
+// split_tokens fixes it instead.
 #include <algorithm>
+#include <cmath>
 
 #include "plan/planners/planners.hpp"
 
@@ -21,7 +23,10 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   for (const int32_t v : ix.bfs_order)
     if (w.tree.nodes[v].num_tokens > 0 && !sub[v].empty())
       jobs.emplace_back(w.tree.nodes[v].num_tokens, (int64_t(sub[v].size()) + per_tile - 1) / per_tile);
-  const int64_t piece = planning::balanced_split_length(jobs, w, opt);
+  const double forced = opt.get("split_tokens", 0);  // a fixed piece length (experiments, calibration)
+  if (forced != 0 && !(forced >= 1 && forced <= 1e9 && forced == std::floor(forced)))
+    throw Error("node: split_tokens = " + std::to_string(forced) + " must be a positive integer");
+  const int64_t piece = forced != 0 ? int64_t(forced) : planning::balanced_split_length(jobs, w, opt);
 
   PlanBuilder b(w, "node");
   for (const int32_t v : ix.bfs_order) {
