@@ -462,7 +462,9 @@ TEST(CudaExecutor, SanitizeChainedRunsMergeTheirOwnPartials) {
 TEST(CudaExecutor, SanitizePersistentLaunch) {
   for (const char* spec : {"fasttree:N=1,96:C=40,100", "fasttree:N=1,4,80:C=100,70,300"}) {
     const Workload w = make_workload(spec, params(64, 16, 64, DType::fp16, 16));
-    const Plan p = make_plan("node", w, PlanOptions{});
+    PlanOptions unpacked;  // one leaf per unit: more items than a wave
+    unpacked.extra["pack_tokens"] = 0;
+    const Plan p = make_plan("node", w, unpacked);
     HostTensors h = make_random_inputs(w, 21);
     const std::vector<double> ref = reference_attention(w, h.args());
     DeviceTensors d = DeviceTensors::upload(h);

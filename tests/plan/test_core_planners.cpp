@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <map>
 
 #include "treeattn/executor.hpp"
@@ -102,6 +103,46 @@ TEST(CorePlanners, NodeSplitBalancesTheSlots) {
     it->second = {std::min(it->second.first, s.size()), std::max(it->second.second, s.size())};
   }
   for (const auto& [node, range] : by_node) EXPECT_LE(range.second - range.first, 1) << "node " << node;
+}
+
+// node packs short leaves of at most 2 Q rows into shared 16-row units (each
+// query masked to its own leaf), as long as the units x kv heads still fill
+// the CTA slots.
+TEST(CorePlanners, NodePacksShortLeavesIntoSixteenRowUnits) {
+  WorkloadParams p;
+  p.heads = {32, 32, 128};  // one row per leaf: 16 leaves of 32 tokens per unit
+  const Workload w = fasttree_workload({1, 256}, {256, 32}, p);
+  const Plan packed = make_plan("node", w);
+  validate_plan(w, packed);
+  PlanOptions off;
+  off.extra["pack_tokens"] = 0;
+  const Plan plain = make_plan("node", w, off);
+  validate_plan(w, plain);
+  int leaf_units = 0;
+  for (int u = 0; u < packed.num_units(); ++u) {
+    if (packed.segments[packed.unit_segment_offset[u]].node == 0) continue;  // the root
+    ++leaf_units;
+    EXPECT_EQ(packed.unit_num_segments(u), 16);
+    EXPECT_EQ(packed.unit_num_queries(u), 16);
+    EXPECT_EQ(kTileConfigs[packed.unit_tile[u]].m, 16);
+    EXPECT_TRUE(packed.unit_masked[u]);
+    for (int e = packed.unit_query_offset[u]; e < packed.unit_query_offset[u + 1]; ++e)
+      EXPECT_EQ(std::popcount(packed.entry_mask[e]), 1) << "a query sees its own leaf only";
+  }
+  EXPECT_EQ(leaf_units, 16);
+  EXPECT_GE(int64_t(packed.num_units()) * 32, PlanOptions{}.target_ctas(p.heads));
+  EXPECT_EQ(plain.num_units() - packed.num_units(), 256 - leaf_units) << "pack_tokens = 0: one leaf per unit";
+  EXPECT_EQ(summarize(w, packed).kv_bytes, summarize(w, plain).kv_bytes);
+  HostTensors t = make_random_inputs(w, 3);
+  const std::vector<double> ref = reference_attention(w, t.args());
+  run_cpu(w, packed, t.args(), 2);
+  EXPECT_LE(relative_error(w, t.out.data(), ref), tolerance_for(w.layout.dtype));
+
+  // Not packed: at 32/8 a leaf has 4 rows (packs of 4 measured slower);
+  // 16 leaves x 8 kv heads cannot fill 264 slots even unpacked.
+  for (const Workload& small : {fasttree_workload({1, 256}, {256, 32}, WorkloadParams{}),
+                                fasttree_workload({1, 16}, {256, 32}, WorkloadParams{})})
+    EXPECT_EQ(make_plan("node", small).num_units(), make_plan("node", small, off).num_units());
 }
 
 TEST(CorePlanners, PerQuerySplitsOnlyWhenTheGridWouldNotFill) {

@@ -4,6 +4,7 @@
 #include <queue>
 
 #include "plan/planners/planners.hpp"
+#include "plan/planners/tree_walk.hpp"
 
 namespace treeattn::planning {
 
@@ -89,6 +90,73 @@ std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens) {
     at += take;
   }
   return out;
+}
+
+int64_t ProtoUnit::tokens() const {
+  int64_t n = 0;
+  for (const Segment& s : segs) n += s.size();
+  return n;
+}
+
+std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t max_tokens, const Workload& w,
+                                        const PlanOptions& opt) {
+  constexpr int kPackRows = 16;      // the decode tile (32- and 64-row packs measured slower)
+  constexpr int kMinPerPack = 8;     // packs of 4 measured slower, of 16 faster
+  const int64_t G = w.heads.group_size();
+  const auto rows = [&](const ProtoUnit& u) { return int64_t(u.queries.size()) * G; };
+  const auto packable = [&](const ProtoUnit& u) {
+    return max_tokens > 0 && u.tokens() <= max_tokens && kMinPerPack * rows(u) <= kPackRows;
+  };
+  int64_t candidates = 0, candidate_rows = 0;
+  for (const ProtoUnit& u : units)
+    if (packable(u)) ++candidates, candidate_rows += rows(u);
+  // Packs needed: by rows, and so that the units still fill the CTA slots.
+  const int64_t others = int64_t(units.size()) - candidates;
+  const int64_t fill = ceil_div(opt.target_ctas(w.heads), w.heads.num_kv_heads) - others;
+  const int64_t packs = std::max(ceil_div(candidate_rows, kPackRows), fill);
+  if (candidates < 2 || packs >= candidates) return units;
+  const int64_t row_budget = std::min<int64_t>(kPackRows, ceil_div(candidate_rows, packs));
+
+  std::vector<ProtoUnit> out;
+  ProtoUnit pack;
+  int64_t pack_rows = 0;
+  std::vector<int32_t> pack_queries;  // sorted
+  const auto flush = [&] {
+    if (!pack.segs.empty()) out.push_back(std::move(pack));
+    pack = {};
+    pack_rows = 0;
+    pack_queries.clear();
+  };
+  for (ProtoUnit& u : units) {
+    if (!packable(u)) {
+      out.push_back(std::move(u));
+      continue;
+    }
+    const bool shares = std::any_of(u.queries.begin(), u.queries.end(), [&](int32_t q) {
+      return std::binary_search(pack_queries.begin(), pack_queries.end(), q);
+    });
+    if (shares || pack_rows + rows(u) > row_budget || pack.segs.size() + u.segs.size() > size_t(kMaxSegmentsPerUnit))
+      flush();
+    const int shift = int(pack.segs.size());
+    pack.segs.insert(pack.segs.end(), u.segs.begin(), u.segs.end());
+    for (size_t i = 0; i < u.queries.size(); ++i) {
+      pack.queries.push_back(u.queries[i]);
+      pack.masks.push_back((u.masks[i] & full_mask(int(u.segs.size()))) << shift);
+      pack_queries.insert(std::upper_bound(pack_queries.begin(), pack_queries.end(), u.queries[i]), u.queries[i]);
+    }
+    pack_rows += rows(u);
+  }
+  flush();
+  return out;
+}
+
+void emit_units(PlanBuilder& b, const std::vector<ProtoUnit>& units) {
+  for (const ProtoUnit& u : units) {
+    b.begin_unit();
+    for (const Segment& s : u.segs) b.add_segment(s.node, s.begin, s.end);
+    for (size_t i = 0; i < u.queries.size(); ++i) b.add_query(u.queries[i], u.masks[i]);
+    b.end_unit();
+  }
 }
 
 std::vector<std::vector<int32_t>> subtree_queries(const Workload& w, const TreeIndex& ix) {

@@ -6,7 +6,10 @@
 // one SM while the others idle; the piece length is the even share of the
 // work per CTA slot, or the least that fits every piece in one wave of slots
 // when that finishes first (planning::balanced_split_length); the option
-// split_tokens fixes it instead.
+// split_tokens fixes it instead. Second deviation: short units of 1-2 rows
+// (a tree's short leaves at GQA ratio 1 or 2) are packed into shared 16-row
+// units, each query masked to its own node (planning::pack_short_units;
+// option pack_tokens: the longest unit packed, default 128, 0: none).
 #include <algorithm>
 #include <cmath>
 
@@ -28,7 +31,7 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
     throw Error("node: split_tokens = " + std::to_string(forced) + " must be a positive integer");
   const int64_t piece = forced != 0 ? int64_t(forced) : planning::balanced_split_length(jobs, w, opt);
 
-  PlanBuilder b(w, "node");
+  std::vector<planning::ProtoUnit> units;
   for (const int32_t v : ix.bfs_order) {
     const Node& node = w.tree.nodes[v];
     if (node.num_tokens == 0 || sub[v].empty()) continue;
@@ -36,13 +39,19 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
     for (size_t q0 = 0; q0 < sub[v].size(); q0 += per_tile) {
       const size_t q1 = std::min(sub[v].size(), q0 + per_tile);
       for (const Segment& chunk : chunks) {
-        b.begin_unit();
-        b.add_segment(chunk.node, chunk.begin, chunk.end);
-        for (size_t i = q0; i < q1; ++i) b.add_query(sub[v][i]);
-        b.end_unit();
+        planning::ProtoUnit u;
+        u.segs = {chunk};
+        u.queries.assign(sub[v].begin() + q0, sub[v].begin() + q1);
+        u.masks.assign(u.queries.size(), ~0ull);
+        units.push_back(std::move(u));
       }
     }
   }
+  const double pack = opt.get("pack_tokens", kDefaultKvTile * 2);
+  if (!(pack >= 0 && pack <= 1e9 && pack == std::floor(pack)))
+    throw Error("node: pack_tokens = " + std::to_string(pack) + " must be a non-negative integer");
+  PlanBuilder b(w, "node");
+  planning::emit_units(b, planning::pack_short_units(std::move(units), int64_t(pack), w, opt));
   return b.finish();
 }
 
