@@ -42,9 +42,11 @@ WorkloadParams workload_params(const CommonOptions& o) {
 
 namespace {
 // The knobs planners read from PlanOptions::extra (src/plan/planners/).
-const std::set<std::string> kPlannerKnobs = {"split_tokens", "pack_tokens", "alpha",   "beta",           "gamma",
-                                             "q_tile0",      "q_tile1", "kv_tile0",       "kv_tile1",
-                                             "kv_split_long", "kv_split_short", "pat_max_rows", "fill"};
+const std::set<std::string> kPlannerKnobs = {
+    "split_tokens", "pack_tokens",                                                          // node
+    "alpha", "beta", "gamma", "q_tile0", "q_tile1", "kv_tile0", "kv_tile1", "kv_split_long", "kv_split_short",  // fasttree
+    "pat_max_rows",                                                                         // pat
+    "fill"};                                                                                // flatten
 }  // namespace
 
 PlanOptions plan_options(const CommonOptions& o) {

@@ -23,7 +23,7 @@ struct CommonOptions {
   int num_sms = 132;
   std::string forge_table;  // cost table of the forge planner (default: data/forge_cost_h100.json)
   std::string pat_rules;    // tile rules of the pat planner (default: data/pat_tile_rules.json)
-  std::vector<std::string> plan_opts;  // --plan-opt KEY=VALUE: PlanOptions fields and planner knobs
+  std::vector<std::string> plan_opts;  // --plan-opt KEY=NUMBER: PlanOptions fields and planner knobs
 };
 
 // Adds --workload/-w, --heads, --head-dim, --dtype, --page-size, --planner/-p,
