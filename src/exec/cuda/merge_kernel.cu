@@ -4,7 +4,10 @@
 // does, and writes the output in the input dtype. Loads are issued in
 // parallel (slot ids one per lane, then the lse and partials of a batch of
 // slots together): the kernel is latency-bound otherwise, one dependent load
-// chain per slot.
+// chain per slot. Queries of more than one batch of slots get a CTA each
+// instead: its warps fold a quarter of the slots each, one batch of loads
+// after the other no longer, and warp 0 folds the quarters in order (the
+// same fold up to rounding).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -41,25 +44,32 @@ __device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
 constexpr int kSmallMergeSlots = 4;
 template <int D, int kBatch>
 constexpr int merge_min_blocks() { return kBatch <= 2 && D <= 128 ? 16 : 1; }
+// Queries of more slots than one 8-slot batch: one CTA per (query, qo head).
+constexpr int kSplitMergeSlots = 8;
 
-template <class T, int D, int kBatch>
+template <class T, int D, int kBatch, bool kSplit>
 __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>())) merge_kernel(const __grid_constant__ MergeParams p) {
   constexpr int kPerLane = D / 32;  // 2, 4 or 8 floats
   constexpr int kVec = kPerLane >= 4 ? 4 : kPerLane;
   CtaTrace trace;
   trace.mark(kTraceStart);
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int H = p.num_qo_heads;
-  const int64_t item = int64_t(blockIdx.x) * kMergeWarps + (threadIdx.x >> 5);
-  const bool active = item < int64_t(p.num_merges) * H;
+  const int64_t item = kSplit ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kMergeWarps + warp;
+  const bool active = item < int64_t(p.num_merges) * H;  // kSplit: the same for the whole CTA
   // Plan data first (descriptor, the first 32 slot ids), so that in a chained
   // run these loads overlap the wait below.
   MergeDesc md{};
   if (active) md = p.merges[item / H];
-  const int h = int(item % H), count = md.count, first = md.first, query = md.query;
+  const int h = int(item % H), first = md.first, query = md.query;
+  // This warp's slots [lo, lo + count) of the query's list.
+  const int quarter = (md.count + kMergeWarps - 1) / kMergeWarps;
+  const int lo = kSplit ? min(md.count, warp * quarter) : 0;
+  const int count = kSplit ? min(md.count, lo + quarter) - lo : md.count;
   static_assert(MergeDesc::kInline == 4, "select chain below");
-  int my_slot = lane >= count ? 0 : lane == 0 ? md.slot[0] : lane == 1 ? md.slot[1] : lane == 2 ? md.slot[2]
-                                  : lane == 3 ? md.slot[3] : p.query_slots[first + lane];
+  const int my_idx = lo + lane;
+  int my_slot = lane >= count ? 0 : my_idx == 0 ? md.slot[0] : my_idx == 1 ? md.slot[1] : my_idx == 2 ? md.slot[2]
+                                  : my_idx == 3 ? md.slot[3] : p.query_slots[first + my_idx];
   if (p.ctas_done) {
     // A chained merge may start while attention CTAs still run: every one of
     // them is resident by then (each launch of the chain started only once
@@ -85,7 +95,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
   // partials are loaded kBatch slots at a time, then folded in slot order.
   for (int base = 0; base < count; base += 32) {
     const int n = min(32, count - base);
-    if (base > 0) my_slot = lane < n ? p.query_slots[first + base + lane] : 0;
+    if (base > 0) my_slot = lane < n ? p.query_slots[first + lo + base + lane] : 0;
     for (int j0 = 0; j0 < n; j0 += kBatch) {
       float x[kBatch][kPerLane];
       float ls[kBatch];
@@ -127,6 +137,25 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
       }
     }
   }
+  if constexpr (kSplit) {
+    // The quarters, folded in order by warp 0 (an empty quarter has lse -inf: weight 0).
+    __shared__ float part_o[kMergeWarps][D];
+    __shared__ float part_lse[kMergeWarps];
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) part_o[warp][(i / kVec * 32 + lane) * kVec + i % kVec] = acc[i];
+    if (lane == 0) part_lse[warp] = lse;
+    __syncthreads();
+    if (warp != 0) return;
+    lse = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) acc[i] = 0.f;
+    for (int w = 0; w < kMergeWarps; ++w) {
+      const MergeWeights mw = merge_weights(lse, part_lse[w]);
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) acc[i] = mw.wa * acc[i] + mw.wb * part_o[w][(i / kVec * 32 + lane) * kVec + i % kVec];
+      lse = mw.lse;
+    }
+  }
   T* out = static_cast<T*>(p.out) + (int64_t(query) * H + h) * D;
 #pragma unroll
   for (int v = 0; v < kPerLane / kVec; ++v) {
@@ -148,7 +177,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
 template <class T, int D>
 void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
   const LaunchConfig lc(dim3(unsigned(merge_ctas(p))), dim3(kMergeWarps * 32), 0, stream, chained);
-  const auto kernel = p.max_slots <= kSmallMergeSlots ? merge_kernel<T, D, 2> : merge_kernel<T, D, 8>;
+  const auto kernel = p.max_slots <= kSmallMergeSlots   ? merge_kernel<T, D, 2, false>
+                      : p.max_slots <= kSplitMergeSlots ? merge_kernel<T, D, 8, false>
+                                                        : merge_kernel<T, D, 8, true>;
   check_cuda(cudaLaunchKernelEx(&lc.cfg, kernel, p), "cuda executor: merge launch");
 }
 
@@ -165,7 +196,8 @@ void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream, bool ch
 }  // namespace
 
 int64_t merge_ctas(const MergeParams& p) {
-  return (int64_t(p.num_merges) * p.num_qo_heads + kMergeWarps - 1) / kMergeWarps;
+  const int64_t merges = int64_t(p.num_merges) * p.num_qo_heads;
+  return p.max_slots > kSplitMergeSlots ? merges : (merges + kMergeWarps - 1) / kMergeWarps;
 }
 
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained) {
