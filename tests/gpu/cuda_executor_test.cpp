@@ -331,24 +331,27 @@ TEST(CudaExecutor, SanitizeOneQuery) {
   }
 }
 
-// Queries with more partial slots than one merge batch (8): their merge
-// splits the slots over a CTA's warps and folds the quarters in order.
-// 9, 21 and 139 slots (more than 32 per warp: two rounds of slot ids), at
-// every head_dim (2, 4 and 8 floats per lane).
+// Queries with more partial slots than one merge batch (8). Few (query, qo
+// head) pairs: the merge splits each pair's slots over a CTA's warps and folds
+// the quarters in order; 9, 21 and 139 slots (more than 32 per warp: two
+// rounds of slot ids), at every head_dim (2, 4 and 8 floats per lane). Many
+// pairs (64 queries x 16 heads, more than a wave of such CTAs): one warp per
+// pair, three batches of slots.
 TEST(CudaExecutor, SanitizeManySlotMerge) {
-  for (const int head_dim : {64, 128, 256}) {
-    const Workload w = make_workload("fasttree:N=1,3:C=1100,40", params(16, 4, head_dim, DType::fp16, 16));
-    for (const int split : {138, 55, 8}) {
-      PlanOptions opt;
-      opt.extra["split_tokens"] = split;
-      const Plan p = make_plan("node", w, opt);
-      int most = 0;
-      for (int q = 0; q < w.num_queries(); ++q)
-        most = std::max(most, p.query_slot_offset[q + 1] - p.query_slot_offset[q]);
-      EXPECT_GT(most, 8) << "split " << split;
-      expect_ok(w, p, check_plan(w, p, 5), "many-slot merge, split " + std::to_string(split));
-    }
-  }
+  const auto check = [](const char* spec, int head_dim, int split) {
+    const Workload w = make_workload(spec, params(16, 4, head_dim, DType::fp16, 16));
+    PlanOptions opt;
+    opt.extra["split_tokens"] = split;
+    const Plan p = make_plan("node", w, opt);
+    int most = 0;
+    for (int q = 0; q < w.num_queries(); ++q)
+      most = std::max(most, p.query_slot_offset[q + 1] - p.query_slot_offset[q]);
+    EXPECT_GT(most, 8) << spec << " split " << split;
+    expect_ok(w, p, check_plan(w, p, 5), std::string(spec) + ", split " + std::to_string(split));
+  };
+  for (const int head_dim : {64, 128, 256})
+    for (const int split : {138, 55, 8}) check("fasttree:N=1,3:C=1100,40", head_dim, split);
+  check("fasttree:N=1,64:C=1100,40", 128, 55);
 }
 
 // A speculative-decoding chain of one-token nodes with a query on each.

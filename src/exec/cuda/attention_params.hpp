@@ -89,6 +89,7 @@ struct MergeParams {
   int32_t num_merges;
   int32_t num_qo_heads;
   int32_t max_slots;        // most slots of one query (picks the merge's batch size)
+  int32_t num_sms;          // of the device (with max_slots, picks whether a query's slots are split over warps)
   // Chained runs: wait until ctas_done reaches attention_ctas (every
   // attention CTA of the run has stored its partials); the last merge CTA
   // past the wait resets both counters for the next run. nullptr: not chained.

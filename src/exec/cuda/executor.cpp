@@ -403,6 +403,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   mg.max_slots = 0;
   for (const cuda::MergeDesc& md : merges) mg.max_slots = std::max(mg.max_slots, md.count);
   mg.num_qo_heads = H;
+  mg.num_sms = num_sms;
 
   for (Launch& l : m.launches) {
     l.first_cta = m.attention_ctas;

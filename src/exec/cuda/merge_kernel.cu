@@ -4,10 +4,11 @@
 // does, and writes the output in the input dtype. Loads are issued in
 // parallel (slot ids one per lane, then the lse and partials of a batch of
 // slots together): the kernel is latency-bound otherwise, one dependent load
-// chain per slot. Queries of more than one batch of slots get a CTA each
-// instead: its warps fold a quarter of the slots each, one batch of loads
-// after the other no longer, and warp 0 folds the quarters in order (the
-// same fold up to rounding).
+// chain per slot. A merge of few (query, qo head) pairs of more than one
+// batch of slots each (a long prompt split for a few queries) gets a CTA per
+// pair instead: its warps fold a quarter of the slots each, in one batch of
+// loads instead of one batch after another, and warp 0 folds the quarters in
+// order (the same fold up to rounding).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -44,8 +45,17 @@ __device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
 constexpr int kSmallMergeSlots = 4;
 template <int D, int kBatch>
 constexpr int merge_min_blocks() { return kBatch <= 2 && D <= 128 ? 16 : 1; }
-// Queries of more slots than one 8-slot batch: one CTA per (query, qo head).
-constexpr int kSplitMergeSlots = 8;
+// Queries of more slots than one 8-slot batch, when their (query, qo head)
+// pairs fit one wave of CTAs (6 per SM, the 8-slot variant's occupancy): one
+// CTA per pair. fasttree:N=1,10:C=4000,400 at 32/8 (10 queries x 32 heads,
+// 17 slots): merge phase 7.2 -> 4.6 us, run 34.9 -> 32.8 us. With thousands
+// of pairs the merge is not latency-bound and 4x the CTAs cost more: the
+// 1024-query deep trees of the FastTree suite (10 slots) went 23-41% slower.
+constexpr int kSplitMergeSlots = 8, kSplitMergeCtasPerSm = 6;
+bool splits_slots(const MergeParams& p) {
+  return p.max_slots > kSplitMergeSlots &&
+         int64_t(p.num_merges) * p.num_qo_heads <= int64_t(kSplitMergeCtasPerSm) * p.num_sms;
+}
 
 template <class T, int D, int kBatch, bool kSplit>
 __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>())) merge_kernel(const __grid_constant__ MergeParams p) {
@@ -177,9 +187,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
 template <class T, int D>
 void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
   const LaunchConfig lc(dim3(unsigned(merge_ctas(p))), dim3(kMergeWarps * 32), 0, stream, chained);
-  const auto kernel = p.max_slots <= kSmallMergeSlots   ? merge_kernel<T, D, 2, false>
-                      : p.max_slots <= kSplitMergeSlots ? merge_kernel<T, D, 8, false>
-                                                        : merge_kernel<T, D, 8, true>;
+  const auto kernel = p.max_slots <= kSmallMergeSlots ? merge_kernel<T, D, 2, false>
+                      : splits_slots(p)                ? merge_kernel<T, D, 8, true>
+                                                       : merge_kernel<T, D, 8, false>;
   check_cuda(cudaLaunchKernelEx(&lc.cfg, kernel, p), "cuda executor: merge launch");
 }
 
@@ -197,7 +207,7 @@ void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream, bool ch
 
 int64_t merge_ctas(const MergeParams& p) {
   const int64_t merges = int64_t(p.num_merges) * p.num_qo_heads;
-  return p.max_slots > kSplitMergeSlots ? merges : (merges + kMergeWarps - 1) / kMergeWarps;
+  return splits_slots(p) ? merges : (merges + kMergeWarps - 1) / kMergeWarps;
 }
 
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained) {
