@@ -1,5 +1,6 @@
 // Helpers shared by planners: KV splitting and query grouping.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <queue>
 
@@ -90,6 +91,14 @@ std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens) {
     at += take;
   }
   return out;
+}
+
+int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min) {
+  const double v = opt.get(key, double(fallback));
+  if (!(v >= double(min) && v <= 1e9 && v == std::floor(v)))
+    throw Error(std::string(planner) + ": " + key + " = " + std::to_string(v) + " must be an integer >= " +
+                std::to_string(min));
+  return int64_t(v);
 }
 
 int64_t ProtoUnit::tokens() const {

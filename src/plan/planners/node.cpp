@@ -11,7 +11,6 @@
 // units, each query masked to its own node (planning::pack_short_units;
 // option pack_tokens: the longest unit packed, default 128, 0: none).
 #include <algorithm>
-#include <cmath>
 
 #include "plan/planners/planners.hpp"
 
@@ -26,10 +25,8 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   for (const int32_t v : ix.bfs_order)
     if (w.tree.nodes[v].num_tokens > 0 && !sub[v].empty())
       jobs.emplace_back(w.tree.nodes[v].num_tokens, (int64_t(sub[v].size()) + per_tile - 1) / per_tile);
-  const double forced = opt.get("split_tokens", 0);  // a fixed piece length (experiments, calibration)
-  if (forced != 0 && !(forced >= 1 && forced <= 1e9 && forced == std::floor(forced)))
-    throw Error("node: split_tokens = " + std::to_string(forced) + " must be a positive integer");
-  const int64_t piece = forced != 0 ? int64_t(forced) : planning::balanced_split_length(jobs, w, opt);
+  const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
+  const int64_t piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt);
 
   std::vector<planning::ProtoUnit> units;
   for (const int32_t v : ix.bfs_order) {
@@ -47,11 +44,9 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
       }
     }
   }
-  const double pack = opt.get("pack_tokens", kDefaultKvTile * 2);
-  if (!(pack >= 0 && pack <= 1e9 && pack == std::floor(pack)))
-    throw Error("node: pack_tokens = " + std::to_string(pack) + " must be a non-negative integer");
+  const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   PlanBuilder b(w, "node");
-  planning::emit_units(b, planning::pack_short_units(std::move(units), int64_t(pack), w, opt));
+  planning::emit_units(b, planning::pack_short_units(std::move(units), pack, w, opt));
   return b.finish();
 }
 

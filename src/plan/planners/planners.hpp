@@ -45,6 +45,10 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
 // differ by at most one token.
 std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens);
 
+// The planner knob `key` of opt.extra as an integer >= `min` (`fallback` when
+// unset); throws Error naming the planner, the knob and the value otherwise.
+int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min);
+
 // A unit before it is handed to PlanBuilder: its segments and queries, query
 // i seeing the segments whose bits are set in masks[i].
 struct ProtoUnit {
