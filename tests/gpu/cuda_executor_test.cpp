@@ -331,6 +331,24 @@ TEST(CudaExecutor, SanitizeOneQuery) {
   }
 }
 
+// node's compact subtrees: units of several queries over the union of their
+// paths, masked per query, written directly (no slot, no merge): 16 queries
+// a unit at GQA 1, 4 at GQA 4; and a random forest (queries on internal
+// nodes too, empty nodes) at 1-token pages, bf16, beside ordinary node units.
+TEST(CudaExecutor, SanitizeCompactSubtrees) {
+  for (const char* heads : {"32/32", "32/8"}) {
+    const int qo = 32, kv = std::string(heads) == "32/8" ? 8 : 32;
+    const Workload w = make_workload("fasttree:N=1,64:C=200,24", params(qo, kv, 128, DType::fp16, 16));
+    const Plan p = make_plan("node", w);
+    EXPECT_EQ(p.num_slots, 0) << heads << ": every query in one unit";
+    EXPECT_LT(p.num_units(), 64) << heads << ": queries share units";
+    expect_ok(w, p, check_plan(w, p, 31), heads);
+  }
+  const Workload spec = make_workload("random:seed=5:nodes=40:tokens=6", params(16, 4, 64, DType::bf16, 1));
+  const Plan p = make_plan("node", spec);
+  expect_ok(spec, p, check_plan(spec, p, 32), "small random tree, 1-token pages");
+}
+
 // Queries with more partial slots than one merge batch (8). Few (query, qo
 // head) pairs: the merge splits each pair's slots over a CTA's warps and folds
 // the quarters in order; 9, 21 and 139 slots (more than 32 per warp: two
@@ -342,6 +360,7 @@ TEST(CudaExecutor, SanitizeManySlotMerge) {
     const Workload w = make_workload(spec, params(16, 4, head_dim, DType::fp16, 16));
     PlanOptions opt;
     opt.extra["split_tokens"] = split;
+    opt.extra["flat_tokens"] = 0;  // node units, one slot per piece
     const Plan p = make_plan("node", w, opt);
     int most = 0;
     for (int q = 0; q < w.num_queries(); ++q)
@@ -398,6 +417,7 @@ TEST(CudaExecutor, SanitizeDeterministicAndGraphReplay) {
   const Workload w = make_workload("fasttree:N=1,4,16:C=300,40,20", params(32, 8, 128, DType::fp16, 16));
   PlanOptions opt;
   opt.num_sms = 4;
+  opt.extra["flat_tokens"] = 0;  // node units and a merge (the compact tree would need none)
   const Plan p = make_plan("node", w, opt);
   HostTensors h = make_random_inputs(w, 12);
   DeviceTensors d = DeviceTensors::upload(h);
@@ -451,6 +471,7 @@ TEST(CudaExecutor, SanitizeChainedRunsMergeTheirOwnPartials) {
   const Workload w = make_workload("fasttree:N=1,8,64:C=700,60,12", params(16, 4, 64, DType::fp16, 16));
   PlanOptions opt;
   opt.num_sms = 16;
+  opt.extra["flat_tokens"] = 0;  // node units: three slots per query
   const Plan p = make_plan("node", w, opt);
   CudaExecutor ex(w, p);
   cudaStream_t s = nullptr;
@@ -487,6 +508,7 @@ TEST(CudaExecutor, SanitizePersistentLaunch) {
     const Workload w = make_workload(spec, params(64, 16, 64, DType::fp16, 16));
     PlanOptions unpacked;  // one leaf per unit: more items than a wave
     unpacked.extra["pack_tokens"] = 0;
+    unpacked.extra["flat_tokens"] = 0;
     const Plan p = make_plan("node", w, unpacked);
     HostTensors h = make_random_inputs(w, 21);
     const std::vector<double> ref = reference_attention(w, h.args());
@@ -520,6 +542,7 @@ TEST(CudaExecutor, CtaTrace) {
   const Workload w = make_workload("fasttree:N=1,4,16:C=300,40,20", params(32, 8, 128, DType::fp16, 16));
   PlanOptions opt;
   opt.num_sms = 4;
+  opt.extra["flat_tokens"] = 0;  // node units and a merge (the compact tree would need none)
   const Plan p = make_plan("node", w, opt);
   EXPECT_THROW(CudaExecutor(w, p).trace_report(), Error) << "an untraced executor has no timeline";
   CudaExecutorOptions eo;

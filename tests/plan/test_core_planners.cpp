@@ -112,9 +112,11 @@ TEST(CorePlanners, NodePacksShortLeavesIntoSixteenRowUnits) {
   WorkloadParams p;
   p.heads = {32, 32, 128};  // one row per leaf: 16 leaves of 32 tokens per unit
   const Workload w = fasttree_workload({1, 256}, {256, 32}, p);
-  const Plan packed = make_plan("node", w);
+  PlanOptions nodes;  // node units (the tree is compact: unflattened here)
+  nodes.extra["flat_tokens"] = 0;
+  const Plan packed = make_plan("node", w, nodes);
   validate_plan(w, packed);
-  PlanOptions off;
+  PlanOptions off = nodes;
   off.extra["pack_tokens"] = 0;
   const Plan plain = make_plan("node", w, off);
   validate_plan(w, plain);
@@ -142,7 +144,61 @@ TEST(CorePlanners, NodePacksShortLeavesIntoSixteenRowUnits) {
   // 16 leaves x 8 kv heads cannot fill 264 slots even unpacked.
   for (const Workload& small : {fasttree_workload({1, 256}, {256, 32}, WorkloadParams{}),
                                 fasttree_workload({1, 16}, {256, 32}, WorkloadParams{})})
-    EXPECT_EQ(make_plan("node", small).num_units(), make_plan("node", small, off).num_units());
+    EXPECT_EQ(make_plan("node", small, nodes).num_units(), make_plan("node", small, off).num_units());
+}
+
+// node's compact subtrees: fasttree:N=1,256:C=256,32 (every path 288 tokens)
+// becomes units of 32 rows over the root and their queries' leaves, each query
+// seeing the root and its own leaf, in no other unit (no slots); flat_tokens
+// = 0 turns it off. Above a fan, a chain of 70 one-token nodes is more
+// segments than a unit holds: the flattened subtree starts inside the chain.
+TEST(CorePlanners, NodeFlattensCompactSubtrees) {
+  for (const HeadConfig heads : {HeadConfig{32, 8, 128}, HeadConfig{32, 32, 128}}) {
+    WorkloadParams p;
+    p.heads = heads;
+    const Workload w = fasttree_workload({1, 256}, {256, 32}, p);
+    const Plan plan = make_plan("node", w);
+    validate_plan(w, plan);
+    EXPECT_EQ(plan.num_slots, 0);
+    const int per_unit = 32 / heads.group_size();
+    EXPECT_EQ(plan.num_units(), 256 / per_unit);
+    for (int u = 0; u < plan.num_units(); ++u) {
+      EXPECT_EQ(plan.unit_num_queries(u), per_unit);
+      EXPECT_EQ(plan.unit_num_segments(u), per_unit + 1);
+      EXPECT_EQ(plan.segments[plan.unit_segment_offset[u]].node, 0) << "the root first";
+      for (int e = plan.unit_query_offset[u]; e < plan.unit_query_offset[u + 1]; ++e) {
+        EXPECT_EQ(std::popcount(plan.entry_mask[e]), 2) << "the root and its own leaf";
+        EXPECT_EQ(plan.entry_mask[e] & 1, 1u);
+      }
+    }
+    PlanOptions off;
+    off.extra["flat_tokens"] = 0;
+    EXPECT_GT(make_plan("node", w, off).num_slots, 0);
+  }
+
+  Workload chain;  // 70 one-token nodes, then a fan of 40 leaves of 8 tokens
+  chain.heads = {32, 8, 128};
+  chain.layout.page_size = 16;
+  chain.layout.dtype = DType::fp16;
+  PageAllocator pages(16, 3);
+  int32_t at = -1;
+  for (int i = 0; i < 70; ++i) at = pages.add_node(chain.tree, at, 1);
+  const int32_t fan = pages.add_node(chain.tree, at, 16);
+  for (int i = 0; i < 40; ++i) chain.query_nodes.push_back(pages.add_node(chain.tree, fan, 8));
+  chain.layout.num_pages = pages.finish(chain.tree);
+  chain.validate();
+  const Plan plan = make_plan("node", chain);
+  validate_plan(chain, plan);
+  int flat = 0;
+  for (int u = 0; u < plan.num_units(); ++u) {
+    EXPECT_LE(plan.unit_num_segments(u), kMaxSegmentsPerUnit);
+    flat += plan.unit_num_segments(u) > 1;
+  }
+  EXPECT_GT(flat, 0) << "the fan and its leaves";
+  HostTensors t = make_random_inputs(chain, 4);
+  const std::vector<double> ref = reference_attention(chain, t.args());
+  run_cpu(chain, plan, t.args(), 2);
+  EXPECT_LE(relative_error(chain, t.out.data(), ref), tolerance_for(chain.layout.dtype));
 }
 
 TEST(CorePlanners, PerQuerySplitsOnlyWhenTheGridWouldNotFill) {

@@ -25,7 +25,9 @@ Workload small_tree() {
 }
 
 void expect_invalid(const Workload& w, const std::function<void(Plan&)>& breakit, const std::string& needle) {
-  Plan p = make_plan("node", w);
+  PlanOptions nodes;  // one unit per node and query tile, slots and merges (the tree is compact)
+  nodes.extra["flat_tokens"] = 0;
+  Plan p = make_plan("node", w, nodes);
   ASSERT_NO_THROW(validate_plan(w, p));
   breakit(p);
   try {

@@ -159,6 +159,127 @@ std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t ma
   return out;
 }
 
+std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
+                                             const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
+                                             int64_t rows, const PlanOptions& opt, std::vector<char>& covered) {
+  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
+  const int64_t G = w.heads.group_size();
+  covered.assign(n, 0);
+  if (max_tokens <= 0) return {};
+  // The longest path (tokens and non-empty segments) from v down to a query
+  // of its subtree, and whether v has a child with queries.
+  std::vector<int64_t> tok(n, 0), segs(n, 0);
+  std::vector<char> branches(n, 0);
+  for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
+    const int32_t v = *it;
+    if (sub[v].empty()) continue;
+    int64_t t = 0, s = 0;
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+      const int32_t c = ix.children[k];
+      if (sub[c].empty()) continue;
+      branches[v] = 1;
+      t = std::max(t, tok[c]);
+      s = std::max(s, segs[c]);
+    }
+    const int32_t own = w.tree.nodes[v].num_tokens;
+    tok[v] = t + own;
+    segs[v] = s + (own > 0 ? 1 : 0);
+  }
+  const auto compact = [&](int32_t v) {
+    return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit;
+  };
+
+  // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
+  std::vector<int32_t> path;
+  const auto group = [&](const std::vector<int32_t>& roots, int64_t cap) {
+    std::vector<ProtoUnit> out;
+    for (const int32_t v : roots) {
+      ProtoUnit u;
+      const auto flush = [&] {
+        if (!u.queries.empty()) out.push_back(std::move(u));
+        u = {};
+      };
+      for (const int32_t q : sub[v]) {
+        path.clear();  // q's non-empty nodes from v down
+        for (int32_t x = w.query_nodes[q];; x = w.tree.nodes[x].parent) {
+          if (w.tree.nodes[x].num_tokens > 0) path.push_back(x);
+          if (x == v) break;
+        }
+        if (path.empty()) continue;  // nothing of q's path is here
+        std::reverse(path.begin(), path.end());
+        const auto fresh = [&] {
+          size_t k = 0;
+          for (const int32_t x : path)
+            k += std::none_of(u.segs.begin(), u.segs.end(), [&](const Segment& s) { return s.node == x; });
+          return k;
+        };
+        if (!u.queries.empty() && (int64_t(u.queries.size() + 1) * G > cap ||
+                                   u.segs.size() + fresh() > size_t(kMaxSegmentsPerUnit)))
+          flush();
+        uint64_t mask = 0;
+        for (const int32_t x : path) {
+          size_t k = 0;
+          while (k < u.segs.size() && u.segs[k].node != x) ++k;
+          if (k == u.segs.size()) u.segs.push_back({x, 0, w.tree.nodes[x].num_tokens});
+          mask |= 1ull << k;
+        }
+        u.queries.push_back(q);
+        u.masks.push_back(mask);
+      }
+      flush();
+    }
+    return out;
+  };
+  const int64_t slots = opt.target_ctas(w.heads);
+  const auto fills = [&](const std::vector<ProtoUnit>& units) {
+    return 4 * int64_t(units.size()) * w.heads.num_kv_heads >= 3 * slots;
+  };
+  // Units at a cut: the larger decode tile (32 rows, else 16) whose CTAs
+  // still fill the resident slots. 32 rows per unit measured best where the
+  // tiles differ: fasttree:N=1,256:C=256,32 at 32/8 16 rows 43.8, 32 rows
+  // 29.3, 64 rows 40.9 us (and 24 rows 46.6, 48 rows 40.6); at 32/32 83.2,
+  // 63.0, 124 us. 64-row units go to wgmma CTAs that are too few per SM to
+  // keep their loads in flight, and do not run as persistent launches.
+  const auto units_at = [&](const std::vector<int32_t>& roots) {
+    if (rows > 0) return group(roots, std::max(std::min<int64_t>(rows, kMaxTileRows), G));
+    std::vector<ProtoUnit> units;
+    for (const int64_t cap : {32, 16}) {
+      units = group(roots, std::max(cap, G));
+      if (fills(units)) break;
+    }
+    return units;
+  };
+
+  // The highest cut (subtree roots) whose units fill the slots; failing that,
+  // the one with the most units (a lower cut splits a subtree that is too
+  // small to fill the GPU into its compact children, for more CTAs).
+  std::vector<int32_t> roots, best_roots;
+  for (const int32_t v : ix.bfs_order)
+    if (compact(v) && !compact(w.tree.nodes[v].parent)) roots.push_back(v);
+  std::vector<ProtoUnit> best;
+  while (!roots.empty()) {
+    auto units = units_at(roots);
+    const bool full = fills(units);
+    if (units.size() > best.size() || full) {
+      best = std::move(units);
+      best_roots = roots;
+    }
+    if (full || rows > 0) break;
+    std::vector<int32_t> next;
+    for (const int32_t v : roots)
+      for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k)
+        if (compact(ix.children[k])) next.push_back(ix.children[k]);
+    roots = std::move(next);
+  }
+  if (best.empty()) return best;
+  for (const int32_t v : best_roots) covered[v] = 1;
+  for (const int32_t v : ix.bfs_order) {
+    const int32_t p = w.tree.nodes[v].parent;
+    if (covered[v] || (p >= 0 && covered[p])) covered[v] = 1;
+  }
+  return best;
+}
+
 void emit_units(PlanBuilder& b, const std::vector<ProtoUnit>& units) {
   for (const ProtoUnit& u : units) {
     b.begin_unit();

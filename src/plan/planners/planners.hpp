@@ -71,6 +71,21 @@ struct ProtoUnit {
 // that share a query are not packed.
 std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t max_tokens, const Workload& w,
                                         const PlanOptions& opt);
+// Units for a tree's compact subtrees: the highest subtrees (of more than one
+// node with queries) in which every query's path is at most `max_tokens`
+// tokens and 64 segments. Each unit takes consecutive (depth-first) queries of
+// one such subtree, up to `rows` Q rows (0: 32, or 16 when 32-row units
+// would not fill three quarters of the resident CTA slots), and the union of
+// their paths inside it, each query masked to its own path. The subtrees are
+// the highest such, or, where their units do not fill the slots, the cut
+// below them (their compact children) that gives the most units. The subtree's shared nodes are then read once
+// per unit (mostly from L2, being short) instead of once per node and query
+// tile into partial slots that a merge must fold: a query whose whole path is
+// in one compact subtree is written directly. covered[v] is set for the
+// subtrees' nodes (the caller plans the rest).
+std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
+                                             const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
+                                             int64_t rows, const PlanOptions& opt, std::vector<char>& covered);
 void emit_units(PlanBuilder& b, const std::vector<ProtoUnit>& units);
 
 // Queries grouped by the node they attach to, and each node's subtree
