@@ -159,6 +159,10 @@ std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t ma
   return out;
 }
 
+namespace {
+constexpr int64_t kMaxFlatLeafTokens = 2 * kDefaultKvTile;
+}  // namespace
+
 std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
                                              const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
                                              int64_t rows, const PlanOptions& opt, std::vector<char>& covered) {
@@ -168,7 +172,7 @@ std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex&
   if (max_tokens <= 0) return {};
   // The longest path (tokens and non-empty segments) from v down to a query
   // of its subtree, and whether v has a child with queries.
-  std::vector<int64_t> tok(n, 0), segs(n, 0);
+  std::vector<int64_t> tok(n, 0), segs(n, 0), leaf(n, 0);  // leaf: its longest node without queries below
   std::vector<char> branches(n, 0);
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
     const int32_t v = *it;
@@ -180,13 +184,19 @@ std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex&
       branches[v] = 1;
       t = std::max(t, tok[c]);
       s = std::max(s, segs[c]);
+      leaf[v] = std::max(leaf[v], leaf[c]);
     }
     const int32_t own = w.tree.nodes[v].num_tokens;
     tok[v] = t + own;
     segs[v] = s + (own > 0 ? 1 : 0);
+    if (!branches[v]) leaf[v] = own;
   }
+  // Short leaves only (pat:B=1,2,64:L=1024,256,256 at 16/8 went 50 -> 76 us
+  // with its 256-token leaves flattened 16 to a unit: long serial units where
+  // node splits them over many CTAs).
   const auto compact = [&](int32_t v) {
-    return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit;
+    return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit &&
+           leaf[v] <= kMaxFlatLeafTokens;
   };
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
