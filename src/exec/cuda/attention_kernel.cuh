@@ -165,6 +165,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
+  // K/V copies: thread tid copies chunk copy_c of rows copy_r0 + k * kCopyRows.
+  constexpr int kCopyRows = kThreads / kChunks, kCopyPasses = N / kCopyRows;
+  static_assert(kThreads % kChunks == 0 && N % kCopyRows == 0, "whole rows per pass, whole passes per tile");
+  constexpr uint32_t kSwzRowBytes = Tr::kWgmma ? 128 : Tr::kRowBytes;  // swz(r + 1, c) - swz(r, c) within 8 rows
+  const int copy_c = tid % kChunks, copy_r0 = tid / kChunks;
+  const uint32_t token_bytes = uint32_t(Hkv) * D * uint32_t(sizeof(T));  // pool stride of one token row
   // Items are (unit, kv head) pairs: item i is units[i / Hkv] for kv head
   // i % Hkv. A CTA computes item blockIdx.x; in a persistent launch (p.work)
   // it then takes items gridDim.x + 0, 1, 2, ... in the order they are
@@ -191,14 +197,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     struct Lookup {
       int seg = 255, tok = 0, page = 0;  // seg 255: past the end of the unit
     };
-    // early: a one-segment unit before its record is in shared memory (the
-    // record comes from the descriptor's registers; only the prologue, so that
-    // they are not live in the main loop).
+    // early: a position of the first segment, before the records are in
+    // shared memory (the record comes from the descriptor's registers; only
+    // the prologue, so that they are not live in the main loop).
     auto lookup = [&](int t, bool early = false) {
       Lookup l;
       const int pos = t * N + tid;
       if (tid < N && pos < len) {
-        int lo = 0, hi = nseg - 1;  // first s with end > pos (skips empty segments)
+        int lo = 0, hi = early ? 0 : nseg - 1;  // first s with end > pos (skips empty segments)
         while (lo < hi) {
           const int mid = (lo + hi) >> 1;
           if (misc.seg[mid].end > pos) hi = mid; else lo = mid + 1;
@@ -223,20 +229,25 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 
     // Issues the cp.async copies of the K and V rows of the tile described by
     // slot sl into stage st; positions past the end are zero-filled (a masked
-    // score times a V row of garbage could be NaN).
-    const T* kpool = static_cast<const T*>(p.k);
-    const T* vpool = static_cast<const T*>(p.v);
+    // score times a V row of garbage could be NaN). A thread always copies the
+    // same 16-byte chunk (column) of rows copy_r0, + kCopyRows, ...: its
+    // global column offset and, where kCopyRows keeps r % 8, its swizzled
+    // shared offset are fixed, so a copy costs a row load and two multiply-adds
+    // (the generic index arithmetic took ~20 instructions per copy).
+    const uint8_t* kcol = static_cast<const uint8_t*>(p.k) + (int64_t(kvh) * D + copy_c * 8) * int64_t(sizeof(T));
+    const uint8_t* vcol = static_cast<const uint8_t*>(p.v) + (int64_t(kvh) * D + copy_c * 8) * int64_t(sizeof(T));
     auto issue = [&](int st, int sl) {
       uint8_t* dk = sK + st * Tr::kTileBytes;
       uint8_t* dv = sV + st * Tr::kTileBytes;
+      const uint32_t so0 = swz<Tr, N>(copy_r0, copy_c);
 #pragma unroll
-      for (int i = tid; i < N * kChunks; i += kThreads) {
-        const int r = i / kChunks, c = i % kChunks;
+      for (int k = 0; k < kCopyPasses; ++k) {
+        const int r = copy_r0 + k * kCopyRows;
         const int row = misc.row[sl][r];
-        const int64_t off = (int64_t(row < 0 ? 0 : row) * Hkv + kvh) * D + c * 8;
-        const uint32_t so = swz<Tr, N>(r, c);
-        cp_async_16_zfill(dk + so, kpool + off, row >= 0);
-        cp_async_16_zfill(dv + so, vpool + off, row >= 0);
+        const uint64_t off = uint64_t(uint32_t(max(row, 0))) * token_bytes;
+        const uint32_t so = kCopyRows % 8 == 0 ? so0 + k * kCopyRows * kSwzRowBytes : swz<Tr, N>(r, copy_c);
+        cp_async_16_zfill(dk + so, kcol + off, row >= 0);
+        cp_async_16_zfill(dv + so, vcol + off, row >= 0);
       }
     };
 
@@ -251,11 +262,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       if (masked) misc.ent_mask[e] = p.entry_mask[e0 + e];
     }
     const int num_tiles = (len + N - 1) / N;
-    // A one-segment unit's page lookups need nothing from shared memory: their
-    // loads go out now, together with the entries' (one round trip fewer
-    // before the first K/V copy).
+    // When the first S tiles lie in the first segment (every one-segment unit;
+    // a flattened unit whose shared prefix is long enough) their page lookups
+    // need nothing from shared memory: the loads go out now, together with the
+    // entries' and segments' (one round trip fewer before the first K/V copy).
     Lookup first[Tr::kMaxStages];
-    const bool early = D <= 128 && nseg <= 1;  // at d = 256 the registers it holds spill
+    const bool early = D <= 128 && (nseg <= 1 || u.seg0.end >= min(S, num_tiles) * N);  // at d = 256 the registers spill
     if (early) {
 #pragma unroll
       for (int t = 0; t < Tr::kMaxStages; ++t)
@@ -402,6 +414,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 
       // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
       // exp2(-inf - m_safe) = 0 instead of NaN.
+      float alphas[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float mx = kNegInf;
@@ -420,10 +433,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
           sum += s[j][2 * i] + s[j][2 * i + 1];
         }
         row_sum[i] = row_sum[i] * alpha + sum;
+        alphas[i] = alpha;
+      }
+      // Rescale O only when a row's maximum moved somewhere in the warp (alpha
+      // is exactly 1 otherwise): after the first tiles it rarely does, and the
+      // D / 2 multiplies per thread are a tenth of a tile's instructions.
+      if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-          o[j][2 * i] *= alpha;
-          o[j][2 * i + 1] *= alpha;
+          o[j][0] *= alphas[0];
+          o[j][1] *= alphas[0];
+          o[j][2] *= alphas[1];
+          o[j][3] *= alphas[1];
         }
       }
 
