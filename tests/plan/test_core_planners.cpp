@@ -201,6 +201,65 @@ TEST(CorePlanners, NodeFlattensCompactSubtrees) {
   EXPECT_LE(relative_error(chain, t.out.data(), ref), tolerance_for(chain.layout.dtype));
 }
 
+// node folds a short shared node into its children's first KV pieces when
+// re-reading it costs fewer bytes than a partial slot per query: the 32-token
+// root of pat:B=1,8,512 opens each 2048-token child's units (2 slots a query
+// instead of 3), while a 100-token root over 512 one-row leaves (re-read 508
+// extra times for 512 slots) keeps its own unit, and folds saving less than
+// 12 MB of slots are not made.
+TEST(CorePlanners, NodeFoldsShortSharedNodesIntoChildren) {
+  WorkloadParams p;
+  const Workload w = pat_workload({1, 8, 512}, {32, 2048, 256}, p);
+  const Plan folded = make_plan("node", w);
+  validate_plan(w, folded);
+  PlanOptions off;
+  off.extra["fold_tokens"] = 0;
+  const Plan plain = make_plan("node", w, off);
+  validate_plan(w, plain);
+  EXPECT_EQ(folded.num_slots, 2 * 512);
+  EXPECT_EQ(plain.num_slots, 3 * 512);
+  int with_root = 0;
+  for (int u = 0; u < folded.num_units(); ++u) {
+    const Segment& first = folded.segments[folded.unit_segment_offset[u]];
+    if (first.node != 0) continue;
+    ++with_root;
+    ASSERT_EQ(folded.unit_num_segments(u), 2) << "the root, then its child's first piece";
+    EXPECT_EQ(first.size(), 32);
+    EXPECT_EQ(w.tree.nodes[folded.segments[folded.unit_segment_offset[u] + 1].node].parent, 0);
+    EXPECT_FALSE(folded.unit_masked[u]);
+  }
+  EXPECT_EQ(with_root, 8 * 2) << "once per Q tile of each child";
+  EXPECT_EQ(summarize(w, folded).kv_bytes, summarize(w, plain).kv_bytes) << "the root was read per tile anyway";
+
+  // Right on the CPU (the root folded into 64-token mids, over 160-token leaves).
+  const Workload small = pat_workload({1, 8, 512}, {32, 64, 160}, p);
+  const Plan sp = make_plan("node", small);
+  validate_plan(small, sp);
+  PlanOptions no_fold;
+  no_fold.extra["fold_tokens"] = 0;
+  EXPECT_LT(sp.num_slots, make_plan("node", small, no_fold).num_slots);
+  HostTensors t = make_random_inputs(small, 5);
+  const std::vector<double> ref = reference_attention(small, t.args());
+  run_cpu(small, sp, t.args(), 2);
+  EXPECT_LE(relative_error(small, t.out.data(), ref), tolerance_for(small.layout.dtype));
+
+  // Too few slots saved: 256 queries at 32/8 (8.4 MB).
+  const Workload few = pat_workload({1, 4, 256}, {32, 2048, 256}, p);
+  EXPECT_EQ(make_plan("node", few).num_slots, make_plan("node", few, no_fold).num_slots);
+
+  WorkloadParams mha;
+  mha.heads = {32, 32, 128};
+  const Workload fan = fasttree_workload({1, 512}, {100, 300}, mha);
+  PlanOptions nodes;
+  nodes.extra["flat_tokens"] = 0;
+  const Plan kept = make_plan("node", fan, nodes);
+  validate_plan(fan, kept);
+  int root_alone = 0;
+  for (int u = 0; u < kept.num_units(); ++u)
+    root_alone += kept.unit_num_segments(u) == 1 && kept.segments[kept.unit_segment_offset[u]].node == 0;
+  EXPECT_GT(root_alone, 0) << "re-reading the root per leaf costs more than the slots";
+}
+
 TEST(CorePlanners, PerQuerySplitsOnlyWhenTheGridWouldNotFill) {
   WorkloadParams p;
   const Workload many = pat_workload({256}, {1024}, p);  // 256 x 8 = 2048 CTAs

@@ -17,15 +17,79 @@
 // short shared nodes are then re-read per unit, from L2, instead of costing
 // every query a partial slot and the run a merge: fasttree:N=1,256:C=256,32
 // 37.5 -> 29.3 us at 32/8, 75.6 -> 63.0 at 32/32; the FastTree suite's
-// 1024-query 9-level tree 284 -> 69 and 416 -> 155 us.
+// 1024-query 9-level tree 284 -> 69 and 416 -> 155 us. Fourth: a short
+// shared node (with the nodes folded into it, at most fold_tokens = 128
+// tokens, default; 0: none) whose queries all lie below children planned as
+// nodes is folded into them: its segment opens each child's first KV piece,
+// when re-reading it once per extra Q tile costs fewer bytes than the partial
+// slot (fp32 O and lse, written, then read by the merge) that a unit of its
+// own costs each of its queries, and the folds save at least 12 MB of slots
+// (fold_plan): pat:B=1,8,512:L=32,2048,256 32/8 260 -> 250 us.
 #include <algorithm>
 
 #include "plan/planners/planners.hpp"
+#include "plan/planners/tree_walk.hpp"
 
 namespace treeattn {
 
 namespace {
 constexpr int64_t kDefaultFlatTokens = 512;
+constexpr int64_t kDefaultFoldTokens = 2 * kDefaultKvTile;
+constexpr size_t kMaxFoldedSegments = 8;
+// Folding lengthens each child's first piece by a KV tile, ~3 us at one CTA's
+// streaming rate, which only pays where the slots saved are a few us of HBM
+// traffic (same machine, two rounds, fold vs fold_tokens=0, d=128):
+// pat:B=1,8,512 32/8 and 64/8 (17-34 MB saved) 0.94-0.96x the time, the
+// 1024-query 6-level trees 0.79-0.99x, but fasttree:N=1,4,8,256:C=8,256,256,32
+// and pat:B=1,4,8,256 at 32/8 (8.4 MB) 1.04x, at 16/8 and 16/1 1.04-1.06x.
+constexpr int64_t kMinFoldSavedBytes = int64_t(12) << 20;
+
+// prefix[v]: the segments of v's folded ancestors, which open v's first KV
+// piece; folded[v]: v has no units of its own. Only uncovered nodes with
+// tokens are folded into or receive a prefix, so every query still sees each
+// token of its path exactly once.
+struct FoldPlan {
+  std::vector<std::vector<Segment>> prefix;
+  std::vector<char> folded;
+};
+
+FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std::vector<int32_t>>& sub,
+                   const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens) {
+  const size_t n = w.tree.nodes.size();
+  FoldPlan f{std::vector<std::vector<Segment>>(n), std::vector<char>(n, 0)};
+  if (max_tokens <= 0) return f;
+  const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
+  const int64_t slot_bytes = 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4;  // per query
+  int64_t saved = 0;
+  for (const int32_t v : ix.bfs_order) {
+    const int32_t own = w.tree.nodes[v].num_tokens;
+    if (own == 0 || sub[v].empty() || covered[v]) continue;
+    int64_t tokens = own, below = 0, child_tiles = 0;
+    for (const Segment& s : f.prefix[v]) tokens += s.size();
+    bool plain_children = true;  // every child with queries is planned as a node here
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+      const int32_t c = ix.children[k];
+      if (sub[c].empty()) continue;
+      plain_children &= w.tree.nodes[c].num_tokens > 0 && !covered[c];
+      below += int64_t(sub[c].size());
+      child_tiles += tiles(c);
+    }
+    const int64_t reread = (child_tiles - tiles(v)) * own * w.kv_bytes_per_token();
+    if (!plain_children || below != int64_t(sub[v].size()) || tokens > max_tokens ||
+        f.prefix[v].size() >= kMaxFoldedSegments || reread >= below * slot_bytes)
+      continue;
+    f.folded[v] = 1;
+    saved += below * slot_bytes;
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+      const int32_t c = ix.children[k];
+      if (sub[c].empty()) continue;
+      f.prefix[c] = f.prefix[v];
+      f.prefix[c].push_back({v, 0, own});
+    }
+  }
+  if (saved < kMinFoldSavedBytes) f = {std::vector<std::vector<Segment>>(n), std::vector<char>(n, 0)};
+  return f;
+}
 }  // namespace
 
 Plan plan_node(const Workload& w, const PlanOptions& opt) {
@@ -37,23 +101,31 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
       planning::integer_option(opt, "node", "flat_rows", 0, 0), opt, covered);
   const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
 
+  const FoldPlan fold = fold_plan(w, ix, sub, covered, per_tile,
+                                  planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0));
+  const auto planned = [&](int32_t v) {
+    return w.tree.nodes[v].num_tokens > 0 && !sub[v].empty() && !covered[v] && !fold.folded[v];
+  };
   std::vector<std::pair<int64_t, int64_t>> jobs;  // (tokens, query tiles) of each node
   for (const auto& u : units) jobs.emplace_back(u.tokens(), 1);
-  for (const int32_t v : ix.bfs_order)
-    if (w.tree.nodes[v].num_tokens > 0 && !sub[v].empty() && !covered[v])
-      jobs.emplace_back(w.tree.nodes[v].num_tokens, (int64_t(sub[v].size()) + per_tile - 1) / per_tile);
+  for (const int32_t v : ix.bfs_order) {
+    if (!planned(v)) continue;
+    int64_t tokens = w.tree.nodes[v].num_tokens;
+    for (const Segment& s : fold.prefix[v]) tokens += s.size();
+    jobs.emplace_back(tokens, planning::ceil_div(int64_t(sub[v].size()), int64_t(per_tile)));
+  }
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
   const int64_t piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt);
 
   for (const int32_t v : ix.bfs_order) {
-    const Node& node = w.tree.nodes[v];
-    if (node.num_tokens == 0 || sub[v].empty() || covered[v]) continue;
-    const auto chunks = planning::split_evenly({v, 0, node.num_tokens}, piece);
+    if (!planned(v)) continue;
+    const auto chunks = planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece);
     for (size_t q0 = 0; q0 < sub[v].size(); q0 += per_tile) {
       const size_t q1 = std::min(sub[v].size(), q0 + per_tile);
       for (const Segment& chunk : chunks) {
         planning::ProtoUnit u;
-        u.segs = {chunk};
+        if (&chunk == &chunks.front()) u.segs = fold.prefix[v];
+        u.segs.push_back(chunk);
         u.queries.assign(sub[v].begin() + q0, sub[v].begin() + q1);
         u.masks.assign(u.queries.size(), ~0ull);
         units.push_back(std::move(u));
