@@ -201,6 +201,26 @@ TEST(CorePlanners, NodeFlattensCompactSubtrees) {
   EXPECT_LE(relative_error(chain, t.out.data(), ref), tolerance_for(chain.layout.dtype));
 }
 
+// node's compact subtrees give way to node units where too few compact units
+// to fill the GPU include one far longer than any node piece: the ToT
+// sorting128 tree of task 1 at iteration 2000 (32/8) would get 16 units of up
+// to 836 tokens, against 24 of at most 237 as nodes (measured 36.9 vs 26.6 us).
+TEST(CorePlanners, NodeKeepsNodesWhereCompactUnitsWouldBeTheTail) {
+  WorkloadParams p;
+  const Workload tot = make_workload(
+      "tot:" + std::string(TREEATTN_SOURCE_DIR) + "/data/workloads/sorting128ToT.json:task=1:iter=2000", p);
+  PlanOptions nodes;
+  nodes.extra["flat_tokens"] = 0;
+  const Plan chosen = make_plan("node", tot), plain = make_plan("node", tot, nodes);
+  validate_plan(tot, chosen);
+  EXPECT_EQ(chosen.num_units(), plain.num_units());
+  EXPECT_EQ(summarize(tot, chosen).kv_bytes, summarize(tot, plain).kv_bytes);
+  EXPECT_EQ(summarize(tot, chosen).partial_bytes, summarize(tot, plain).partial_bytes);
+  // Filling the GPU (fasttree:N=1,256 at 32/8: 32 units x 8 kv heads), compact units stay.
+  const Workload fan = fasttree_workload({1, 256}, {256, 32}, p);
+  EXPECT_EQ(make_plan("node", fan).num_slots, 0);
+}
+
 // node folds a short shared node into its children's first KV pieces when
 // re-reading it costs fewer bytes than a partial slot per query: the 32-token
 // root of pat:B=1,8,512 opens each 2048-token child's units (2 slots a query

@@ -90,15 +90,18 @@ FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std
   if (saved < kMinFoldSavedBytes) f = {std::vector<std::vector<Segment>>(n), std::vector<char>(n, 0)};
   return f;
 }
-}  // namespace
 
-Plan plan_node(const Workload& w, const PlanOptions& opt) {
-  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
-  const auto sub = planning::subtree_queries(w, ix);
+
+// node's units (before packing) with compact subtrees of at most
+// `flat_tokens` tokens per path (0: none); *compact: how many of the units
+// are compact-subtree units (they come first).
+std::vector<planning::ProtoUnit> node_units(const Workload& w, const TreeIndex& ix,
+                                            const std::vector<std::vector<int32_t>>& sub, const PlanOptions& opt,
+                                            int64_t flat_tokens, size_t* compact) {
   std::vector<char> covered;
-  auto units = planning::compact_subtree_units(
-      w, ix, sub, planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0),
-      planning::integer_option(opt, "node", "flat_rows", 0, 0), opt, covered);
+  auto units = planning::compact_subtree_units(w, ix, sub, flat_tokens,
+                                               planning::integer_option(opt, "node", "flat_rows", 0, 0), opt, covered);
+  *compact = units.size();
   const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
 
   const FoldPlan fold = fold_plan(w, ix, sub, covered, per_tile,
@@ -132,9 +135,39 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
       }
     }
   }
+  return units;
+}
+
+int64_t longest_unit(const std::vector<planning::ProtoUnit>& units) {
+  int64_t n = 0;
+  for (const auto& u : units) n = std::max(n, u.tokens());
+  return n;
+}
+}  // namespace
+
+Plan plan_node(const Workload& w, const PlanOptions& opt) {
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  const auto sub = planning::subtree_queries(w, ix);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
+  size_t compact = 0, none = 0;
+  auto units = planning::pack_short_units(
+      node_units(w, ix, sub, opt, planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0), &compact),
+      pack, w, opt);
+  // Units too few to fill the resident CTA slots run as long as the longest
+  // one. Where a compact subtree's unit is longer than kMaxCompactStretch x
+  // the longest unit of the plan without compact subtrees (whose pieces run
+  // side by side, then merge), that plan is taken: ToT sorting128 task 1 at
+  // iteration 2000 (32/8), 16 units of up to 836 tokens 36.9 us, as nodes 24
+  // of up to 237 tokens 26.6 us; of 92 suite configs where compact subtrees
+  // change the plan only the two ToT ones at iteration 2000 (1.30x, 1.39x
+  // the time of the nodes) are taken out by this rule (ab_90ef9b2_session9.txt).
+  constexpr int64_t kMaxCompactStretch = 5;  // in halves: 2.5x
+  if (compact > 0 && 4 * int64_t(units.size()) * w.heads.num_kv_heads < 3 * opt.target_ctas(w.heads)) {
+    auto nodes = planning::pack_short_units(node_units(w, ix, sub, opt, 0, &none), pack, w, opt);
+    if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(nodes)) units = std::move(nodes);
+  }
   PlanBuilder b(w, "node");
-  planning::emit_units(b, planning::pack_short_units(std::move(units), pack, w, opt));
+  planning::emit_units(b, units);
   return b.finish();
 }
 
