@@ -221,6 +221,25 @@ TEST(CorePlanners, NodeKeepsNodesWhereCompactUnitsWouldBeTheTail) {
   EXPECT_EQ(make_plan("node", fan).num_slots, 0);
 }
 
+// Compact subtrees with long leaves are taken only where the partials they
+// save outweigh the KV they re-read: the 6-level tree's 32-token nodes over 4
+// leaves of 256 tokens each (half the slots saved, 17 MB re-read at 32/8),
+// not pat:B=1,2,64's 256-token level under 16-row units of 256-token leaves.
+TEST(CorePlanners, NodeTakesLongLeafCompactSubtreesBySavedBytes) {
+  WorkloadParams p;
+  PlanOptions nodes;
+  nodes.extra["flat_tokens"] = 0;
+  const Workload deep = fasttree_workload({1, 4, 16, 64, 256, 1024}, {256, 8, 256, 64, 32, 256}, p);
+  const Plan flat = make_plan("node", deep), plain = make_plan("node", deep, nodes);
+  validate_plan(deep, flat);
+  EXPECT_LT(summarize(deep, flat).partial_bytes, summarize(deep, plain).partial_bytes * 2 / 3);
+  EXPECT_LT(flat.num_units(), plain.num_units() / 4);
+  const Workload wide = pat_workload({1, 2, 64}, {1024, 256, 256}, p);
+  EXPECT_EQ(summarize(wide, make_plan("node", wide)).partial_bytes,
+            summarize(wide, make_plan("node", wide, nodes)).partial_bytes);
+  EXPECT_EQ(make_plan("node", wide).num_units(), make_plan("node", wide, nodes).num_units());
+}
+
 // node folds a short shared node into its children's first KV pieces when
 // re-reading it costs fewer bytes than a partial slot per query: the 32-token
 // root of pat:B=1,8,512 opens each 2048-token child's units (2 slots a query
@@ -251,12 +270,14 @@ TEST(CorePlanners, NodeFoldsShortSharedNodesIntoChildren) {
   EXPECT_EQ(with_root, 8 * 2) << "once per Q tile of each child";
   EXPECT_EQ(summarize(w, folded).kv_bytes, summarize(w, plain).kv_bytes) << "the root was read per tile anyway";
 
-  // Right on the CPU (the root folded into 64-token mids, over 160-token leaves).
+  // Right on the CPU (the root folded into 64-token mids, over 160-token
+  // leaves; node units only: no compact subtrees).
   const Workload small = pat_workload({1, 8, 512}, {32, 64, 160}, p);
-  const Plan sp = make_plan("node", small);
-  validate_plan(small, sp);
-  PlanOptions no_fold;
+  PlanOptions nodes, no_fold;
+  nodes.extra["flat_tokens"] = no_fold.extra["flat_tokens"] = 0;
   no_fold.extra["fold_tokens"] = 0;
+  const Plan sp = make_plan("node", small, nodes);
+  validate_plan(small, sp);
   EXPECT_LT(sp.num_slots, make_plan("node", small, no_fold).num_slots);
   HostTensors t = make_random_inputs(small, 5);
   const std::vector<double> ref = reference_attention(small, t.args());
@@ -265,13 +286,11 @@ TEST(CorePlanners, NodeFoldsShortSharedNodesIntoChildren) {
 
   // Too few slots saved: 256 queries at 32/8 (8.4 MB).
   const Workload few = pat_workload({1, 4, 256}, {32, 2048, 256}, p);
-  EXPECT_EQ(make_plan("node", few).num_slots, make_plan("node", few, no_fold).num_slots);
+  EXPECT_EQ(make_plan("node", few, nodes).num_slots, make_plan("node", few, no_fold).num_slots);
 
   WorkloadParams mha;
   mha.heads = {32, 32, 128};
   const Workload fan = fasttree_workload({1, 512}, {100, 300}, mha);
-  PlanOptions nodes;
-  nodes.extra["flat_tokens"] = 0;
   const Plan kept = make_plan("node", fan, nodes);
   validate_plan(fan, kept);
   int root_alone = 0;

@@ -159,13 +159,10 @@ std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t ma
   return out;
 }
 
-namespace {
-constexpr int64_t kMaxFlatLeafTokens = 2 * kDefaultKvTile;
-}  // namespace
-
 std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
                                              const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
-                                             int64_t rows, const PlanOptions& opt, std::vector<char>& covered) {
+                                             int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
+                                             std::vector<char>& covered) {
   const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
   const int64_t G = w.heads.group_size();
   covered.assign(n, 0);
@@ -191,12 +188,9 @@ std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex&
     segs[v] = s + (own > 0 ? 1 : 0);
     if (!branches[v]) leaf[v] = own;
   }
-  // Short leaves only (pat:B=1,2,64:L=1024,256,256 at 16/8 went 50 -> 76 us
-  // with its 256-token leaves flattened 16 to a unit: long serial units where
-  // node splits them over many CTAs).
   const auto compact = [&](int32_t v) {
     return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit &&
-           leaf[v] <= kMaxFlatLeafTokens;
+           leaf[v] <= max_leaf_tokens;
   };
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.

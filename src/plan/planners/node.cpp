@@ -43,6 +43,12 @@ constexpr size_t kMaxFoldedSegments = 8;
 // 1024-query 6-level trees 0.79-0.99x, but fasttree:N=1,4,8,256:C=8,256,256,32
 // and pat:B=1,4,8,256 at 32/8 (8.4 MB) 1.04x, at 16/8 and 16/1 1.04-1.06x.
 constexpr int64_t kMinFoldSavedBytes = int64_t(12) << 20;
+// Compact subtrees: leaves of at most kShortLeafTokens always, longer ones
+// only by the byte rule in plan_node (pat:B=1,2,64:L=1024,256,256 at 16/8 went
+// 50 -> 76 us with its 256-token leaves in series, 16 to a unit); re-read KV
+// per partial byte saved, in halves (2.5).
+constexpr int64_t kShortLeafTokens = 2 * kDefaultKvTile;
+constexpr int64_t kMaxRereadPerSlotByte = 5;
 
 // prefix[v]: the segments of v's folded ancestors, which open v's first KV
 // piece; folded[v]: v has no units of its own. Only uncovered nodes with
@@ -93,13 +99,13 @@ FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std
 
 
 // node's units (before packing) with compact subtrees of at most
-// `flat_tokens` tokens per path (0: none); *compact: how many of the units
-// are compact-subtree units (they come first).
+// `flat_tokens` tokens per path (0: none) and leaves of at most `leaf_tokens`;
+// *compact: how many of the units are compact-subtree units (they come first).
 std::vector<planning::ProtoUnit> node_units(const Workload& w, const TreeIndex& ix,
                                             const std::vector<std::vector<int32_t>>& sub, const PlanOptions& opt,
-                                            int64_t flat_tokens, size_t* compact) {
+                                            int64_t flat_tokens, int64_t leaf_tokens, size_t* compact) {
   std::vector<char> covered;
-  auto units = planning::compact_subtree_units(w, ix, sub, flat_tokens,
+  auto units = planning::compact_subtree_units(w, ix, sub, flat_tokens, leaf_tokens,
                                                planning::integer_option(opt, "node", "flat_rows", 0, 0), opt, covered);
   *compact = units.size();
   const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
@@ -143,16 +149,54 @@ int64_t longest_unit(const std::vector<planning::ProtoUnit>& units) {
   for (const auto& u : units) n = std::max(n, u.tokens());
   return n;
 }
+
+// The bytes a set of units moves: KV read (all kv heads) and partials
+// (fp32 O and lse, written and read back by the merge) of queries in more
+// than one unit.
+struct UnitBytes {
+  int64_t kv = 0, partials = 0;
+};
+UnitBytes unit_bytes(const Workload& w, const std::vector<planning::ProtoUnit>& units) {
+  std::vector<int32_t> per_query(size_t(w.num_queries()), 0);
+  UnitBytes b;
+  for (const auto& u : units) {
+    b.kv += u.tokens() * w.kv_bytes_per_token();
+    for (const int32_t q : u.queries) ++per_query[q];
+  }
+  const int64_t slot = 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4;
+  for (const int32_t n : per_query)
+    if (n > 1) b.partials += n * slot;
+  return b;
+}
 }  // namespace
 
 Plan plan_node(const Workload& w, const PlanOptions& opt) {
   const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
   const auto sub = planning::subtree_queries(w, ix);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
+  const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
   size_t compact = 0, none = 0;
-  auto units = planning::pack_short_units(
-      node_units(w, ix, sub, opt, planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0), &compact),
-      pack, w, opt);
+  auto units = planning::pack_short_units(node_units(w, ix, sub, opt, flat, kShortLeafTokens, &compact), pack, w, opt);
+  // Compact subtrees with long leaves put several leaves in series in one
+  // unit while node would stream them side by side: taken only where they
+  // save at least 1 byte of partials per 2.5 bytes of KV they re-read
+  // (kMaxRereadPerSlotByte; ab_90ef9b2_session9.txt, same machine, two
+  // rounds): the 6-level N=1,4,16,64,256,1024 trees with 256-token leaves
+  // (68-101 MB of partials saved, at most 17 MB re-read) 0.88-0.94x the time
+  // at 32/8, 16/8, 64/8 and 32/32; pat:B=1,2,64:L=1024,256,256 (2-4 MB saved,
+  // 15-29 MB re-read: its 256-token level under 16-row units) 1.18x and 1.40x
+  // at 32/8 and 64/8, so not taken.
+  if (flat > 0) {
+    size_t long_compact = 0;
+    auto with_long = planning::pack_short_units(node_units(w, ix, sub, opt, flat, flat, &long_compact), pack, w, opt);
+    if (long_compact > 0 && long_compact != compact) {
+      const UnitBytes a = unit_bytes(w, units), b = unit_bytes(w, with_long);
+      if ((b.kv - a.kv) * 2 <= kMaxRereadPerSlotByte * (a.partials - b.partials)) {
+        units = std::move(with_long);
+        compact = long_compact;
+      }
+    }
+  }
   // Units too few to fill the resident CTA slots run as long as the longest
   // one. Where a compact subtree's unit is longer than kMaxCompactStretch x
   // the longest unit of the plan without compact subtrees (whose pieces run
@@ -163,7 +207,7 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   // the time of the nodes) are taken out by this rule (ab_90ef9b2_session9.txt).
   constexpr int64_t kMaxCompactStretch = 5;  // in halves: 2.5x
   if (compact > 0 && 4 * int64_t(units.size()) * w.heads.num_kv_heads < 3 * opt.target_ctas(w.heads)) {
-    auto nodes = planning::pack_short_units(node_units(w, ix, sub, opt, 0, &none), pack, w, opt);
+    auto nodes = planning::pack_short_units(node_units(w, ix, sub, opt, 0, 0, &none), pack, w, opt);
     if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(nodes)) units = std::move(nodes);
   }
   PlanBuilder b(w, "node");

@@ -73,7 +73,8 @@ std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t ma
                                         const PlanOptions& opt);
 // Units for a tree's compact subtrees: the highest subtrees (of more than one
 // node with queries) in which every query's path is at most `max_tokens`
-// tokens and 64 segments. Each unit takes consecutive (depth-first) queries of
+// tokens and 64 segments, whose leaves (nodes without queries below) are at
+// most `max_leaf_tokens` long. Each unit takes consecutive (depth-first) queries of
 // one such subtree, up to `rows` Q rows (0: 32, or 16 when 32-row units
 // would not fill three quarters of the resident CTA slots), and the union of
 // their paths inside it, each query masked to its own path. The subtrees are
@@ -85,7 +86,8 @@ std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t ma
 // subtrees' nodes (the caller plans the rest).
 std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
                                              const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
-                                             int64_t rows, const PlanOptions& opt, std::vector<char>& covered);
+                                             int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
+                                             std::vector<char>& covered);
 void emit_units(PlanBuilder& b, const std::vector<ProtoUnit>& units);
 
 // Queries grouped by the node they attach to, and each node's subtree
