@@ -338,7 +338,9 @@ TEST(CudaExecutor, SanitizeOneQuery) {
 TEST(CudaExecutor, SanitizeCompactSubtrees) {
   for (const char* heads : {"32/32", "32/8"}) {
     const int qo = 32, kv = std::string(heads) == "32/8" ? 8 : 32;
-    const Workload w = make_workload("fasttree:N=1,64:C=200,24", params(qo, kv, 128, DType::fp16, 16));
+    // Enough units to fill the GPU at both head counts (fewer, each far longer
+    // than node's units, would be planned as nodes instead).
+    const Workload w = make_workload("fasttree:N=1,256:C=64,8", params(qo, kv, 128, DType::fp16, 16));
     const Plan p = make_plan("node", w);
     EXPECT_EQ(p.num_slots, 0) << heads << ": every query in one unit";
     EXPECT_LT(p.num_units(), 64) << heads << ": queries share units";
@@ -347,6 +349,17 @@ TEST(CudaExecutor, SanitizeCompactSubtrees) {
   const Workload spec = make_workload("random:seed=5:nodes=40:tokens=6", params(16, 4, 64, DType::bf16, 1));
   const Plan p = make_plan("node", spec);
   expect_ok(spec, p, check_plan(spec, p, 32), "small random tree, 1-token pages");
+}
+
+// node's folded short nodes: the 32-token root opens each 64-token child's
+// unit (two segments, no mask), so each query has 2 slots instead of 3.
+TEST(CudaExecutor, NodeFoldedShortNodes) {
+  const Workload w = make_workload("pat:B=1,8,512:L=32,64,160", params(32, 8, 128, DType::fp16, 16));
+  PlanOptions opt;
+  opt.extra["flat_tokens"] = 0;  // node units (the leaves would otherwise form compact subtrees)
+  const Plan p = make_plan("node", w, opt);
+  EXPECT_EQ(p.num_slots, 2 * 512);
+  expect_ok(w, p, check_plan(w, p, 41), "pat:B=1,8,512:L=32,64,160 folded");
 }
 
 // Queries with more partial slots than one merge batch (8). Few (query, qo
