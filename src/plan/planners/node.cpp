@@ -17,7 +17,10 @@
 // short shared nodes are then re-read per unit, from L2, instead of costing
 // every query a partial slot and the run a merge: fasttree:N=1,256:C=256,32
 // 37.5 -> 29.3 us at 32/8, 75.6 -> 63.0 at 32/32; the FastTree suite's
-// 1024-query 9-level tree 284 -> 69 and 416 -> 155 us. Fourth: a short
+// 1024-query 9-level tree 284 -> 69 and 416 -> 155 us (where they lose, the
+// nodes are kept: subtrees with long leaves must save more partials than they
+// re-read, and units too few to fill the GPU must not be far longer than the
+// nodes'; plan_node). Fourth: a short
 // shared node (with the nodes folded into it, at most fold_tokens = 128
 // tokens, default; 0: none) whose queries all lie below children planned as
 // nodes is folded into them: its segment opens each child's first KV piece,
@@ -49,6 +52,13 @@ constexpr int64_t kMinFoldSavedBytes = int64_t(12) << 20;
 // per partial byte saved, in halves (2.5).
 constexpr int64_t kShortLeafTokens = 2 * kDefaultKvTile;
 constexpr int64_t kMaxRereadPerSlotByte = 5;
+// Compact units too few to fill the GPU: the longest at most this many halves
+// of node's longest (2.5x; plan_node).
+constexpr int64_t kMaxCompactStretch = 5;
+
+// A query's partial slot: fp32 O and lse of every qo head, written by its
+// unit and read back by the merge.
+int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4; }
 
 // prefix[v]: the segments of v's folded ancestors, which open v's first KV
 // piece; folded[v]: v has no units of its own. Only uncovered nodes with
@@ -65,7 +75,7 @@ FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std
   FoldPlan f{std::vector<std::vector<Segment>>(n), std::vector<char>(n, 0)};
   if (max_tokens <= 0) return f;
   const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
-  const int64_t slot_bytes = 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4;  // per query
+  const int64_t slot = slot_bytes(w);
   int64_t saved = 0;
   for (const int32_t v : ix.bfs_order) {
     const int32_t own = w.tree.nodes[v].num_tokens;
@@ -82,10 +92,10 @@ FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std
     }
     const int64_t reread = (child_tiles - tiles(v)) * own * w.kv_bytes_per_token();
     if (!plain_children || below != int64_t(sub[v].size()) || tokens > max_tokens ||
-        f.prefix[v].size() >= kMaxFoldedSegments || reread >= below * slot_bytes)
+        f.prefix[v].size() >= kMaxFoldedSegments || reread >= below * slot)
       continue;
     f.folded[v] = 1;
-    saved += below * slot_bytes;
+    saved += below * slot;
     for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
       const int32_t c = ix.children[k];
       if (sub[c].empty()) continue;
@@ -96,7 +106,6 @@ FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std
   if (saved < kMinFoldSavedBytes) f = {std::vector<std::vector<Segment>>(n), std::vector<char>(n, 0)};
   return f;
 }
-
 
 // node's units (before packing) with compact subtrees of at most
 // `flat_tokens` tokens per path (0: none) and leaves of at most `leaf_tokens`;
@@ -150,9 +159,8 @@ int64_t longest_unit(const std::vector<planning::ProtoUnit>& units) {
   return n;
 }
 
-// The bytes a set of units moves: KV read (all kv heads) and partials
-// (fp32 O and lse, written and read back by the merge) of queries in more
-// than one unit.
+// The bytes a set of units moves: KV read (all kv heads) and the partial
+// slots of queries in more than one unit.
 struct UnitBytes {
   int64_t kv = 0, partials = 0;
 };
@@ -163,9 +171,8 @@ UnitBytes unit_bytes(const Workload& w, const std::vector<planning::ProtoUnit>& 
     b.kv += u.tokens() * w.kv_bytes_per_token();
     for (const int32_t q : u.queries) ++per_query[q];
   }
-  const int64_t slot = 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4;
   for (const int32_t n : per_query)
-    if (n > 1) b.partials += n * slot;
+    if (n > 1) b.partials += n * slot_bytes(w);
   return b;
 }
 }  // namespace
@@ -205,7 +212,6 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   // of up to 237 tokens 26.6 us; of 92 suite configs where compact subtrees
   // change the plan only the two ToT ones at iteration 2000 (1.30x, 1.39x
   // the time of the nodes) are taken out by this rule (ab_90ef9b2_session9.txt).
-  constexpr int64_t kMaxCompactStretch = 5;  // in halves: 2.5x
   if (compact > 0 && 4 * int64_t(units.size()) * w.heads.num_kv_heads < 3 * opt.target_ctas(w.heads)) {
     auto nodes = planning::pack_short_units(node_units(w, ix, sub, opt, 0, 0, &none), pack, w, opt);
     if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(nodes)) units = std::move(nodes);
