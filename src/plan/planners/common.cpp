@@ -81,6 +81,10 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
   return makespan(lo) < makespan(even) ? lo : even;
 }
 
+bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
+  return 4 * int64_t(units) * w.heads.num_kv_heads >= 3 * opt.target_ctas(w.heads);
+}
+
 std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens) {
   const int64_t n = seg.size(), k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
   std::vector<Segment> out;
@@ -234,10 +238,7 @@ std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex&
     }
     return out;
   };
-  const int64_t slots = opt.target_ctas(w.heads);
-  const auto fills = [&](const std::vector<ProtoUnit>& units) {
-    return 4 * int64_t(units.size()) * w.heads.num_kv_heads >= 3 * slots;
-  };
+  const auto fills = [&](const std::vector<ProtoUnit>& units) { return fills_slots(units.size(), w, opt); };
   // Units at a cut: the larger decode tile (32 rows, else 16) whose CTAs
   // still fill the resident slots. 32 rows per unit measured best where the
   // tiles differ: fasttree:N=1,256:C=256,32 at 32/8 16 rows 43.8, 32 rows

@@ -212,7 +212,7 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   // of up to 237 tokens 26.6 us; of 92 suite configs where compact subtrees
   // change the plan only the two ToT ones at iteration 2000 (1.30x, 1.39x
   // the time of the nodes) are taken out by this rule (ab_90ef9b2_session9.txt).
-  if (compact > 0 && 4 * int64_t(units.size()) * w.heads.num_kv_heads < 3 * opt.target_ctas(w.heads)) {
+  if (compact > 0 && !planning::fills_slots(units.size(), w, opt)) {
     auto nodes = planning::pack_short_units(node_units(w, ix, sub, opt, 0, 0, &none), pack, w, opt);
     if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(nodes)) units = std::move(nodes);
   }

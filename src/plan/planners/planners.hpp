@@ -41,6 +41,10 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt);
 
+// Whether `units` units (each run once per kv head) fill three quarters of
+// the resident CTA slots.
+bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt);
+
 // [begin, end) of `seg` cut into ceil(size / max_tokens) pieces whose sizes
 // differ by at most one token.
 std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens);
