@@ -19,14 +19,13 @@ namespace treeattn {
 struct BenchOptions {
   int warmup = 5;
   int iters = 50;               // timed runs; the median is reported
-  bool flush_l2 = true;         // read a buffer of 2x the L2 size before each run
+  bool flush_l2 = true;         // write a buffer of 2x the L2 size before each run
   bool graph = true;            // also time the run replayed as a CUDA graph
   int verify_queries = 8;       // sampled queries checked against fp64 (0: no check)
   uint64_t seed = 1;            // inputs
   bool exact_tiles = false;     // run every unit with its plan's tile (CudaExecutorOptions::short_m16 = false)
   bool streams = false;         // CudaExecutorOptions::stream_per_tile_config (PAT's multi-stream forward)
   bool persistent = true;       // CudaExecutorOptions::persistent
-  bool fused_merge = true;      // CudaExecutorOptions::fused_merge
   bool trace = false;           // CudaExecutorOptions::trace: GpuTiming::trace of the last timed run
 };
 

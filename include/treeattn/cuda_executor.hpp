@@ -78,14 +78,6 @@ struct CudaExecutorOptions {
   // and fetching the next item's descriptor while it finishes one. false:
   // one CTA per item, scheduled by the hardware.
   bool persistent = true;
-  // A query of at most 4 partial slots is merged by the attention CTA that
-  // stores its last partial (per kv head; a counter per (query, kv head)
-  // finds it), so its merge runs while other CTAs still stream K/V instead
-  // of in a merge launch after all of them; the fold is the merge kernel's,
-  // in slot order, so runs stay bit-identical. Queries of more slots, or of
-  // units whose tile would fold too many rows per thread (d = 256, m >= 64),
-  // go to the merge kernel. false: every query to the merge kernel.
-  bool fused_merge = true;
   // Record when each CTA of a run starts, has its first K/V tile, leaves its
   // KV loop, has issued its output stores and is done (ns stamps of the GPU's
   // global timer), for trace_report(). Needs a library built with

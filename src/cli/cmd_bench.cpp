@@ -27,15 +27,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--iters", b->iters, "timed runs (median reported), at least 50")->capture_default_str();
   cmd->add_option("--warmup", b->warmup, "untimed runs first")->capture_default_str();
   cmd->add_option("--verify", b->verify_queries, "queries checked against fp64 (0: none)")->capture_default_str();
-  auto flags = std::make_shared<std::array<bool, 4>>();  // --no-flush, --no-graph, --no-persistent, --no-fused-merge
+  auto flags = std::make_shared<std::array<bool, 3>>();  // --no-flush, --no-graph, --no-persistent
   cmd->add_flag("--no-flush", (*flags)[0], "keep the L2 warm between runs");
   cmd->add_flag("--no-graph", (*flags)[1], "skip the CUDA-graph replay timing");
   cmd->add_flag("--no-persistent", (*flags)[2],
                 "one CTA per (unit, kv head) even where they exceed one wave, instead of one wave of CTAs that "
                 "claim them in turn");
-  cmd->add_flag("--no-fused-merge", (*flags)[3],
-                "merge every query's partials in the merge launch, instead of in the attention CTA that stores a "
-                "query's last partial (queries of at most 4 slots)");
   cmd->add_flag("--streams", b->streams,
                 "one internal stream per tile config, joined with events (PAT's multi-stream forward), instead of "
                 "chaining the launches in the caller's stream");
@@ -62,7 +59,6 @@ void add_bench_command(CLI::App& app) {
     b->flush_l2 = !(*flags)[0];
     b->graph = !(*flags)[1];
     b->persistent = !(*flags)[2];
-    b->fused_merge = !(*flags)[3];
     b->seed = o->seed;
     if (!suite->suite.empty()) {
       if (!o->workloads.empty()) throw Error("suite: --suite and --workload exclude each other");

@@ -386,69 +386,6 @@ TEST(CudaExecutor, SanitizeManySlotMerge) {
   check("fasttree:N=1,64:C=1100,40", 128, 55);
 }
 
-// Fused merges: in one run, queries of at most 4 slots are merged by the
-// attention CTA that stores their last partial and the others by the merge
-// kernel. Both right against the fp64 reference and the merge-kernel-only
-// executor, and bit-identical over repeated runs (whichever CTA is last, the
-// fold is the same; the counters reset themselves).
-TEST(CudaExecutor, SanitizeFusedMerges) {
-  Workload w;
-  w.name = "a long and a short branch";
-  w.heads = {32, 8, 128};
-  w.layout.page_size = 16;
-  w.layout.dtype = DType::fp16;
-  PageAllocator alloc(16, 5);
-  const int32_t root = alloc.add_node(w.tree, -1, 30);
-  const int32_t long_branch = alloc.add_node(w.tree, root, 1000), short_branch = alloc.add_node(w.tree, root, 30);
-  for (int i = 0; i < 4; ++i) w.query_nodes.push_back(alloc.add_node(w.tree, long_branch, 20));
-  for (int i = 0; i < 8; ++i) w.query_nodes.push_back(alloc.add_node(w.tree, short_branch, 20));
-  w.layout.num_pages = alloc.finish(w.tree);
-  w.validate();
-  PlanOptions opt;  // node units, one slot per piece: 10 slots under the long branch, 3 under the short one
-  opt.extra["split_tokens"] = 138;
-  opt.extra["flat_tokens"] = 0;
-  opt.extra["pack_tokens"] = 0;
-  opt.extra["fold_tokens"] = 0;
-  const Plan p = make_plan("node", w, opt);
-  int few = 0, many = 0;
-  for (int q = 0; q < w.num_queries(); ++q) {
-    const int slots = p.query_slot_offset[q + 1] - p.query_slot_offset[q];
-    few += slots > 0 && slots <= 4;
-    many += slots > 4;
-  }
-  ASSERT_EQ(few, 8);
-  ASSERT_EQ(many, 4);
-
-  CudaExecutorOptions merge_kernel_only;
-  merge_kernel_only.fused_merge = false;
-  CudaExecutor fused(w, p), plain(w, p, merge_kernel_only);
-  EXPECT_NE(fused.describe().find("fused merges; merge 4 queries"), std::string::npos) << fused.describe();
-  EXPECT_EQ(plain.describe().find("fused"), std::string::npos) << plain.describe();
-  EXPECT_NE(plain.describe().find("merge 12 queries"), std::string::npos) << plain.describe();
-
-  HostTensors h = make_random_inputs(w, 31);
-  const std::vector<double> ref = reference_attention(w, h.args());
-  DeviceTensors d = DeviceTensors::upload(h);
-  HostTensors expect = h;
-  d.poison_out();
-  plain.run(d.args(), nullptr);
-  check_cuda(cudaDeviceSynchronize(), "merge kernel only");
-  d.download_out(expect);
-  EXPECT_LE(relative_error(w, expect.out.data(), ref), tolerance(w.layout.dtype)) << "merge kernel only";
-  HostTensors first = h;
-  for (int r = 0; r < 3; ++r) {
-    HostTensors g = h;
-    d.poison_out();
-    fused.run(d.args(), nullptr);
-    check_cuda(cudaDeviceSynchronize(), "fused run");
-    d.download_out(g);
-    EXPECT_LE(relative_error(w, g.out.data(), ref), tolerance(w.layout.dtype)) << "fused run " << r;
-    EXPECT_LE(relative_error(w, g.out.data(), as_doubles(w, expect.out)), tolerance(w.layout.dtype)) << "fused run " << r;
-    if (r == 0) first = g;
-    EXPECT_EQ(g.out, first.out) << "fused run " << r << " differs from the first";
-  }
-}
-
 // A speculative-decoding chain of one-token nodes with a query on each.
 TEST(CudaExecutor, OneTokenNodes) {
   Workload w;

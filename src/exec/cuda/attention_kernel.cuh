@@ -27,7 +27,6 @@
 #include "exec/cuda/primitives/math.cuh"
 #include "exec/cuda/primitives/mma.cuh"
 #include "exec/cuda/primitives/wgmma.cuh"
-#include "treeattn/numeric.hpp"
 #include "treeattn/plan.hpp"
 
 namespace treeattn::cuda {
@@ -136,78 +135,6 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
     return uint32_t((c >> 3) * Rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
   else
     return uint32_t(r * Tr::kRowBytes + ((c ^ (r & 7)) << 4));
-}
-
-// Fused merges (AttnParams::fold_count), after a CTA has stored its partials:
-// it counts them per (query, kv head), and where its count is the query's
-// last, folds all of the query's slots for this kv head's qo heads, in
-// slot-list order and with merge_weights as the merge kernel does: the result
-// does not depend on which CTA finishes last, so runs stay bit-identical.
-// scratch: [nent][1 + kFoldMaxSlots] ints in the epilogue's scratch, the
-// slot count to fold (0: none) and the slot ids of each entry.
-template <class Tr>
-__device__ __forceinline__ void fold_finished_queries(const AttnParams& p, const typename Tr::Misc& misc,
-                                                      int32_t* scratch, int nent, int rows, int kvh) {
-  using T = typename Tr::T;
-  constexpr int D = Tr::D, kThreads = Tr::kThreads, kCols = D / 4, kRec = 1 + kFoldMaxSlots;
-  const int tid = threadIdx.x, G = p.group, H = p.num_qo_heads;
-  // The barrier orders every thread's partial stores before the fences below
-  // (cumulativity, as for ctas_done), and frees the scratch.
-  __syncthreads();
-  bool any = false;
-  for (int e = tid; e < nent; e += kThreads) {
-    int32_t* rec = scratch + e * kRec;
-    int n = 0;
-    const FoldSlots fs = misc.ent_slot[e] >= 0 ? p.fold_slots[misc.ent_query[e]] : FoldSlots{0, 0};
-    if (fs.count > 0) {
-      int32_t ids[kFoldMaxSlots];
-#pragma unroll
-      for (int j = 0; j < kFoldMaxSlots; ++j) ids[j] = j < fs.count ? p.query_slots[fs.first + j] : 0;  // in flight during the fence
-      __threadfence();
-      unsigned int* count = p.fold_count + int64_t(misc.ent_query[e]) * p.num_kv_heads + kvh;
-      if (atomicAdd(count, 1u) == unsigned(fs.count - 1)) {
-        *count = 0;  // every other CTA of (query, kv head) has counted: zero again for the next run
-        n = fs.count;
-#pragma unroll
-        for (int j = 0; j < kFoldMaxSlots; ++j) rec[1 + j] = ids[j];
-      }
-    }
-    rec[0] = n;
-    any = any || n > 0;
-  }
-  if (!__syncthreads_or(any)) return;
-  __threadfence();  // acquire: the partials of the CTAs counted before this one
-  constexpr float kNegInf = -INFINITY;
-  for (int i = tid; i < rows * kCols; i += kThreads) {
-    const int r = i / kCols, c = (i % kCols) * 4;
-    const int32_t* rec = scratch + (r / G) * kRec;
-    const int n = rec[0];
-    if (n == 0) continue;
-    const int h = kvh * G + r % G;
-    float4 x[kFoldMaxSlots];
-    float ls[kFoldMaxSlots];
-#pragma unroll
-    for (int j = 0; j < kFoldMaxSlots; ++j) {
-      const int64_t s = j < n ? rec[1 + j] : 0;
-      ls[j] = j < n ? __ldcg(p.partial_lse + s * H + h) : kNegInf;
-      x[j] = j < n ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + (s * H + h) * D + c)) : float4{};
-    }
-    float4 acc{0.f, 0.f, 0.f, 0.f};
-    float lse = kNegInf;
-#pragma unroll
-    for (int j = 0; j < kFoldMaxSlots; ++j) {
-      if (j >= n) break;
-      const MergeWeights mw = merge_weights(lse, ls[j]);
-      acc.x = mw.wa * acc.x + mw.wb * x[j].x;
-      acc.y = mw.wa * acc.y + mw.wb * x[j].y;
-      acc.z = mw.wa * acc.z + mw.wb * x[j].z;
-      acc.w = mw.wa * acc.w + mw.wb * x[j].w;
-      lse = mw.lse;
-    }
-    const int64_t off = (int64_t(misc.ent_query[r / G]) * H + h) * D + c;
-    *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) =
-        make_uint2(Mma<T>::pack(acc.x, acc.y), Mma<T>::pack(acc.z, acc.w));
-  }
 }
 
 template <class Tr>
@@ -623,7 +550,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
     }
     trace.mark(kTraceStored);
-    if (p.fold_count) fold_finished_queries<Tr>(p, misc, reinterpret_cast<int32_t*>(sQ), nent, rows, kvh);
     if (next_item >= p.num_items) break;
     __syncthreads();  // the next item reuses the shared memory: every read of this one is done
     item = next_item;

@@ -32,16 +32,6 @@ struct alignas(16) UnitDesc {
   SegDesc seg0;            // = segs[seg_off] when nseg > 0
 };
 
-// Fused merges: a query of at most kFoldMaxSlots slots may be merged by the
-// attention CTA that stores its last partial (AttnParams::fold_count).
-constexpr int kFoldMaxSlots = 4;
-
-// A query's slot list as the fold reads it: query_slots[first .. first +
-// count); count 0: the merge kernel merges this query.
-struct alignas(8) FoldSlots {
-  int32_t first, count;
-};
-
 struct AttnParams {
   // Tensors of the run (AttentionArgs), element type of the instantiation.
   const void* q;    // [num_queries, num_qo_heads, head_dim]
@@ -76,14 +66,6 @@ struct AttnParams {
   // Chained runs (executor.cpp): every CTA adds 1 after its last store, the
   // merge waits for the run's total. nullptr: not chained.
   unsigned int* ctas_done;
-  // Fused merges (CudaExecutorOptions::fused_merge): a query with
-  // fold_slots[q].count > 0 is merged, for one kv head's qo heads, by the CTA
-  // whose count brings fold_count[q * num_kv_heads + kvh] to that slot count
-  // (the CTA that stored the query's last partial for that kv head); it resets
-  // the counter for the next run. nullptr: every query goes to the merge kernel.
-  unsigned int* fold_count;
-  const FoldSlots* fold_slots;  // [num_queries]
-  const int32_t* query_slots;   // the plan's slot lists
   // Traced runs (CudaExecutorOptions::trace): kTracePoints stamps per CTA,
   // this launch's first CTA at trace[trace_first_cta]. nullptr: not traced.
   unsigned long long* trace;

@@ -241,7 +241,6 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   eo.short_m16 = !o.exact_tiles;
   eo.stream_per_tile_config = o.streams;
   eo.persistent = o.persistent;
-  eo.fused_merge = o.fused_merge;
   eo.trace = o.trace;
   CudaExecutor ex(w, p, eo);
   const AttentionArgs args = m.d.args();

@@ -330,37 +330,9 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   std::stable_sort(m.launches.begin(), m.launches.end(),
                    [](const Launch& a, const Launch& b) { return a.max_len > b.max_len; });
 
-  // Fused merges (CudaExecutorOptions::fused_merge): a query of at most
-  // kFoldMaxSlots slots is folded by the attention CTA that stores its last
-  // partial, provided that every tile it runs with can fold a whole CTA's
-  // rows cheaply (kMaxFoldColumnsPerThread float4 columns per thread: one
-  // round trip of partial loads each). The merge kernel takes the others.
-  const int Q = w.num_queries();
-  std::vector<cuda::FoldSlots> fold(Q, cuda::FoldSlots{0, 0});
-  if (o.fused_merge) {
-    constexpr int kMaxFoldColumnsPerThread = 16;
-    std::vector<int8_t> cheap(kTileConfigs.size(), -1);  // per tile, -1: not looked up yet
-    auto folds_cheaply = [&](int tile) {
-      if (cheap[tile] < 0) {
-        const cuda::KernelEntry k = cuda::find_attention_kernel(m.dtype, m.head_dim, tile);
-        cheap[tile] = k.m * (m.head_dim / 4) <= kMaxFoldColumnsPerThread * k.threads;
-      }
-      return cheap[tile] == 1;
-    };
-    for (int32_t q = 0; q < Q; ++q) {
-      const int32_t first = p.query_slot_offset[q], count = p.query_slot_offset[q + 1] - first;
-      if (count > 0 && count <= cuda::kFoldMaxSlots) fold[q] = {first, count};
-    }
-    for (int u = 0; u < U; ++u)
-      if (!folds_cheaply(run_tile[u]))
-        for (int e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) fold[p.entry_query[e]].count = 0;
-  }
-  bool any_fold = false;
-  for (const cuda::FoldSlots& f : fold) any_fold = any_fold || f.count > 0;
-
   std::vector<cuda::MergeDesc> merges;
-  for (int32_t q = 0; q < Q; ++q)
-    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q] && fold[q].count == 0)
+  for (int32_t q = 0; q < w.num_queries(); ++q)
+    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q])
     {
       cuda::MergeDesc md{q, p.query_slot_offset[q], p.query_slot_offset[q + 1] - p.query_slot_offset[q], 0, {}};
       for (int i = 0; i < cuda::MergeDesc::kInline; ++i)
@@ -377,11 +349,10 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   const size_t o_pages = pk.add(page_ids);
   const size_t o_qs = pk.add(p.query_slots);
   const size_t o_mq = pk.add(merges);
-  const size_t o_fold = pk.add(fold);
 
-  // Workspace: fp32 partials, their lse, two counters of chained runs, two
-  // per persistent launch and, with fused merges, one per (query, kv head)
-  // (zeroed with the upload below; every run leaves them zero).
+  // Workspace: fp32 partials, their lse, two counters of chained runs and
+  // two per persistent launch (zeroed with the upload below; every run
+  // leaves them zero).
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const size_t o_bytes = size_t(p.num_slots) * H * D * sizeof(float);
   const size_t lse_bytes = size_t(p.num_slots) * H * sizeof(float);
@@ -392,8 +363,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
       l.work_offset = counters + counter_bytes;
       counter_bytes += 2 * sizeof(unsigned int);
     }
-  const size_t fold_offset = counters + counter_bytes;
-  if (any_fold) counter_bytes += size_t(Q) * m.num_kv_heads * sizeof(unsigned int);
   m.workspace = DeviceBuffer(counters + counter_bytes);
 
   // One pinned staging buffer, one copy.
@@ -424,11 +393,6 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   a.num_kv_heads = w.heads.num_kv_heads;
   a.group = w.heads.group_size();
   a.page_size = w.layout.page_size;
-  if (any_fold) {
-    a.fold_count = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + fold_offset);
-    a.fold_slots = reinterpret_cast<const cuda::FoldSlots*>(at(o_fold));
-    a.query_slots = reinterpret_cast<const int32_t*>(at(o_qs));
-  }
 
   cuda::MergeParams& mg = m.merge;
   mg.partial_o = a.partial_o;
@@ -456,29 +420,27 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   }
 
   // Tile configs run concurrently. Chained (default, sm_90+, plans with a
-  // merge, fused or not): in the caller's stream, each launch after the first
-  // (and the merge) with programmatic stream serialization, so it may start
-  // as soon as every CTA of the launch before it has (attention_kernel.cuh);
-  // the merge then waits on a counter of finished attention CTAs
-  // (merge_kernel.cu). The first launch is an ordinary one: it overwrites the
-  // partials the previous run's merge and folds read. Otherwise, with several launches, each gets an
+  // merge): in the caller's stream, each launch after the first (and the
+  // merge) with programmatic stream serialization, so it may start as soon as
+  // every CTA of the launch before it has (attention_kernel.cuh); the merge
+  // then waits on a counter of finished attention CTAs (merge_kernel.cu). The
+  // first launch is an ordinary one: it overwrites the partials the previous
+  // run's merge read. Otherwise, with several launches, each gets an
   // internal stream, forked from and joined back into the caller's stream
   // with events (which also works under stream capture); stream priorities
   // follow the launch order (longest CTAs highest).
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
              "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
-  m.chained = !o.stream_per_tile_config && major >= 9 && (mg.num_merges > 0 || any_fold) && !m.launches.empty();
+  m.chained = !o.stream_per_tile_config && major >= 9 && mg.num_merges > 0 && !m.launches.empty();
   if (m.chained) {
-    if (mg.num_merges > 0) {  // fused merges only: nothing waits for the attention CTAs
-      unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
-      a.ctas_done = mg.ctas_done = c;
-      mg.merge_ctas_past = c + 1;
-      if (m.attention_ctas > int64_t(UINT32_MAX))
-        throw Error("cuda executor: " + std::to_string(m.attention_ctas) +
-                    " attention CTAs per run exceed the chained counter");
-      mg.attention_ctas = uint32_t(m.attention_ctas);
-    }
+    unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
+    a.ctas_done = mg.ctas_done = c;
+    mg.merge_ctas_past = c + 1;
+    if (m.attention_ctas > int64_t(UINT32_MAX))
+      throw Error("cuda executor: " + std::to_string(m.attention_ctas) +
+                  " attention CTAs per run exceed the chained counter");
+    mg.attention_ctas = uint32_t(m.attention_ctas);
   } else if (m.launches.size() > 1) {
     int least = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
@@ -510,7 +472,6 @@ std::string CudaExecutor::describe() const {
            (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) + " ctas=" +
            std::to_string(l.grid) + (l.persistent ? " persistent" : "") + " stages=" + std::to_string(l.stages) +
            " smem=" + std::to_string(l.smem / 1024) + "K maxlen=" + std::to_string(l.max_len);
-  if (impl_->attn.fold_count) out += "; fused merges";
   if (impl_->merge.num_merges) out += "; merge " + std::to_string(impl_->merge.num_merges) + " queries";
   return out;
 }
