@@ -19,7 +19,7 @@ namespace treeattn {
 struct BenchOptions {
   int warmup = 5;
   int iters = 50;               // timed runs; the median is reported
-  bool flush_l2 = true;         // write a buffer of 2x the L2 size before each run
+  bool flush_l2 = true;         // read a buffer of 2x the L2 size before each run (a write would leave dirty lines)
   bool graph = true;            // also time the run replayed as a CUDA graph
   int verify_queries = 8;       // sampled queries checked against fp64 (0: no check)
   uint64_t seed = 1;            // inputs
