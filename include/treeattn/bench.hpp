@@ -40,6 +40,11 @@ struct GpuTiming {
   int64_t io_bytes = 0;         // q read + out written
   int64_t partial_bytes = 0;    // partials written + read by the merge
   double floor_us = 0;          // (unique KV + q + out) / bandwidth
+  // One plain kernel that only reads the unique KV bytes (contiguous, from the
+  // K and V pools), timed like the runs (same flush, events, median): what
+  // launch latency, ramp-up and bandwidth allow at this size, a bound no
+  // plan can beat. 0: not measured (no flush).
+  double read_us = 0;
   double max_rel_err = -1;      // worst per-query relative L2 error of the sampled queries; -1: not checked
   int units = 0, slots = 0, launches = 0;
   std::string launch_info;      // CudaExecutor::describe()

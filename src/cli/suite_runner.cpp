@@ -59,6 +59,7 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   r["achieved_gbps"] = double(t.kv_bytes) / (t.us * 1e3);
   r["floor_us"] = t.floor_us;
   r["fraction_of_floor"] = t.floor_us / t.us;
+  r["read_us"] = t.read_us > 0 ? nlohmann::json(t.read_us) : nlohmann::json();
   r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
   r["launches"] = t.launches;
   r["launch_info"] = t.launch_info;
