@@ -42,8 +42,9 @@ struct GpuTiming {
   double floor_us = 0;          // (unique KV + q + out) / bandwidth
   // One plain kernel that only reads the unique KV bytes (contiguous, from the
   // K and V pools), timed like the runs (same flush, events, median): what
-  // launch latency, ramp-up and bandwidth allow at this size, a bound no
-  // plan can beat. 0: not measured (no flush).
+  // launch latency, ramp-up and bandwidth allow at this size. A reference,
+  // not a proof: on GB-sized reads a tuned kernel is ~1% faster. 0: not
+  // measured (no flush).
   double read_us = 0;
   double max_rel_err = -1;      // worst per-query relative L2 error of the sampled queries; -1: not checked
   int units = 0, slots = 0, launches = 0;
