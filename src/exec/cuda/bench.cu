@@ -42,21 +42,13 @@ void fill_uniform(void* p, size_t bytes, uint64_t seed, DType t) {
   check_cuda(cudaGetLastError(), "bench: fill inputs");
 }
 
-// Reads a buffer of twice the L2 size so that the next run starts with no
-// useful line in L2. Reading (not writing) matters: a memset would leave L2
-// full of dirty lines whose write-back the timed run would pay for.
-__global__ void l2_flush_kernel(const int4* p, int64_t n, int* sink) {
-  int4 acc = make_int4(0, 0, 0, 0);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int4 x = __ldcg(p + i);
-    acc.x ^= x.x, acc.y ^= x.y, acc.z ^= x.z, acc.w ^= x.w;
-  }
-  if ((acc.x & acc.y & acc.z & acc.w) == 1) *sink = 1;  // the buffer is zeros: never true, never elided
-}
-
-// Reads a[0, na) then b[0, nb) once: the read-only bound of bench (GpuTiming::
-// read_us). Four independent 16-byte loads per thread per step keep enough
-// bytes in flight to reach HBM bandwidth at a few MB.
+// Reads a[0, na) then b[0, nb) once. The L2 flush reads a buffer of twice
+// the L2 size with it, so that the next run starts with no useful line in L2
+// (reading, not writing: a memset would leave L2 full of dirty lines whose
+// write-back the timed run would pay for); the read-only bound of bench
+// (GpuTiming::read_us) reads the unique KV bytes with it. Four independent
+// 16-byte loads per thread per step keep enough bytes in flight to reach HBM
+// bandwidth at a few MB.
 __global__ void read_once_kernel(const int4* a, int64_t na, const int4* b, int64_t nb, int* sink) {
   constexpr int kUnroll = 4;
   int4 acc = make_int4(0, 0, 0, 0);
@@ -71,7 +63,7 @@ __global__ void read_once_kernel(const int4* a, int64_t na, const int4* b, int64
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) acc.x ^= x[k].x, acc.y ^= x[k].y, acc.z ^= x[k].z, acc.w ^= x[k].w;
   }
-  if ((acc.x & acc.y & acc.z & acc.w) == -1) *sink = 1;  // random inputs: practically never, never elided
+  if ((acc.x & acc.y & acc.z & acc.w) == -1) *sink = 1;  // zeros or random inputs: practically never, never elided
 }
 
 double median(std::vector<double> v) {
@@ -287,11 +279,10 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   if (o.verify_queries > 0) r.max_rel_err = check_sampled_queries(w, m.d, o.verify_queries);
 
   EventTimer t;
+  int* sink = reinterpret_cast<int*>(m.flush.as<uint8_t>() + m.flush.size() - 16);  // the flush buffer's last 16 bytes
   auto flush = [&] {
     if (!o.flush_l2) return;
-    const int64_t n = int64_t(m.flush.size() - 16) / 16;
-    l2_flush_kernel<<<264, 512, 0, m.stream>>>(m.flush.as<int4>(), n,
-                                               reinterpret_cast<int*>(m.flush.as<uint8_t>() + m.flush.size() - 16));
+    read_once_kernel<<<264, 512, 0, m.stream>>>(m.flush.as<int4>(), int64_t(m.flush.size() - 16) / 16, nullptr, 0, sink);
     check_cuda(cudaGetLastError(), "bench: L2 flush");
   };
   std::vector<double> us;
@@ -307,7 +298,6 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     // if anything optimistic against the paged gather of the runs. The best
     // of a few grid sizes (the fastest plain read, not one guess at it).
     const int64_t half = std::min<int64_t>(r.unique_kv_bytes / 2, int64_t(m.d.k.size())) / 16;
-    int* sink = reinterpret_cast<int*>(m.flush.as<uint8_t>() + m.flush.size() - 16);
     int dev = 0, sms = 0;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
     check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SMs)");
