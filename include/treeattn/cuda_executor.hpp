@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "treeattn/executor.hpp"
 
@@ -113,6 +114,62 @@ class CudaExecutor {
   // the chained counter), life; for the merge, wait (for the attention CTAs)
   // and merge. Synchronous: call once the run's stream is idle.
   std::string trace_report() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Capacities of a CudaStepExecutor: it sizes every device buffer by them
+// once, at construction. A plan beyond any of them is refused with an Error
+// naming the capacity and the value.
+struct StepCapacity {
+  int32_t max_queries = 256;
+  int32_t max_units = 2048;       // work units of a plan
+  int32_t max_segments = 8192;    // segments of all units
+  int32_t max_entries = 8192;     // (unit, query) entries
+  int32_t max_slots = 8192;       // partial slots
+  int64_t max_page_refs = 65536;  // pages of all the tree's nodes (the plan's page table)
+};
+
+struct CudaStepOptions {
+  // Tiles the executor launches, one launch each, in this order of
+  // preference (indices into kTileConfigs; empty: the n = 64 tiles that fit
+  // head_dim). A plan's unit runs on the first listed tile whose m holds its
+  // rows: every unit computes the same result on any tile whose m is large
+  // enough (n only sets the K/V tile length).
+  std::vector<int> tiles;
+};
+
+// The executor of a serving engine's decode loop: made once with the engine's
+// limits, it allocates every device buffer it will ever use (plan arrays,
+// page table, partials, counters, two pinned staging buffers); set_plan() per
+// decode step packs a validated plan into pinned memory and enqueues its copy
+// on the stream -- no allocation, no synchronisation (it waits only if the
+// copy of the plan two calls back has not run yet); run() per layer only
+// launches, with grids fixed at construction that read the plan's sizes from
+// device memory. So a CUDA graph captured over run() calls stays valid when
+// set_plan() is called between replays with another plan within capacity.
+// set_plan() and run() must use the same stream (or streams ordered so that a
+// plan's copy comes after the previous plan's runs).
+class CudaStepExecutor {
+ public:
+  CudaStepExecutor(const HeadConfig& heads, DType dtype, int page_size, int64_t num_pages,
+                   const StepCapacity& cap = {}, const CudaStepOptions& o = {});
+  ~CudaStepExecutor();
+  CudaStepExecutor(CudaStepExecutor&&) noexcept;
+  CudaStepExecutor& operator=(CudaStepExecutor&&) noexcept;
+
+  // Validates w (against the construction's heads, dtype, page size and
+  // pool) and p, then uploads p asynchronously on `stream`.
+  void set_plan(const Workload& w, const Plan& p, cudaStream_t stream);
+  // Attention of the last plan set, for device tensors `a`: the fixed
+  // launches, then the merge. Throws if no plan was set.
+  void run(const AttentionArgs& a, cudaStream_t stream) const;
+
+  const StepCapacity& capacity() const;
+  size_t device_bytes() const;  // plan buffer + workspace
+  std::string describe() const; // one line per launch: tile, CTAs, stages, shared memory
 
  private:
   struct Impl;

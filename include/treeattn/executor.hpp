@@ -12,14 +12,30 @@ namespace treeattn {
 // Pointers to one batch's tensors (host or device memory, per executor), all of
 // the workload's layout.dtype:
 //   q, out: [num_queries, num_qo_heads, head_dim]
-//   k, v:   [num_pages, page_size, num_kv_heads, head_dim]
+//   k, v:   [num_pages, page_size, num_kv_heads, head_dim] ("NHD")
+// The last two dimensions (heads, head_dim) of each are dense; the outer ones
+// may be strided (a q sliced from a fused QKV projection, pools that are views
+// into a layer-major or K/V-interleaved cache). Strides are in elements; 0
+// means dense. k and v share their strides.
 struct AttentionArgs {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;
-  float scale = 0.f;  // 0: 1/sqrt(head_dim)
+  float scale = 0.f;        // 0: 1/sqrt(head_dim)
+  float* lse = nullptr;     // optional [num_queries, num_qo_heads] fp32, natural-log log-sum-exp
+                            // of each row's scores (-inf for an empty context)
+  int64_t q_stride = 0;     // between queries of q (dense: num_qo_heads * head_dim)
+  int64_t out_stride = 0;   // between queries of out
+  int64_t kv_token_stride = 0;  // between tokens of a page (dense: num_kv_heads * head_dim)
+  int64_t kv_page_stride = 0;   // between pages (dense: page_size * token stride)
 };
+
+// The strides of AttentionArgs with the dense defaults filled in.
+struct Strides {
+  int64_t q, out, kv_token, kv_page;
+};
+Strides resolve_strides(const Workload& w, const AttentionArgs& a);
 
 float effective_scale(const Workload& w, float scale);
 

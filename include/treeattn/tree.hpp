@@ -11,13 +11,24 @@
 
 namespace treeattn {
 
-// A run of tokens. Its tokens start at a page boundary; token t lives in page
-// pages[t / page_size] at slot t % page_size; all pages are full except
-// possibly the last. A node may be empty (no tokens, no pages).
+// A run of tokens. Token t lives in page pages[(first_slot + t) / page_size]
+// at slot (first_slot + t) % page_size: a node's tokens start at a page
+// boundary (first_slot = 0) except where it continues a page that another
+// node began -- the draft tokens of a speculative token tree, written one
+// after another into their request's pages. A node may be empty (no tokens,
+// no pages). Two nodes may share a page only in disjoint slots.
 struct Node {
   int32_t parent = -1;  // -1: a root
   int32_t num_tokens = 0;
   std::vector<int32_t> pages;
+  int32_t first_slot = 0;  // in [0, page_size)
+
+  // The page and slot of token t, as a row of the pool viewed as
+  // [num_pages * page_size] token rows.
+  int64_t token_row(int32_t t, int page_size) const {
+    const int32_t s = first_slot + t;
+    return int64_t(pages[s / page_size]) * page_size + s % page_size;
+  }
 };
 
 // A forest in general (several roots are allowed, e.g. PAT's B=2,... specs);

@@ -22,9 +22,9 @@ struct Partials {
 
 // One unit for one kv head: every row (entry x qo head of the group) streams
 // the unit's segments with an online softmax.
-void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, float scale, int32_t u, int kvh,
-              Partials& part) {
-  const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads, D = w.heads.head_dim;
+void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, const Strides& str, float scale, int32_t u,
+              int kvh, Partials& part) {
+  const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const int g = w.heads.group_size(), ps = w.layout.page_size;
   const DType t = w.layout.dtype;
   const int32_t e0 = p.unit_query_offset[u], ne = p.unit_num_queries(u);
@@ -33,8 +33,8 @@ void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, float sc
   std::vector<float> q(size_t(rows) * D), acc(size_t(rows) * D, 0.f);
   std::vector<SoftmaxState> st(rows);
   for (int r = 0; r < rows; ++r) {
-    const int64_t qh = int64_t(p.entry_query[e0 + r / g]) * H + kvh * g + r % g;
-    for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = load_element(a.q, t, qh * D + d) * scale;
+    const int64_t qh = int64_t(p.entry_query[e0 + r / g]) * str.q + int64_t(kvh * g + r % g) * D;
+    for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = load_element(a.q, t, qh + d) * scale;
   }
 
   std::vector<float> kb(size_t(kBlock) * D), vb(size_t(kBlock) * D), s(kBlock);
@@ -44,8 +44,8 @@ void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, float sc
     for (int32_t t0 = seg.begin; t0 < seg.end; t0 += kBlock) {
       const int n = std::min<int32_t>(kBlock, seg.end - t0);
       for (int j = 0; j < n; ++j) {
-        const int32_t tok = t0 + j;
-        const int64_t base = ((int64_t(node.pages[tok / ps]) * ps + tok % ps) * Hkv + kvh) * D;
+        const int64_t row = node.token_row(t0 + j, ps);
+        const int64_t base = row / ps * str.kv_page + row % ps * str.kv_token + int64_t(kvh) * D;
         for (int d = 0; d < D; ++d) {
           kb[size_t(j) * D + d] = load_element(a.k, t, base + d);
           vb[size_t(j) * D + d] = load_element(a.v, t, base + d);
@@ -80,8 +80,9 @@ void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, float sc
     const float inv = st[r].empty() ? 0.f : 1.f / st[r].d;  // fully masked row: zeros
     const float* o = &acc[size_t(r) * D];
     if (p.entry_slot[e] < 0) {
-      const int64_t off = (int64_t(p.entry_query[e]) * H + h) * D;
+      const int64_t off = int64_t(p.entry_query[e]) * str.out + int64_t(h) * D;
       for (int d = 0; d < D; ++d) store_element(a.out, t, off + d, o[d] * inv);
+      if (a.lse) a.lse[int64_t(p.entry_query[e]) * H + h] = st[r].lse();
     } else {
       const size_t off = (size_t(p.entry_slot[e]) * H + h) * D;
       for (int d = 0; d < D; ++d) part.o[off + d] = o[d] * inv;
@@ -90,7 +91,8 @@ void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, float sc
   }
 }
 
-void merge_query(const Workload& w, const Plan& p, const AttentionArgs& a, const Partials& part, int32_t q) {
+void merge_query(const Workload& w, const Plan& p, const AttentionArgs& a, const Strides& str, const Partials& part,
+                 int32_t q) {
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   std::vector<float> o(D);
   for (int h = 0; h < H; ++h) {
@@ -103,7 +105,8 @@ void merge_query(const Workload& w, const Plan& p, const AttentionArgs& a, const
       for (int d = 0; d < D; ++d) o[d] = mw.wa * o[d] + mw.wb * po[d];
       lse = mw.lse;
     }
-    for (int d = 0; d < D; ++d) store_element(a.out, w.layout.dtype, (int64_t(q) * H + h) * D + d, o[d]);
+    for (int d = 0; d < D; ++d) store_element(a.out, w.layout.dtype, int64_t(q) * str.out + int64_t(h) * D + d, o[d]);
+    if (a.lse) a.lse[int64_t(q) * H + h] = lse;
   }
 }
 
@@ -129,12 +132,13 @@ void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threa
   part.o.assign(size_t(p.num_slots) * H * w.heads.head_dim, 0.f);
   part.lse.assign(size_t(p.num_slots) * H, -INFINITY);
   const float scale = effective_scale(w, a.scale);
+  const Strides str = resolve_strides(w, a);
   parallel_for(int64_t(p.num_units()) * Hkv, threads,
-               [&](int64_t i) { run_unit(w, p, a, scale, int32_t(i / Hkv), int(i % Hkv), part); });
+               [&](int64_t i) { run_unit(w, p, a, str, scale, int32_t(i / Hkv), int(i % Hkv), part); });
   std::vector<int32_t> merged;
   for (int32_t q = 0; q < w.num_queries(); ++q)
     if (p.query_slot_offset[q + 1] > p.query_slot_offset[q]) merged.push_back(q);
-  parallel_for(int64_t(merged.size()), threads, [&](int64_t i) { merge_query(w, p, a, part, merged[i]); });
+  parallel_for(int64_t(merged.size()), threads, [&](int64_t i) { merge_query(w, p, a, str, part, merged[i]); });
 }
 
 }  // namespace treeattn

@@ -13,6 +13,15 @@ float effective_scale(const Workload& w, float scale) {
   return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(w.heads.head_dim));
 }
 
+Strides resolve_strides(const Workload& w, const AttentionArgs& a) {
+  const int64_t row = int64_t(w.heads.num_kv_heads) * w.heads.head_dim;
+  const int64_t q = int64_t(w.heads.num_qo_heads) * w.heads.head_dim;
+  Strides s{a.q_stride ? a.q_stride : q, a.out_stride ? a.out_stride : q, a.kv_token_stride ? a.kv_token_stride : row,
+            0};
+  s.kv_page = a.kv_page_stride ? a.kv_page_stride : s.kv_token * w.layout.page_size;
+  return s;
+}
+
 float load_element(const void* data, DType t, int64_t i) {
   switch (t) {
     case DType::fp16: return half_bits_to_float(static_cast<const uint16_t*>(data)[i]);

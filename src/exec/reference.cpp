@@ -8,7 +8,8 @@
 namespace treeattn {
 
 std::vector<double> reference_attention(const Workload& w, const AttentionArgs& a) {
-  const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads, D = w.heads.head_dim;
+  const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
+  const Strides str = resolve_strides(w, a);
   const int g = w.heads.group_size(), ps = w.layout.page_size;
   const DType t = w.layout.dtype;
   const double scale = effective_scale(w, a.scale);
@@ -19,14 +20,16 @@ std::vector<double> reference_attention(const Workload& w, const AttentionArgs& 
     std::vector<int64_t> tokens;
     for (int32_t v : w.path(w.query_nodes[q])) {
       const Node& n = w.tree.nodes[v];
-      for (int32_t i = 0; i < n.num_tokens; ++i)
-        tokens.push_back((int64_t(n.pages[i / ps]) * ps + i % ps) * Hkv * D);
+      for (int32_t i = 0; i < n.num_tokens; ++i) {
+        const int64_t row = n.token_row(i, ps);
+        tokens.push_back(row / ps * str.kv_page + row % ps * str.kv_token);
+      }
     }
     if (tokens.empty()) continue;  // empty context: zeros
     scores.resize(tokens.size());
     for (int h = 0; h < H; ++h) {
       const int64_t kvh = (h / g) * D;
-      for (int d = 0; d < D; ++d) qv[d] = load_element(a.q, t, (int64_t(q) * H + h) * D + d);
+      for (int d = 0; d < D; ++d) qv[d] = load_element(a.q, t, int64_t(q) * str.q + int64_t(h) * D + d);
       double mx = -INFINITY;
       for (size_t j = 0; j < tokens.size(); ++j) {
         double s = 0;

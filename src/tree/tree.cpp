@@ -118,34 +118,46 @@ void Workload::validate() const {
                 std::to_string(heads.num_qo_heads) + " qo heads x " + std::to_string(heads.head_dim) +
                 " overflow 32-bit row indexing");
 
-  // (page, node) pairs, sorted below to find reuse: memory follows the pages
-  // the tree uses, not num_pages (which may be up to 2^46 / row size).
-  std::vector<std::pair<int32_t, int32_t>> page_owner;
+  // Page uses (page, first slot, end slot, node), sorted below to find slots
+  // used twice: memory follows the pages the tree uses, not num_pages (which
+  // may be up to 2^46 / row size).
+  struct PageUse {
+    int32_t page, begin, end, node;
+    bool operator<(const PageUse& o) const { return page != o.page ? page < o.page : begin < o.begin; }
+  };
+  std::vector<PageUse> uses;
   int64_t total = 0;
   for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v) {
     const Node& n = tree.nodes[v];
     if (n.num_tokens < 0)
       throw Error(node_field(v, "num_tokens") + " = " + std::to_string(n.num_tokens) + " is negative");
-    const int64_t need = (int64_t(n.num_tokens) + ps - 1) / ps;
+    if (n.first_slot < 0 || n.first_slot >= ps)
+      throw Error(node_field(v, "first_slot") + " = " + std::to_string(n.first_slot) + " is out of range [0, " +
+                  std::to_string(ps) + ")");
+    const int64_t end_slot = int64_t(n.first_slot) + n.num_tokens;  // one past the node's last slot
+    const int64_t need = n.num_tokens == 0 ? 0 : (end_slot + ps - 1) / ps;
     if (int64_t(n.pages.size()) != need)
       throw Error(node_field(v, "pages") + ": " + std::to_string(n.pages.size()) + " pages for " +
-                  std::to_string(n.num_tokens) + " tokens with page_size " + std::to_string(ps) +
-                  " (expected " + std::to_string(need) + ")");
-    for (int32_t pg : n.pages) {
+                  std::to_string(n.num_tokens) + " tokens from slot " + std::to_string(n.first_slot) +
+                  " with page_size " + std::to_string(ps) + " (expected " + std::to_string(need) + ")");
+    for (size_t i = 0; i < n.pages.size(); ++i) {
+      const int32_t pg = n.pages[i];
       if (pg < 0 || pg >= layout.num_pages)
         throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) +
                     " is out of range [0, " + std::to_string(layout.num_pages) + ")");
-      page_owner.emplace_back(pg, v);
+      const int64_t lo = int64_t(i) * ps;
+      uses.push_back({pg, int32_t(std::max<int64_t>(lo, n.first_slot) - lo),
+                      int32_t(std::min<int64_t>(lo + ps, end_slot) - lo), v});
     }
     total += n.num_tokens;
   }
   if (total > (int64_t(1) << 40)) throw Error("tree: " + std::to_string(total) + " tokens is absurd");
-  std::sort(page_owner.begin(), page_owner.end());
-  for (size_t i = 1; i < page_owner.size(); ++i)
-    if (page_owner[i].first == page_owner[i - 1].first)
-      throw Error(node_field(page_owner[i].second, "pages") + ": page id " + std::to_string(page_owner[i].first) +
-                  " is used by more than one node position (also by node " +
-                  std::to_string(page_owner[i - 1].second) + ")");
+  std::sort(uses.begin(), uses.end());
+  for (size_t i = 1; i < uses.size(); ++i)
+    if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
+      throw Error(node_field(uses[i].node, "pages") + ": page id " + std::to_string(uses[i].page) +
+                  " slots [" + std::to_string(uses[i].begin) + ", " + std::to_string(uses[i].end) +
+                  ") are also used by node " + std::to_string(uses[i - 1].node));
   TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
 }
 

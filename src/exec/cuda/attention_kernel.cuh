@@ -170,17 +170,24 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   static_assert(kThreads % kChunks == 0 && N % kCopyRows == 0, "whole rows per pass, whole passes per tile");
   constexpr uint32_t kSwzRowBytes = Tr::kWgmma ? 128 : Tr::kRowBytes;  // swz(r + 1, c) - swz(r, c) within 8 rows
   const int copy_c = tid % kChunks, copy_r0 = tid / kChunks;
-  const uint32_t token_bytes = uint32_t(Hkv) * D * uint32_t(sizeof(T));  // pool stride of one token row
+  const uint32_t token_bytes = p.kv_token_bytes;  // pool stride of one token row (>= Hkv * D elements)
   // Items are (unit, kv head) pairs: item i is units[i / Hkv] for kv head
   // i % Hkv. A CTA computes item blockIdx.x; in a persistent launch (p.work)
   // it then takes items gridDim.x + 0, 1, 2, ... in the order they are
   // claimed, and loads the next item's descriptor during this item's epilogue
   // (a short unit's CTA otherwise spends much of its life being launched and
   // on the descriptor -> page id -> K/V load chain).
+  // A step executor's launch (p.counts) reads its units and their number
+  // from the plan it uploaded last: its grid is fixed, so a CTA may have no
+  // item at all.
+  // (Read again where needed rather than kept in registers through the KV loop.)
+  auto units = [&] { return p.counts ? p.units + p.counts[2 * p.launch_index] : p.units; };
+  auto num_items = [&] { return p.counts ? p.counts[2 * p.launch_index + 1] * Hkv : p.num_items; };
   const bool persistent = Tr::kPersistent && p.work != nullptr;
   int item = blockIdx.x;
-  UnitDesc u = p.units[item / Hkv];
-  for (bool first_item = true;; first_item = false) {
+  UnitDesc u{};
+  if (item < num_items()) u = units()[item / Hkv];
+  for (bool first_item = true; item < num_items(); first_item = false) {
     unsigned int claimed = 0;  // persistent: thread 0's claim of the next item, read after the KV loop
     const int kvh = item % Hkv;
     const int nseg = u.nseg, e0 = u.ent_off, len = u.len;
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     auto commit = [&](const Lookup& l, int sl) {
       if (tid < N) {
         const bool valid = l.seg != 255;
-        misc.row[sl][tid] = valid ? l.page * ps + l.tok % ps : -1;
+        misc.row[sl][tid] = valid ? l.page * p.rows_per_page + l.tok % ps : -1;
         misc.pos_seg[sl][tid] = uint8_t(l.seg);
         const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
         const uint32_t b = __ballot_sync(0xffffffffu, need);
@@ -281,7 +288,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       for (int i = tid; i < M * kChunks; i += kThreads) {
         const int r = i / kChunks, c = i % kChunks;
         const T* src = q;
-        if (r < rows) src = q + (int64_t(misc.ent_query[r / G]) * Hqo + kvh * G + r % G) * D + c * 8;
+        if (r < rows) src = q + int64_t(misc.ent_query[r / G]) * p.q_stride + (kvh * G + r % G) * D + c * 8;
         cp_async_16_zfill(sQ + swz<Tr, M>(r, c), src, r < rows);
       }
       cp_async_commit();
@@ -494,9 +501,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     cp_async_wait<0>();
     if (persistent && tid == 0) misc.next_item = int(gridDim.x + claimed);
     __syncthreads();  // every warp is done with Q and K/V: the scratch may overlap them
-    const int next_item = persistent ? misc.next_item : p.num_items;
+    // The next item: claimed (persistent), the grid's stride away (a step
+    // executor's fixed grid), or none.
+    const int next_item = persistent ? misc.next_item : p.grid_stride ? item + int(gridDim.x) : num_items();
     UnitDesc next_unit{};
-    if (next_item < p.num_items) next_unit = p.units[next_item / Hkv];  // in flight during the epilogue
+    if constexpr (Tr::kPersistent)
+      if (next_item < num_items()) next_unit = units()[next_item / Hkv];  // in flight during the epilogue
     float* sO = reinterpret_cast<float*>(sQ);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -540,9 +550,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const int h = kvh * G + r % G;
       const int slot = misc.ent_slot[r / G];
       if (slot < 0) {
-        const int64_t off = (int64_t(misc.ent_query[r / G]) * Hqo + h) * D + c;
+        const int64_t off = int64_t(misc.ent_query[r / G]) * p.o_stride + h * D + c;
         uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
         *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) = packed;
+        if (p.lse_out && c == 0)
+          p.lse_out[int64_t(misc.ent_query[r / G]) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
       } else {
         const int64_t off = (int64_t(slot) * Hqo + h) * D + c;
         *reinterpret_cast<float4*>(p.partial_o + off) = acc;
@@ -550,10 +562,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
     }
     trace.mark(kTraceStored);
-    if (next_item >= p.num_items) break;
+    if (next_item >= num_items()) break;
     __syncthreads();  // the next item reuses the shared memory: every read of this one is done
     item = next_item;
-    u = next_unit;
+    if constexpr (Tr::kPersistent)
+      u = next_unit;
+    else
+      u = units()[item / Hkv];
   }  // items
 
   if (persistent && tid == 0 && atomicAdd(p.work + 1, 1u) == gridDim.x - 1) {

@@ -1,7 +1,8 @@
 // The parameter blocks of the CUDA kernels (one struct per kernel, passed by
 // value as __grid_constant__). Every pointer into the plan points into the one
-// device buffer that CudaExecutor uploads at plan time, so a run needs nothing
-// from the host beyond these structs and can be captured in a CUDA graph.
+// device buffer that CudaExecutor uploads at plan time (CudaStepExecutor: into
+// its fixed-capacity buffer, re-filled by every set_plan), so a run needs
+// nothing from the host beyond these structs and can be captured in a CUDA graph.
 // Plain C++: included by host code and kernels alike.
 #pragma once
 
@@ -34,10 +35,14 @@ struct alignas(16) UnitDesc {
 
 struct AttnParams {
   // Tensors of the run (AttentionArgs), element type of the instantiation.
-  const void* q;    // [num_queries, num_qo_heads, head_dim]
-  const void* k;    // [num_pages, page_size, num_kv_heads, head_dim]
-  const void* v;
-  void* out;        // [num_queries, num_qo_heads, head_dim]
+  const void* q;    // [num_queries, num_qo_heads, head_dim], queries q_stride elements apart
+  const void* k;    // [num_pages, page_size, num_kv_heads, head_dim], token rows kv_token_bytes apart,
+  const void* v;    //   a page rows_per_page rows (token (page, slot) is row page * rows_per_page + slot)
+  void* out;        // [num_queries, num_qo_heads, head_dim], queries o_stride elements apart
+  float* lse_out;   // optional [num_queries, num_qo_heads] natural-log lse of directly written rows
+  int64_t q_stride, o_stride;
+  uint32_t kv_token_bytes;
+  int32_t rows_per_page;
   float* partial_o;    // [num_slots, num_qo_heads, head_dim], normalised
   float* partial_lse;  // [num_slots, num_qo_heads], natural log
 
@@ -45,6 +50,15 @@ struct AttnParams {
   // units[i / Hkv] for kv head i % Hkv.
   const UnitDesc* units;
   int32_t num_items;  // units of this launch x num_kv_heads
+  // Step executors (fixed grids): this launch's first unit and unit count are
+  // counts[2 * launch_index] and counts[2 * launch_index + 1], in device
+  // memory (uploaded with the plan), and override units / num_items; a CTA
+  // computes items blockIdx.x, + gridDim.x, ... (grid_stride) unless the
+  // launch is persistent. nullptr: units / num_items as given, one item per
+  // CTA unless persistent.
+  const int32_t* counts;
+  int32_t launch_index;
+  bool grid_stride;
   // Persistent launches (more items than CTAs fit on the GPU at once): the
   // grid is one wave; CTA b computes item b, then claims items gridDim.x +
   // atomicAdd(&work[0], 1) until they run out; work[1] counts CTAs done, and
@@ -81,7 +95,12 @@ struct alignas(16) MergeDesc {
 };
 
 struct MergeParams {
-  void* out;
+  void* out;          // queries o_stride elements apart
+  int64_t o_stride;
+  float* lse_out;     // optional [num_queries, num_qo_heads]
+  // Step executors: the number of merges is *num_merges_dev (uploaded with
+  // the plan); the grid covers the capacity. nullptr: num_merges.
+  const int32_t* num_merges_dev;
   const float* partial_o;
   const float* partial_lse;
   const MergeDesc* merges;  // queries that have slots

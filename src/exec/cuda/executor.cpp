@@ -15,6 +15,7 @@
 
 #include "exec/cuda/attention_params.hpp"
 #include "exec/cuda/kernels.hpp"
+#include "exec/cuda/plan_upload.hpp"
 #include "treeattn/cuda_executor.hpp"
 
 namespace treeattn {
@@ -119,68 +120,12 @@ constexpr bool kCtaTraceCompiled = true;
 constexpr bool kCtaTraceCompiled = false;
 #endif
 
-struct Launch {
-  cuda::KernelEntry kernel;
-  int32_t first_unit;  // into the uploaded unit descriptors
-  int32_t num_units;
-  int32_t max_len = 0;  // tokens of its longest unit
-  int stages = 0;
-  int smem = 0;
-  int64_t grid = 0;         // CTAs: its items (units x kv heads), or one wave of them when persistent
-  bool persistent = false;  // more items than fit on the GPU at once (AttnParams::work)
-  size_t work_offset = 0;   // persistent: its two claim counters in the workspace
-  int64_t first_cta = 0;    // of its CTAs among the run's (trace buffer)
-};
-
-// Pipeline depth of a launch: the CTAs an SM can hold by registers, but no
-// more than the grid needs (a grid of at most one CTA per SM gets one CTA per
-// SM and the deepest pipeline), at least two when other launches run
-// alongside; then the most stages (up to one more than the longest unit has
-// tiles) that keep that many CTAs per SM.
-void choose_stages(Launch& l, int num_kv_heads, int num_sms, int smem_per_sm, int smem_reserved, int smem_optin,
-                   bool concurrent) {
-  const cuda::KernelEntry& k = l.kernel;
-  cudaFuncAttributes attr{};
-  check_cuda(cudaFuncGetAttributes(&attr, k.kernel), "cudaFuncGetAttributes(attention kernel)");
-  const int warps = k.threads / 32;
-  const int regs_per_warp = (attr.numRegs * 32 + 255) / 256 * 256;
-  const int by_regs = std::max(1, 65536 / (regs_per_warp * warps));
-  const int64_t ctas = int64_t(l.num_units) * num_kv_heads;
-  int per_sm = int(std::min<int64_t>(by_regs, std::max<int64_t>(1, (ctas + num_sms - 1) / num_sms)));
-  // With other launches running at the same time, leave an SM room for one of
-  // their CTAs: a deep pipeline that takes a whole SM's shared memory makes
-  // them queue behind it (measured: it bought nothing for 128-row CTAs, which
-  // are issue-bound, not latency-bound). A tree's upper level of at most one
-  // CTA per SM once took all of an SM's shared memory but one CTA's worth of
-  // the other launch (a96c35a); with 8 short leaf CTAs per SM that kept 7 of
-  // them off 64 SMs for the root's 20 us: fasttree:N=1,256 went 39.9 -> 37.4
-  // us at 32/8 without that rule (same machine, two rounds), nothing slower.
-  if (concurrent) per_sm = std::max(per_sm, 2);
-  const int tiles = (l.max_len + k.n - 1) / k.n;
-  // One stage only where every unit has one tile (nothing to overlap inside
-  // the CTA) and the kernel allows it: then more short CTAs fit on an SM.
-  const int min_stages = tiles <= 1 ? k.min_stages : std::max(k.min_stages, 2);
-  const int want = std::clamp(tiles + 1, min_stages, k.max_stages);
-  for (; per_sm >= 1; --per_sm) {
-    int s = want;
-    while (s >= min_stages &&
-           (k.smem_bytes(s) > smem_optin || per_sm * (k.smem_bytes(s) + smem_reserved) > smem_per_sm))
-      --s;
-    if (s >= min_stages) {
-      l.stages = s;
-      l.smem = k.smem_bytes(s);
-      return;
-    }
-  }
-  throw Error("cuda executor: tile m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " needs " +
-              std::to_string(k.smem_bytes(min_stages)) + " bytes of shared memory for " + std::to_string(min_stages) +
-              " K/V stage(s) (units of " + std::to_string(l.max_len) + " tokens), the device allows " +
-              std::to_string(std::min(smem_optin, smem_per_sm - smem_reserved)) + " per CTA");
-}
-
 }  // namespace
 
+using cuda::Launch;
+
 struct CudaExecutor::Impl {
+  cuda::TensorShape shape;
   DType dtype;
   int head_dim, num_kv_heads;
   DeviceBuffer plan_buf, workspace;
@@ -206,6 +151,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
     : impl_(std::make_unique<Impl>()) {
   validate_plan(w, p);
   Impl& m = *impl_;
+  m.shape = {w.layout.dtype, w.heads, w.layout.page_size, w.layout.num_pages};
   m.dtype = w.layout.dtype;
   m.head_dim = w.heads.head_dim;
   m.num_kv_heads = w.heads.num_kv_heads;
@@ -222,42 +168,16 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
 
   // Kernel-side unit descriptors and segment records (attention_params.hpp).
   const int U = p.num_units();
-  std::vector<cuda::UnitDesc> desc(U);
-  std::vector<cuda::SegDesc> segs(p.segments.size());
-  for (int u = 0; u < U; ++u) {
-    cuda::UnitDesc& d = desc[u];
-    d.seg_off = p.unit_segment_offset[u];
-    d.nseg = p.unit_num_segments(u);
-    d.ent_off = p.unit_query_offset[u];
-    d.nent = p.unit_num_queries(u);
-    int32_t pos = 0;
-    for (int s = 0; s < d.nseg; ++s) {
-      const Segment& sg = p.segments[d.seg_off + s];
-      segs[d.seg_off + s] = {node_page_offset[sg.node], sg.begin, pos, pos + sg.size()};
-      pos += sg.size();
-    }
-    d.len = pos;
-    d.pad = 0;
-    d.seg0 = d.nseg > 0 ? segs[d.seg_off] : cuda::SegDesc{0, 0, 0, 0};
-    const uint64_t full = full_mask(d.nseg);
-    d.any_missing = 0;
-    for (int e = d.ent_off; e < d.ent_off + d.nent; ++e) d.any_missing |= ~p.entry_mask[e] & full;
-  }
+  std::vector<cuda::UnitDesc> desc;
+  std::vector<cuda::SegDesc> segs;
+  cuda::build_unit_descs(w, p, node_page_offset, desc, segs);
 
   // Units grouped by tile config, longest first within each group (the
   // longest CTAs start first, so the tail is short ones).
   std::vector<cuda::UnitDesc> unit_order;
   unit_order.reserve(U);
-  int dev = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0, num_sms = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  check_cuda(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
-  check_cuda(cudaDeviceGetAttribute(&smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev),
-             "cudaDeviceGetAttribute(ReservedSharedMemoryPerBlock)");
-  check_cuda(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev),
-             "cudaDeviceGetAttribute(MultiProcessorCount)");
+  const cuda::DeviceLimits dl = cuda::DeviceLimits::current();
+  const int num_sms = dl.num_sms;
   // The tile each unit runs with: the plan's, except that a launch of the
   // n = 64 m = 16 tile whose units all have at most 32 tokens (a tree's short
   // leaves, from planners that only count rows) runs the m = 16 n = 32 tile:
@@ -292,20 +212,11 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
       throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +
                   " kv heads exceed the grid");
     l.max_len = unit_order[first].len;
-    // The attribute is per kernel and process-wide: allow the most any plan may use.
-    check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    std::min(smem_optin, l.kernel.smem_bytes(l.kernel.max_stages))),
-               "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    // All of an SM's unified L1/shared memory as shared memory: an SM takes
-    // the carveout of the first CTA it runs, and a smaller one keeps CTAs of
-    // a concurrent launch off it until it drains.
-    check_cuda(cudaFuncSetAttribute(l.kernel.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    int(cudaSharedmemCarveoutMaxShared)),
-               "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
+    cuda::set_kernel_attributes(l.kernel, dl);
     m.launches.push_back(l);
   }
   for (Launch& l : m.launches)
-    choose_stages(l, m.num_kv_heads, num_sms, smem_per_sm, smem_reserved, smem_optin, m.launches.size() > 1);
+    cuda::choose_stages(l, int64_t(l.num_units) * m.num_kv_heads, dl, m.launches.size() > 1);
   // A launch with more items than fit on the GPU at once, of units longer
   // than one K/V tile, runs one wave of CTAs that claim items as they finish
   // (attention_kernel.cuh); its CTAs fetch the next descriptor during an
@@ -318,10 +229,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   // ~7 us) is the same either way.
   for (Launch& l : m.launches) {
     const int64_t items = int64_t(l.num_units) * m.num_kv_heads;
-    int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel.kernel, l.kernel.threads, size_t(l.smem)),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attention kernel)");
-    const int64_t wave = int64_t(std::max(per_sm, 1)) * num_sms;
+    const int64_t wave = cuda::wave_ctas(l, dl);
     l.persistent = o.persistent && l.kernel.persistent && items > wave && l.max_len > l.kernel.n;
     l.grid = l.persistent ? wave : items;
   }
@@ -331,14 +239,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
                    [](const Launch& a, const Launch& b) { return a.max_len > b.max_len; });
 
   std::vector<cuda::MergeDesc> merges;
-  for (int32_t q = 0; q < w.num_queries(); ++q)
-    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q])
-    {
-      cuda::MergeDesc md{q, p.query_slot_offset[q], p.query_slot_offset[q + 1] - p.query_slot_offset[q], 0, {}};
-      for (int i = 0; i < cuda::MergeDesc::kInline; ++i)
-        md.slot[i] = i < md.count ? p.query_slots[md.first + i] : 0;
-      merges.push_back(md);
-    }
+  cuda::build_merge_descs(p, w.num_queries(), merges);
 
   Packer pk;
   const size_t o_units = pk.add(unit_order);
@@ -429,10 +330,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   // internal stream, forked from and joined back into the caller's stream
   // with events (which also works under stream capture); stream priorities
   // follow the launch order (longest CTAs highest).
-  int major = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-             "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
-  m.chained = !o.stream_per_tile_config && major >= 9 && mg.num_merges > 0 && !m.launches.empty();
+  m.chained = !o.stream_per_tile_config && dl.major >= 9 && mg.num_merges > 0 && !m.launches.empty();
   if (m.chained) {
     unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
     a.ctas_done = mg.ctas_done = c;
@@ -531,17 +429,9 @@ std::string CudaExecutor::trace_report() const {
 
 void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   const Impl& m = *impl_;
-  const float scale = args.scale != 0.f ? args.scale : 1.f / std::sqrt(float(m.head_dim));
-  if (!(scale > 0.f) || !std::isfinite(scale))
-    throw Error("cuda executor: softmax scale must be positive and finite, got " + std::to_string(args.scale));
-  if (!args.q || !args.k || !args.v || !args.out) throw Error("cuda executor: null tensor pointer in AttentionArgs");
-
   cuda::AttnParams a = m.attn;
-  a.q = args.q;
-  a.k = args.k;
-  a.v = args.v;
-  a.out = args.out;
-  a.scale_log2 = scale * 1.4426950408889634f;
+  cuda::MergeParams mg = m.merge;
+  cuda::set_run_tensors(m.shape, args, a, mg);
 
   auto launch = [&](const Launch& l, cudaStream_t s, bool chained) {
     cuda::AttnParams lp = a;
@@ -567,8 +457,6 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
       check_cuda(cudaStreamWaitEvent(stream, m.join[i], 0), "cudaStreamWaitEvent(join)");
   }
 
-  cuda::MergeParams mg = m.merge;
-  mg.out = args.out;
   cuda::launch_merge(m.dtype, m.head_dim, mg, stream, m.chained);
 }
 

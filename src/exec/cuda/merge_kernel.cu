@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int H = p.num_qo_heads;
   const int64_t item = kSplit ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kMergeWarps + warp;
-  const bool active = item < int64_t(p.num_merges) * H;  // kSplit: the same for the whole CTA
+  const int32_t num_merges = p.num_merges_dev ? *p.num_merges_dev : p.num_merges;
+  const bool active = item < int64_t(num_merges) * H;  // kSplit: the same for the whole CTA
   // Plan data first (descriptor, the first 32 slot ids), so that in a chained
   // run these loads overlap the wait below.
   MergeDesc md{};
@@ -166,7 +167,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
       lse = mw.lse;
     }
   }
-  T* out = static_cast<T*>(p.out) + (int64_t(query) * H + h) * D;
+  if (p.lse_out && lane == 0) p.lse_out[int64_t(query) * H + h] = lse;
+  T* out = static_cast<T*>(p.out) + int64_t(query) * p.o_stride + h * D;
 #pragma unroll
   for (int v = 0; v < kPerLane / kVec; ++v) {
     T* dst = out + (v * 32 + lane) * kVec;

@@ -9,6 +9,7 @@
 
 namespace treeattn {
 
+Plan plan_auto(const Workload& w, const PlanOptions& opt);
 Plan plan_per_query(const Workload& w, const PlanOptions& opt);
 Plan plan_node(const Workload& w, const PlanOptions& opt);
 Plan plan_node_chunk(const Workload& w, const PlanOptions& opt);

@@ -1,0 +1,95 @@
+// The engine-facing runtime (layer 5): what a serving engine holds for its
+// lifetime. TreeAttention is made once with the engine's limits; plan_*()
+// once per decode step from what the engine has (vLLM-style block tables, an
+// explicit tree as a radix cache holds it, or tree-structured draft queries),
+// then run() once per layer with the same plan. On the GPU every device buffer
+// is allocated at construction and run() only launches fixed grids, so a CUDA
+// graph captured over the run() calls of a step stays valid when the next
+// step is planned (CudaStepExecutor). On the CPU the same calls run the CPU
+// executor: one API, so engines and tests can run without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "treeattn/executor.hpp"
+#include "treeattn/planner.hpp"
+
+namespace treeattn {
+
+enum class Device : uint8_t { cpu, cuda };
+
+struct TreeAttentionConfig {
+  HeadConfig heads;
+  DType dtype = DType::fp16;
+  int page_size = 16;
+  int64_t num_pages = 0;  // pages of the KV pools run() will be given (> 0)
+  Device device = Device::cuda;
+  // Capacities: a plan beyond one of them is refused with an Error naming it.
+  int32_t max_queries = 256;
+  int32_t max_nodes = 4096;
+  int64_t max_page_refs = 65536;  // pages of all nodes of one step's tree
+  // Capacities of the plan itself; 0: derived from the above (see runtime.cpp).
+  int32_t max_units = 0, max_segments = 0, max_entries = 0, max_slots = 0;
+  std::string planner = "auto";
+  PlanOptions plan_options;  // num_sms = 0: the device's (132 on the CPU)
+  int cpu_threads = 0;       // CPU executor threads, 0: all
+};
+
+// A tree as flat arrays, nodes in any order with parents given by index:
+// node v has num_tokens[v] tokens in pages page_ids[page_offsets[v] ..
+// page_offsets[v + 1]); query i attends to the path root..query_nodes[i].
+// first_slots (optional, one per node): slot of the node's first token in its
+// first page (Node::first_slot); empty: 0 for every node.
+struct TreeArrays {
+  std::span<const int32_t> parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots;
+};
+
+// Speculative-decoding draft tokens as queries: draft i is a one-token node
+// whose KV is at pool row draft_rows[i] (= page * page_size + slot), under
+// draft draft_parents[i] when that is >= 0 (drafts are listed parents first),
+// else under tree node draft_nodes[i]. Its query attends to that node's path,
+// the draft ancestors and itself. Queries: the tree's own query_nodes first,
+// then one per draft.
+struct DraftArrays {
+  std::span<const int32_t> draft_nodes, draft_parents;
+  std::span<const int64_t> draft_rows;
+};
+
+class TreeAttention {
+ public:
+  explicit TreeAttention(const TreeAttentionConfig& config);
+  ~TreeAttention();
+  TreeAttention(TreeAttention&&) noexcept;
+  TreeAttention& operator=(TreeAttention&&) noexcept;
+
+  // Plans a step; stream: the cudaStream_t of the runs that follow (ignored
+  // on the CPU). The tree is validated, the plan too, before anything
+  // reaches the device. On an error the previous plan stays in force.
+  void plan_tree(const TreeArrays& tree, void* stream = nullptr);
+  // A batch of sequences: block_tables row-major [batch, width] page ids,
+  // seq_lens [batch]; equal leading page ids are a shared prefix.
+  void plan_block_tables(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
+                         std::span<const int32_t> seq_lens, void* stream = nullptr);
+  void plan_tree_queries(const TreeArrays& tree, const DraftArrays& drafts, void* stream = nullptr);
+
+  // Attention of the planned queries: tensors on the configured device, of
+  // the configured dtype, shapes and strides as AttentionArgs says. Throws
+  // if nothing was planned.
+  void run(const AttentionArgs& args, void* stream = nullptr) const;
+
+  const TreeAttentionConfig& config() const;
+  int32_t num_queries() const;      // of the last plan
+  const Workload& workload() const; // the last plan's tree
+  const Plan& plan() const;
+  PlanSummary summary() const;
+  std::string describe() const;     // the executor's launches (GPU) or "cpu"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace treeattn

@@ -1,0 +1,177 @@
+// Host-side preparation shared by the CUDA executors (plan_upload.hpp): unit,
+// segment and merge descriptors, device limits, pipeline depths, and the
+// checks of a run's tensors.
+#include "exec/cuda/plan_upload.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "treeattn/cuda_executor.hpp"
+
+namespace treeattn::cuda {
+
+DeviceLimits DeviceLimits::current() {
+  DeviceLimits d;
+  check_cuda(cudaGetDevice(&d.device), "cudaGetDevice");
+  auto attr = [&](int& v, cudaDeviceAttr a, const char* what) { check_cuda(cudaDeviceGetAttribute(&v, a, d.device), what); };
+  attr(d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  attr(d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+       "cudaDeviceGetAttribute(MaxSharedMemoryPerMultiprocessor)");
+  attr(d.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, "cudaDeviceGetAttribute(ReservedSharedMemoryPerBlock)");
+  attr(d.num_sms, cudaDevAttrMultiProcessorCount, "cudaDeviceGetAttribute(MultiProcessorCount)");
+  attr(d.major, cudaDevAttrComputeCapabilityMajor, "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+  return d;
+}
+
+void build_unit_descs(const Workload& w, const Plan& p, const std::vector<int32_t>& node_page_offset,
+                      std::vector<UnitDesc>& desc, std::vector<SegDesc>& segs) {
+  const int U = p.num_units();
+  desc.resize(U);
+  segs.resize(p.segments.size());
+  for (int u = 0; u < U; ++u) {
+    UnitDesc& d = desc[u];
+    d.seg_off = p.unit_segment_offset[u];
+    d.nseg = p.unit_num_segments(u);
+    d.ent_off = p.unit_query_offset[u];
+    d.nent = p.unit_num_queries(u);
+    int32_t pos = 0;
+    for (int s = 0; s < d.nseg; ++s) {
+      const Segment& sg = p.segments[d.seg_off + s];
+      // The kernel counts a segment's tokens in slots of the node's page list:
+      // a node that starts inside a page (Node::first_slot) starts that much later.
+      segs[d.seg_off + s] = {node_page_offset[sg.node], sg.begin + w.tree.nodes[sg.node].first_slot, pos,
+                             pos + sg.size()};
+      pos += sg.size();
+    }
+    d.len = pos;
+    d.pad = 0;
+    d.seg0 = d.nseg > 0 ? segs[d.seg_off] : SegDesc{0, 0, 0, 0};
+    const uint64_t full = full_mask(d.nseg);
+    d.any_missing = 0;
+    for (int e = d.ent_off; e < d.ent_off + d.nent; ++e) d.any_missing |= ~p.entry_mask[e] & full;
+  }
+}
+
+void build_merge_descs(const Plan& p, int32_t num_queries, std::vector<MergeDesc>& merges) {
+  merges.clear();
+  for (int32_t q = 0; q < num_queries; ++q)
+    if (p.query_slot_offset[q + 1] > p.query_slot_offset[q]) {
+      MergeDesc md{q, p.query_slot_offset[q], p.query_slot_offset[q + 1] - p.query_slot_offset[q], 0, {}};
+      for (int i = 0; i < MergeDesc::kInline; ++i) md.slot[i] = i < md.count ? p.query_slots[md.first + i] : 0;
+      merges.push_back(md);
+    }
+}
+
+void set_kernel_attributes(const KernelEntry& k, const DeviceLimits& dl) {
+  check_cuda(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  std::min(dl.smem_optin, k.smem_bytes(k.max_stages))),
+             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  // All of an SM's unified L1/shared memory as shared memory: an SM takes
+  // the carveout of the first CTA it runs, and a smaller one keeps CTAs of
+  // a concurrent launch off it until it drains.
+  check_cuda(cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  int(cudaSharedmemCarveoutMaxShared)),
+             "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)");
+}
+
+// Pipeline depth of a launch: the CTAs an SM can hold by registers, but no
+// more than the grid needs (a grid of at most one CTA per SM gets one CTA per
+// SM and the deepest pipeline), at least two when other launches run
+// alongside; then the most stages (up to one more than the longest unit has
+// tiles) that keep that many CTAs per SM.
+void choose_stages(Launch& l, int64_t ctas, const DeviceLimits& dl, bool concurrent) {
+  const int num_sms = dl.num_sms, smem_per_sm = dl.smem_per_sm, smem_reserved = dl.smem_reserved,
+            smem_optin = dl.smem_optin;
+  const cuda::KernelEntry& k = l.kernel;
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, k.kernel), "cudaFuncGetAttributes(attention kernel)");
+  const int warps = k.threads / 32;
+  const int regs_per_warp = (attr.numRegs * 32 + 255) / 256 * 256;
+  const int by_regs = std::max(1, 65536 / (regs_per_warp * warps));
+  int per_sm = int(std::min<int64_t>(by_regs, std::max<int64_t>(1, (ctas + num_sms - 1) / num_sms)));
+  // With other launches running at the same time, leave an SM room for one of
+  // their CTAs: a deep pipeline that takes a whole SM's shared memory makes
+  // them queue behind it (measured: it bought nothing for 128-row CTAs, which
+  // are issue-bound, not latency-bound). A tree's upper level of at most one
+  // CTA per SM once took all of an SM's shared memory but one CTA's worth of
+  // the other launch (a96c35a); with 8 short leaf CTAs per SM that kept 7 of
+  // them off 64 SMs for the root's 20 us: fasttree:N=1,256 went 39.9 -> 37.4
+  // us at 32/8 without that rule (same machine, two rounds), nothing slower.
+  if (concurrent) per_sm = std::max(per_sm, 2);
+  const int tiles = (l.max_len + k.n - 1) / k.n;
+  // One stage only where every unit has one tile (nothing to overlap inside
+  // the CTA) and the kernel allows it: then more short CTAs fit on an SM.
+  const int min_stages = tiles <= 1 ? k.min_stages : std::max(k.min_stages, 2);
+  const int want = std::clamp(tiles + 1, min_stages, k.max_stages);
+  for (; per_sm >= 1; --per_sm) {
+    int s = want;
+    while (s >= min_stages &&
+           (k.smem_bytes(s) > smem_optin || per_sm * (k.smem_bytes(s) + smem_reserved) > smem_per_sm))
+      --s;
+    if (s >= min_stages) {
+      l.stages = s;
+      l.smem = k.smem_bytes(s);
+      return;
+    }
+  }
+  throw Error("cuda executor: tile m=" + std::to_string(k.m) + " n=" + std::to_string(k.n) + " needs " +
+              std::to_string(k.smem_bytes(min_stages)) + " bytes of shared memory for " + std::to_string(min_stages) +
+              " K/V stage(s) (units of " + std::to_string(l.max_len) + " tokens), the device allows " +
+              std::to_string(std::min(smem_optin, smem_per_sm - smem_reserved)) + " per CTA");
+}
+
+int64_t wave_ctas(const Launch& l, const DeviceLimits& dl) {
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel.kernel, l.kernel.threads, size_t(l.smem)),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor(attention kernel)");
+  return int64_t(std::max(per_sm, 1)) * dl.num_sms;
+}
+
+void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams& a, MergeParams& mg) {
+  const int D = t.heads.head_dim;
+  const float scale = args.scale != 0.f ? args.scale : 1.f / std::sqrt(float(D));
+  if (!(scale > 0.f) || !std::isfinite(scale))
+    throw Error("cuda executor: softmax scale must be positive and finite, got " + std::to_string(args.scale));
+  if (!args.q || !args.k || !args.v || !args.out) throw Error("cuda executor: null tensor pointer in AttentionArgs");
+  Workload shape;  // resolve_strides needs only the heads and the page size
+  shape.heads = t.heads;
+  shape.layout.page_size = t.page_size;
+  const Strides s = resolve_strides(shape, args);
+  // 16-byte copies of 8 elements: every row start must be 16-byte aligned.
+  auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
+  const char* bad = !aligned(args.q) ? "q" : !aligned(args.k) ? "k" : !aligned(args.v) ? "v" : !aligned(args.out) ? "out"
+                                                                                                               : nullptr;
+  if (bad) throw Error(std::string("cuda executor: ") + bad + " is not 16-byte aligned");
+  auto check_stride = [](int64_t v, int64_t min, const char* name) {
+    if (v < min || v % 8 != 0)
+      throw Error(std::string("cuda executor: ") + name + " = " + std::to_string(v) + " must be >= " +
+                  std::to_string(min) + " and a multiple of 8 elements");
+  };
+  check_stride(s.q, int64_t(t.heads.num_qo_heads) * D, "q_stride");
+  check_stride(s.out, int64_t(t.heads.num_qo_heads) * D, "out_stride");
+  check_stride(s.kv_token, int64_t(t.heads.num_kv_heads) * D, "kv_token_stride");
+  if (s.kv_page < s.kv_token * t.page_size || s.kv_page % s.kv_token != 0)
+    throw Error("cuda executor: kv_page_stride = " + std::to_string(s.kv_page) + " must be a multiple of kv_token_stride (" +
+                std::to_string(s.kv_token) + ") and >= page_size x that");
+  const int64_t rows_per_page = s.kv_page / s.kv_token;
+  const int64_t token_bytes = s.kv_token * int64_t(dtype_size(t.dtype));
+  if (int64_t(t.num_pages) * rows_per_page > INT32_MAX || token_bytes > int64_t(UINT32_MAX))
+    throw Error("cuda executor: a pool of " + std::to_string(t.num_pages) + " pages of " + std::to_string(rows_per_page) +
+                " rows of " + std::to_string(token_bytes) + " bytes exceeds the kernels' 32-bit row indexing");
+  a.q = args.q;
+  a.k = args.k;
+  a.v = args.v;
+  a.out = args.out;
+  a.lse_out = args.lse;
+  a.q_stride = s.q;
+  a.o_stride = s.out;
+  a.kv_token_bytes = uint32_t(token_bytes);
+  a.rows_per_page = int32_t(rows_per_page);
+  a.scale_log2 = scale * 1.4426950408889634f;
+  mg.out = args.out;
+  mg.o_stride = s.out;
+  mg.lse_out = args.lse;
+}
+
+}  // namespace treeattn::cuda

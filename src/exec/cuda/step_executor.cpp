@@ -1,0 +1,340 @@
+// CudaStepExecutor: a CUDA executor whose device buffers and launches are
+// fixed at construction, so that one CUDA graph per batch shape survives a new
+// plan every decode step (cuda_executor.hpp).
+//
+// Layout of the plan buffer (device) and of each pinned staging buffer (host):
+// a header of per-launch (first unit, unit count) pairs and the merge count,
+// then every array at the offset its capacity gives it. set_plan() writes the
+// used part of each array into a staging buffer and copies each used range
+// (no copy of unused capacity); the kernels read the counts from the header,
+// so their grids never change.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "exec/cuda/attention_params.hpp"
+#include "exec/cuda/kernels.hpp"
+#include "exec/cuda/plan_upload.hpp"
+#include "treeattn/cuda_executor.hpp"
+
+namespace treeattn {
+
+namespace {
+
+constexpr int kStaging = 2;  // pinned staging buffers used in turn
+
+// Byte offsets of the arrays in the plan buffer.
+struct Layout {
+  size_t counts, units, segs, entry_query, entry_mask, entry_slot, page_ids, query_slots, merges, total;
+
+  static Layout make(const StepCapacity& c, int num_launches) {
+    Layout l{};
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t off = at;
+      at = (at + bytes + 15) / 16 * 16;
+      return off;
+    };
+    l.counts = take(sizeof(int32_t) * (2 * size_t(num_launches) + 1));  // + the merge count
+    l.units = take(sizeof(cuda::UnitDesc) * size_t(c.max_units));
+    l.segs = take(sizeof(cuda::SegDesc) * size_t(c.max_segments));
+    l.entry_query = take(sizeof(int32_t) * size_t(c.max_entries));
+    l.entry_mask = take(sizeof(uint64_t) * size_t(c.max_entries));
+    l.entry_slot = take(sizeof(int32_t) * size_t(c.max_entries));
+    l.page_ids = take(sizeof(int32_t) * size_t(c.max_page_refs));
+    l.query_slots = take(sizeof(int32_t) * size_t(c.max_slots));
+    l.merges = take(sizeof(cuda::MergeDesc) * size_t(c.max_queries));
+    l.total = std::max<size_t>(at, 16);
+    return l;
+  }
+};
+
+void check_capacity(const char* name, int64_t value, int64_t cap) {
+  if (value > cap)
+    throw Error("step executor: the plan needs " + std::to_string(value) + " " + name + ", capacity " + name + " is " +
+                std::to_string(cap) + " (raise it at construction)");
+}
+
+// Owning pinned host allocation.
+struct PinnedBuffer {
+  void* ptr = nullptr;
+  explicit PinnedBuffer(size_t bytes) { check_cuda(cudaMallocHost(&ptr, bytes), "step executor: pinned staging buffer"); }
+  ~PinnedBuffer() {
+    if (ptr) cudaFreeHost(ptr);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+};
+
+}  // namespace
+
+struct CudaStepExecutor::Impl {
+  cuda::TensorShape shape;
+  StepCapacity cap;
+  Layout layout{};
+  std::vector<cuda::Launch> launches;
+  std::array<int8_t, kTileConfigs.size()> launch_of_tile{};  // plan tile -> launch (-1: none holds it)
+  DeviceBuffer plan_buf, workspace;
+  std::vector<std::unique_ptr<PinnedBuffer>> staging;
+  std::array<cudaEvent_t, kStaging> staged{};  // the copies out of staging[i] have run
+  int next_staging = 0;
+  bool has_plan = false;
+  bool chained = false;
+  cuda::AttnParams attn{};
+  cuda::MergeParams merge{};
+  int64_t merge_grid = 0;
+  // Reused host scratch (no allocation once grown to a step's size).
+  std::vector<int32_t> node_page_offset, page_ids;
+  std::vector<cuda::UnitDesc> desc, unit_order;
+  std::vector<cuda::SegDesc> segs;
+  std::vector<cuda::MergeDesc> merges;
+
+  ~Impl() {
+    for (cudaEvent_t e : staged)
+      if (e) cudaEventDestroy(e);
+  }
+};
+
+CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int page_size, int64_t num_pages,
+                                   const StepCapacity& cap, const CudaStepOptions& o)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  heads.validate();
+  if (dtype != DType::fp16 && dtype != DType::bf16)
+    throw Error("step executor: dtype " + std::string(to_string(dtype)) + " is not supported (fp16, bf16)");
+  if (page_size <= 0 || page_size > 65536)
+    throw Error("step executor: page_size " + std::to_string(page_size) + " is out of range [1, 65536]");
+  if (num_pages <= 0) throw Error("step executor: num_pages " + std::to_string(num_pages) + " must be positive");
+  auto positive = [](const char* name, int64_t v, int64_t hi) {
+    if (v <= 0 || v > hi)
+      throw Error("step executor: capacity " + std::string(name) + " = " + std::to_string(v) + " is out of range [1, " +
+                  std::to_string(hi) + "]");
+  };
+  positive("max_queries", cap.max_queries, 1 << 20);
+  positive("max_units", cap.max_units, 1 << 24);
+  positive("max_segments", cap.max_segments, 1 << 26);
+  positive("max_entries", cap.max_entries, 1 << 26);
+  positive("max_slots", cap.max_slots, 1 << 26);
+  positive("max_page_refs", cap.max_page_refs, int64_t(1) << 30);
+  m.shape = {dtype, heads, page_size, num_pages};
+  m.cap = cap;
+  const cuda::DeviceLimits dl = cuda::DeviceLimits::current();
+
+  // The launches: one per tile, in order of preference; each plan tile maps
+  // to the first launch whose m holds it.
+  std::vector<int> tiles = o.tiles;
+  if (tiles.empty())
+    for (int t = 0; t < int(kTileConfigs.size()); ++t)
+      if (kTileConfigs[t].n == kDefaultKvTile && tile_fits_head_dim(t, heads.head_dim)) tiles.push_back(t);
+  for (int t : tiles) {
+    if (t < 0 || t >= int(kTileConfigs.size()) || !tile_fits_head_dim(t, heads.head_dim))
+      throw Error("step executor: tile " + std::to_string(t) + " is not a compiled tile that fits head_dim " +
+                  std::to_string(heads.head_dim));
+    cuda::Launch l;
+    l.kernel = cuda::find_attention_kernel(dtype, heads.head_dim, t);
+    l.max_len = 1 << 20;  // any plan: as deep a pipeline as the occupancy allows
+    cuda::set_kernel_attributes(l.kernel, dl);
+    m.launches.push_back(l);
+  }
+  for (int t = 0; t < int(kTileConfigs.size()); ++t) {
+    m.launch_of_tile[t] = -1;
+    for (size_t i = 0; i < tiles.size() && m.launch_of_tile[t] < 0; ++i)
+      if (kTileConfigs[tiles[i]].m >= kTileConfigs[t].m) m.launch_of_tile[t] = int8_t(i);
+  }
+  const int64_t many = int64_t(dl.num_sms) * 64;  // stands for "more items than one wave"
+  for (cuda::Launch& l : m.launches) {
+    cuda::choose_stages(l, many, dl, m.launches.size() > 1);
+    l.grid = cuda::wave_ctas(l, dl);
+    l.persistent = l.kernel.persistent;
+  }
+
+  // Workspace: partials and their lse, the chained-run counters, two claim
+  // counters per persistent launch (zeroed once; every run leaves them zero).
+  const int H = heads.num_qo_heads, D = heads.head_dim;
+  const size_t o_bytes = size_t(cap.max_slots) * H * D * sizeof(float);
+  const size_t lse_bytes = size_t(cap.max_slots) * H * sizeof(float);
+  const size_t counters = (o_bytes + lse_bytes + 15) / 16 * 16;
+  size_t counter_bytes = 2 * sizeof(unsigned int);
+  for (cuda::Launch& l : m.launches)
+    if (l.persistent) {
+      l.work_offset = counters + counter_bytes;
+      counter_bytes += 2 * sizeof(unsigned int);
+    }
+  m.workspace = DeviceBuffer(counters + counter_bytes);
+  check_cuda(cudaMemset(m.workspace.as<uint8_t>() + counters, 0, counter_bytes), "step executor: counters");
+
+  m.layout = Layout::make(cap, int(m.launches.size()));
+  m.plan_buf = DeviceBuffer(m.layout.total);
+  check_cuda(cudaMemset(m.plan_buf.get(), 0, m.layout.total), "step executor: plan buffer");
+  for (int i = 0; i < kStaging; ++i) {
+    m.staging.push_back(std::make_unique<PinnedBuffer>(m.layout.total));
+    check_cuda(cudaEventCreateWithFlags(&m.staged[i], cudaEventDisableTiming), "step executor: cudaEventCreate");
+  }
+  check_cuda(cudaDeviceSynchronize(), "step executor: set-up");
+
+  const uint8_t* base = m.plan_buf.as<uint8_t>();
+  cuda::AttnParams& a = m.attn;
+  a.partial_o = m.workspace.as<float>();
+  a.partial_lse = reinterpret_cast<float*>(m.workspace.as<uint8_t>() + o_bytes);
+  a.units = reinterpret_cast<const cuda::UnitDesc*>(base + m.layout.units);
+  a.segs = reinterpret_cast<const cuda::SegDesc*>(base + m.layout.segs);
+  a.entry_query = reinterpret_cast<const int32_t*>(base + m.layout.entry_query);
+  a.entry_mask = reinterpret_cast<const uint64_t*>(base + m.layout.entry_mask);
+  a.entry_slot = reinterpret_cast<const int32_t*>(base + m.layout.entry_slot);
+  a.page_ids = reinterpret_cast<const int32_t*>(base + m.layout.page_ids);
+  a.counts = reinterpret_cast<const int32_t*>(base + m.layout.counts);
+  a.grid_stride = true;
+  a.num_qo_heads = H;
+  a.num_kv_heads = heads.num_kv_heads;
+  a.group = heads.group_size();
+  a.page_size = page_size;
+
+  cuda::MergeParams& mg = m.merge;
+  mg.partial_o = a.partial_o;
+  mg.partial_lse = a.partial_lse;
+  mg.merges = reinterpret_cast<const cuda::MergeDesc*>(base + m.layout.merges);
+  mg.query_slots = reinterpret_cast<const int32_t*>(base + m.layout.query_slots);
+  mg.num_merges_dev = a.counts + 2 * m.launches.size();
+  mg.num_merges = cap.max_queries;  // sizes the grid; the count itself is read on the device
+  mg.max_slots = cuda::MergeDesc::kInline + 1;  // the general merge variant (any slot count)
+  mg.num_qo_heads = H;
+  mg.num_sms = dl.num_sms;
+  m.merge_grid = cuda::merge_ctas(mg);
+
+  // Chained on sm_90+ (executor.cpp): the merge waits on the count of
+  // attention CTAs, which the fixed grids make a constant.
+  m.chained = dl.major >= 9;
+  if (m.chained) {
+    int64_t ctas = 0;
+    for (const cuda::Launch& l : m.launches) ctas += l.grid;
+    unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
+    a.ctas_done = mg.ctas_done = c;
+    mg.merge_ctas_past = c + 1;
+    mg.attention_ctas = uint32_t(ctas);
+  }
+}
+
+CudaStepExecutor::~CudaStepExecutor() = default;
+CudaStepExecutor::CudaStepExecutor(CudaStepExecutor&&) noexcept = default;
+CudaStepExecutor& CudaStepExecutor::operator=(CudaStepExecutor&&) noexcept = default;
+
+const StepCapacity& CudaStepExecutor::capacity() const { return impl_->cap; }
+size_t CudaStepExecutor::device_bytes() const { return impl_->plan_buf.size() + impl_->workspace.size(); }
+
+std::string CudaStepExecutor::describe() const {
+  std::string out;
+  for (const cuda::Launch& l : impl_->launches)
+    out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) +
+           (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) + " ctas=" + std::to_string(l.grid) +
+           (l.persistent ? " persistent" : " grid-stride") + " stages=" + std::to_string(l.stages) +
+           " smem=" + std::to_string(l.smem / 1024) + "K";
+  return out + "; merge ctas=" + std::to_string(impl_->merge_grid);
+}
+
+void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t stream) {
+  Impl& m = *impl_;
+  const cuda::TensorShape& t = m.shape;
+  if (w.heads.num_qo_heads != t.heads.num_qo_heads || w.heads.num_kv_heads != t.heads.num_kv_heads ||
+      w.heads.head_dim != t.heads.head_dim)
+    throw Error("step executor: workload heads " + std::to_string(w.heads.num_qo_heads) + "/" +
+                std::to_string(w.heads.num_kv_heads) + " d=" + std::to_string(w.heads.head_dim) +
+                " differ from the executor's " + std::to_string(t.heads.num_qo_heads) + "/" +
+                std::to_string(t.heads.num_kv_heads) + " d=" + std::to_string(t.heads.head_dim));
+  if (w.layout.dtype != t.dtype || w.layout.page_size != t.page_size || w.layout.num_pages > t.num_pages)
+    throw Error("step executor: workload layout (dtype " + std::string(to_string(w.layout.dtype)) + ", page_size " +
+                std::to_string(w.layout.page_size) + ", num_pages " + std::to_string(w.layout.num_pages) +
+                ") does not fit the executor's (dtype " + std::string(to_string(t.dtype)) + ", page_size " +
+                std::to_string(t.page_size) + ", num_pages " + std::to_string(t.num_pages) + ")");
+  validate_plan(w, p);
+  check_capacity("max_queries", w.num_queries(), m.cap.max_queries);
+  check_capacity("max_units", p.num_units(), m.cap.max_units);
+  check_capacity("max_segments", int64_t(p.segments.size()), m.cap.max_segments);
+  check_capacity("max_entries", int64_t(p.entry_query.size()), m.cap.max_entries);
+  check_capacity("max_slots", p.num_slots, m.cap.max_slots);
+  int64_t refs = 0;
+  for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
+  check_capacity("max_page_refs", refs, m.cap.max_page_refs);
+
+  // The tree's page table and the kernels' descriptors.
+  m.node_page_offset.assign(w.tree.nodes.size() + 1, 0);
+  m.page_ids.clear();
+  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
+    const auto& pages = w.tree.nodes[v].pages;
+    m.page_ids.insert(m.page_ids.end(), pages.begin(), pages.end());
+    m.node_page_offset[v + 1] = int32_t(m.page_ids.size());
+  }
+  cuda::build_unit_descs(w, p, m.node_page_offset, m.desc, m.segs);
+  cuda::build_merge_descs(p, w.num_queries(), m.merges);
+
+  // Units grouped by launch, longest first within each (the tail is short ones).
+  const int L = int(m.launches.size());
+  std::vector<int32_t> counts(2 * L + 1, 0);
+  m.unit_order.clear();
+  for (int l = 0; l < L; ++l) {
+    const size_t first = m.unit_order.size();
+    for (int u = 0; u < p.num_units(); ++u) {
+      const int8_t target = m.launch_of_tile[p.unit_tile[u]];
+      if (target < 0)
+        throw Error("step executor: unit " + std::to_string(u) + " needs tile m=" +
+                    std::to_string(kTileConfigs[p.unit_tile[u]].m) + ", larger than any tile this executor launches");
+      if (target == l) m.unit_order.push_back(m.desc[u]);
+    }
+    std::stable_sort(m.unit_order.begin() + first, m.unit_order.end(),
+                     [](const cuda::UnitDesc& a, const cuda::UnitDesc& b) { return a.len > b.len; });
+    counts[2 * l] = int32_t(first);
+    counts[2 * l + 1] = int32_t(m.unit_order.size() - first);
+  }
+  counts[2 * L] = int32_t(m.merges.size());
+
+  // Stage into the next pinned buffer once the copies out of it have run.
+  const int si = m.next_staging;
+  m.next_staging = (si + 1) % kStaging;
+  check_cuda(cudaEventSynchronize(m.staged[si]), "step executor: staging buffer wait");
+  uint8_t* host = static_cast<uint8_t*>(m.staging[si]->ptr);
+  uint8_t* dev = m.plan_buf.as<uint8_t>();
+  auto put = [&](size_t offset, const void* src, size_t bytes) {
+    if (bytes == 0) return;
+    std::memcpy(host + offset, src, bytes);
+    check_cuda(cudaMemcpyAsync(dev + offset, host + offset, bytes, cudaMemcpyHostToDevice, stream),
+               "step executor: plan copy");
+  };
+  const Layout& ly = m.layout;
+  put(ly.counts, counts.data(), counts.size() * sizeof(int32_t));
+  put(ly.units, m.unit_order.data(), m.unit_order.size() * sizeof(cuda::UnitDesc));
+  put(ly.segs, m.segs.data(), m.segs.size() * sizeof(cuda::SegDesc));
+  put(ly.entry_query, p.entry_query.data(), p.entry_query.size() * sizeof(int32_t));
+  put(ly.entry_mask, p.entry_mask.data(), p.entry_mask.size() * sizeof(uint64_t));
+  put(ly.entry_slot, p.entry_slot.data(), p.entry_slot.size() * sizeof(int32_t));
+  put(ly.page_ids, m.page_ids.data(), m.page_ids.size() * sizeof(int32_t));
+  put(ly.query_slots, p.query_slots.data(), p.query_slots.size() * sizeof(int32_t));
+  put(ly.merges, m.merges.data(), m.merges.size() * sizeof(cuda::MergeDesc));
+  check_cuda(cudaEventRecord(m.staged[si], stream), "step executor: cudaEventRecord");
+  m.has_plan = true;
+}
+
+void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
+  const Impl& m = *impl_;
+  if (!m.has_plan) throw Error("step executor: run() before any set_plan()");
+  cuda::AttnParams a = m.attn;
+  cuda::MergeParams mg = m.merge;
+  cuda::set_run_tensors(m.shape, args, a, mg);
+  for (size_t i = 0; i < m.launches.size(); ++i) {
+    const cuda::Launch& l = m.launches[i];
+    cuda::AttnParams lp = a;
+    lp.launch_index = int32_t(i);
+    lp.num_items = 0;  // read from counts on the device
+    lp.work = l.persistent ? reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + l.work_offset) : nullptr;
+    lp.stages = l.stages;
+    void* kargs[] = {&lp};
+    const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), stream,
+                                m.chained && i > 0);
+    check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "step executor: attention launch");
+  }
+  cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained);
+}
+
+}  // namespace treeattn
