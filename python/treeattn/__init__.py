@@ -1,0 +1,198 @@
+"""treeattn: prefix-aware attention for tree-structured LLM decoding.
+
+One object per engine, made once with the engine's limits; ``plan_*`` once per
+decode step (outside CUDA graph capture); ``run`` once per layer (inside it).
+Tensors go in and out through DLPack: PyTorch, CuPy and JAX arrays on CUDA;
+NumPy arrays and CPU PyTorch tensors on the CPU, where the same calls run the
+CPU executor.
+
+    attn = treeattn.TreeAttention(32, 8, 128, page_size=16, num_pages=4096,
+                                  dtype="bf16", device="cuda")
+    attn.plan_tree(parents, num_tokens, page_offsets, page_ids, query_nodes)
+    for layer in range(num_layers):
+        out = attn.run(q[layer], k_pool[layer], v_pool[layer])
+
+Shapes ("NHD"): q, out ``[num_queries, num_qo_heads, head_dim]``; k_pool,
+v_pool ``[num_pages, page_size, num_kv_heads, head_dim]``. The outer
+dimensions may be strided (views into a layer-major or K/V-interleaved cache);
+the last two must be dense.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _treeattn
+
+__all__ = ["TreeAttention", "cuda_built"]
+
+cuda_built: bool = _treeattn.cuda_built
+
+_DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPES:
+        raise TypeError(f"dtype: expected float16 or bfloat16, got {dtype!r}")
+    return _DTYPES[name]
+
+
+def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
+    """A contiguous host integer array from a list, NumPy array or CPU tensor."""
+    if x is None:
+        raise ValueError(f"{name}: required")
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
+        if x.is_floating_point():
+            raise TypeError(f"{name}: expected integers, got {x.dtype}")
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.size == 0:
+        a = a.astype(dtype)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimension(s), got shape {a.shape}")
+    info = np.iinfo(dtype)
+    if a.size and (a.min() < info.min or a.max() > info.max):
+        raise ValueError(f"{name}: values [{a.min()}, {a.max()}] do not fit {np.dtype(dtype).name}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _empty_like(x: Any, shape, float32: bool = False) -> Any:
+    if _is_torch(x):
+        import torch
+
+        return torch.empty(shape, dtype=torch.float32 if float32 else x.dtype, device=x.device)
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy.empty(shape, dtype=cupy.float32 if float32 else x.dtype)
+    if isinstance(x, np.ndarray):
+        return np.empty(shape, dtype=np.float32 if float32 else x.dtype)
+    raise TypeError(f"out: pass an output array for inputs of type {type(x).__name__}")
+
+
+class TreeAttention:
+    """Attention over a prefix tree of paged KV, planned per step, run per layer.
+
+    Args:
+        num_qo_heads, num_kv_heads, head_dim: the attention shape (GQA when
+            num_qo_heads > num_kv_heads; head_dim 64, 128 or 256).
+        page_size: tokens per page of the KV pools.
+        num_pages: pages of the pools ``run`` will be given (page ids must be below).
+        dtype: "fp16"/"bf16" or a torch dtype; q, pools and out use it.
+        device: "cuda" or "cpu".
+        max_queries, max_nodes, max_page_refs: capacities; every device buffer
+            is sized by them once. A step beyond one raises ValueError naming it.
+        planner: "auto" (default), "node", "per-query", ... (``treeattn workloads``
+            lists them).
+    """
+
+    def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, *,
+                 dtype: Any = "fp16", device: str = "cuda", max_queries: int = 256, max_nodes: int = 4096,
+                 max_page_refs: int = 65536, planner: str = "auto", num_sms: Optional[int] = None,
+                 cpu_threads: int = 0):
+        device = str(device).split(":")[0]
+        if device == "cuda" and not cuda_built:
+            raise ValueError("device: 'cuda' needs a treeattn built with CUDA (this one was built without nvcc)")
+        if device == "cuda" and num_sms is None:
+            try:
+                import torch
+
+                num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+            except Exception:  # no torch: the C++ default
+                num_sms = 0
+        self.device = device
+        self.dtype = _dtype_name(dtype)
+        self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
+        self.page_size, self.num_pages = page_size, num_pages
+        self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
+                                              self.dtype, device, max_queries, max_nodes, max_page_refs, planner,
+                                              num_sms or 0, cpu_threads)
+
+    # -- planning (host; once per decode step, outside graph capture) ----------
+    def _stream(self, stream: Optional[int]) -> int:
+        if stream is not None:
+            return int(stream)
+        if self.device == "cuda":
+            try:
+                import torch
+
+                return int(torch.cuda.current_stream().cuda_stream)
+            except ImportError:
+                return 0
+        return 0
+
+    def plan_tree(self, parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots=None,
+                  stream: Optional[int] = None) -> None:
+        """Plans a step from an explicit tree (as a radix cache holds it).
+
+        Node v has ``num_tokens[v]`` tokens in pages ``page_ids[page_offsets[v]:
+        page_offsets[v+1]]`` under ``parents[v]`` (-1: a root); query i attends
+        to the path root..``query_nodes[i]``. ``first_slots[v]`` (optional) is
+        the slot of node v's first token in its first page (0: page-aligned).
+        """
+        fs = None if first_slots is None else _index("first_slots", first_slots)
+        self._impl.plan_tree(_index("parents", parents), _index("num_tokens", num_tokens),
+                             _index("page_offsets", page_offsets), _index("page_ids", page_ids),
+                             _index("query_nodes", query_nodes), fs, self._stream(stream))
+
+    def plan_block_tables(self, block_tables, seq_lens, stream: Optional[int] = None) -> None:
+        """Plans a step from vLLM-style block tables ``[batch, width]`` and
+        ``seq_lens [batch]``: equal leading page ids are a shared prefix; one
+        query per sequence."""
+        self._impl.plan_block_tables(_index("block_tables", block_tables, ndim=2), _index("seq_lens", seq_lens),
+                                     self._stream(stream))
+
+    def plan_tree_queries(self, parents, num_tokens, page_offsets, page_ids, query_nodes, draft_nodes,
+                          draft_parents, draft_rows, first_slots=None, stream: Optional[int] = None) -> None:
+        """Plans a step whose queries include speculative draft tokens.
+
+        Draft i is one token whose KV is at pool row ``draft_rows[i]`` (page *
+        page_size + slot), a child of draft ``draft_parents[i]`` (an earlier
+        draft) or, when that is -1, of tree node ``draft_nodes[i]``; its query
+        attends to the node's path, its draft ancestors and itself. Queries are
+        ``query_nodes`` first, then the drafts in order.
+        """
+        fs = None if first_slots is None else _index("first_slots", first_slots)
+        self._impl.plan_tree_queries(_index("parents", parents), _index("num_tokens", num_tokens),
+                                     _index("page_offsets", page_offsets), _index("page_ids", page_ids),
+                                     _index("query_nodes", query_nodes), fs, _index("draft_nodes", draft_nodes),
+                                     _index("draft_parents", draft_parents),
+                                     _index("draft_rows", draft_rows, dtype=np.int64), self._stream(stream))
+
+    # -- running (device; once per layer, may be captured in a CUDA graph) -----
+    def run(self, q, k_pool, v_pool, out=None, *, return_lse: bool = False, lse=None, scale: Optional[float] = None,
+            stream: Optional[int] = None):
+        """Attention of the planned queries. Returns ``out`` (allocated like q
+        when not given), or ``(out, lse)`` with ``return_lse`` (lse: float32
+        ``[num_queries, num_qo_heads]``, natural log, for merging with another
+        attention part by the log-sum-exp rule). Launch only on CUDA: no
+        allocation when ``out`` (and ``lse``) are given."""
+        if out is None:
+            out = _empty_like(q, tuple(q.shape))
+        if (return_lse or lse is not None) and lse is None:
+            lse = _empty_like(q, (q.shape[0], self.num_qo_heads), float32=True)
+        self._impl.run(q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale), self._stream(stream))
+        return (out, lse) if (return_lse or lse is not None) else out
+
+    # -- inspection -------------------------------------------------------------
+    @property
+    def num_queries(self) -> int:
+        """Queries of the last plan."""
+        return self._impl.num_queries
+
+    def plan_summary(self) -> dict:
+        """The last plan's units, rows, KV bytes loaded vs unique, partial bytes... (as ``treeattn plan`` prints)."""
+        return self._impl.plan_summary()
+
+    def describe(self) -> str:
+        """The executor's launches (CUDA) or "cpu executor"."""
+        return self._impl.describe()

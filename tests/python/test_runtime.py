@@ -1,0 +1,325 @@
+"""treeattn.TreeAttention on the CPU (NumPy arrays and CPU torch tensors) and,
+when a GPU is present, on CUDA: every way to plan against an fp64 reference,
+strided pools, lse, every bad argument's error, and CUDA-graph replays that
+survive re-planning."""
+
+import numpy as np
+import pytest
+
+import treeattn
+
+torch = pytest.importorskip("torch")
+HAVE_GPU = torch.cuda.is_available() and treeattn.cuda_built
+
+
+def random_tree(rng, nodes, queries, page_size, max_tokens=40):
+    """A random forest with pages handed out without reuse; queries on random nodes."""
+    parents, num_tokens, page_ids, offsets = [], [], [], [0]
+    next_page = 0
+    for v in range(nodes):
+        parents.append(-1 if v == 0 else int(rng.integers(-1 if v < 3 else 0, v)))
+        t = int(rng.integers(0 if v else 1, max_tokens))
+        num_tokens.append(t)
+        n = (t + page_size - 1) // page_size
+        page_ids.extend(range(next_page, next_page + n))
+        next_page += n
+        offsets.append(len(page_ids))
+    perm = rng.permutation(max(next_page, 1))
+    page_ids = [int(perm[p]) for p in page_ids]
+    query_nodes = [int(rng.integers(0, nodes)) for _ in range(queries)]
+    return dict(parents=parents, num_tokens=num_tokens, page_offsets=offsets, page_ids=page_ids,
+                query_nodes=query_nodes), max(next_page, 1)
+
+
+def token_rows(tree, node, page_size, first_slots=None):
+    """Pool rows of the path root..node, root first."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = tree["parents"][node]
+    rows = []
+    for v in reversed(path):
+        pages = tree["page_ids"][tree["page_offsets"][v]:tree["page_offsets"][v + 1]]
+        fs = 0 if first_slots is None else first_slots[v]
+        rows += [pages[(fs + t) // page_size] * page_size + (fs + t) % page_size for t in range(tree["num_tokens"][v])]
+    return rows
+
+
+def reference(q, k, v, rows_per_query, scale=None):
+    """fp64 softmax attention of each query over its rows; also the lse."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    Q, H, D = q.shape
+    Hkv = k.shape[-2]
+    kf, vf = k.reshape(-1, Hkv, D), v.reshape(-1, Hkv, D)
+    scale = scale or 1.0 / np.sqrt(D)
+    out, lse = np.zeros((Q, H, D)), np.full((Q, H), -np.inf)
+    for i, rows in enumerate(rows_per_query):
+        if not rows:
+            continue
+        for h in range(H):
+            s = kf[rows, h // (H // Hkv)] @ q[i, h] * scale
+            m = s.max()
+            p = np.exp(s - m)
+            out[i, h] = p @ vf[rows, h // (H // Hkv)] / p.sum()
+            lse[i, h] = m + np.log(p.sum())
+    return out, lse
+
+
+def rel_err(out, ref):
+    out = np.asarray(out, dtype=np.float64)
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30)
+
+
+@pytest.mark.parametrize("planner", ["auto", "node", "per-query", "flatten", "fasttree"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+def test_plan_tree_numpy_matches_reference(planner, heads):
+    rng = np.random.default_rng(1)
+    ps, D = 4, 64
+    tree, pages = random_tree(rng, 12, 9, ps)
+    attn = treeattn.TreeAttention(heads[0], heads[1], D, ps, pages, dtype="fp16", device="cpu", planner=planner,
+                                  max_queries=16, max_nodes=32, max_page_refs=256)
+    attn.plan_tree(**tree)
+    q = rng.uniform(-1, 1, (9, heads[0], D)).astype(np.float16)
+    k = rng.uniform(-1, 1, (pages, ps, heads[1], D)).astype(np.float16)
+    v = rng.uniform(-1, 1, (pages, ps, heads[1], D)).astype(np.float16)
+    out, lse = attn.run(q, k, v, return_lse=True)
+    ref, ref_lse = reference(q, k, v, [token_rows(tree, n, ps) for n in tree["query_nodes"]])
+    assert rel_err(out, ref) < 2e-3
+    finite = np.isfinite(ref_lse)
+    assert np.allclose(lse[finite], ref_lse[finite], atol=1e-3)
+    assert attn.plan_summary()["queries"] == 9
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_torch_cpu_strided_layer_major_pools(dtype):
+    """Pools as views into a [layers, 2, num_pages, page_size, Hkv, D] cache and q sliced from a fused QKV."""
+    rng = np.random.default_rng(2)
+    ps, H, Hkv, D = 8, 8, 2, 64
+    tree, pages = random_tree(rng, 10, 6, ps, max_tokens=30)
+    cache = torch.randn(3, 2, pages, ps, Hkv, D, dtype=dtype)
+    qkv = torch.randn(6, (H + 2 * Hkv) * D, dtype=dtype)
+    q = qkv[:, :H * D].view(6, H, D)  # query stride (H + 2 Hkv) D
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, dtype=dtype, device="cpu", max_queries=8, max_nodes=16,
+                                  max_page_refs=128)
+    attn.plan_tree(**{k: torch.tensor(v) for k, v in tree.items()})
+    rows = [token_rows(tree, n, ps) for n in tree["query_nodes"]]
+    for layer in range(3):
+        k, v = cache[layer, 0], cache[layer, 1]
+        out = attn.run(q, k, v)
+        ref, _ = reference(q.float().numpy(), k.float().numpy(), v.float().numpy(), rows)
+        assert rel_err(out.float().numpy(), ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+def test_block_tables_find_the_shared_prefix():
+    rng = np.random.default_rng(3)
+    ps, H, Hkv, D = 4, 4, 4, 64
+    shared = [5, 9, 2]  # 12 tokens shared by every sequence
+    tables = [shared + [10 + i, 20 + i] for i in range(4)]
+    lens = [12 + 3 + i for i in range(4)]
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, 32, device="cpu", planner="node", max_queries=8)
+    attn.plan_block_tables(np.array(tables, dtype=np.int32), lens)
+    s = attn.plan_summary()
+    assert s["unique_kv_bytes"] == (12 + sum(l - 12 for l in lens)) * Hkv * D * 2 * 2
+    assert s["kv_ratio"] == pytest.approx(1.0)  # node loads the shared pages once
+    q = rng.uniform(-1, 1, (4, H, D)).astype(np.float16)
+    k = rng.uniform(-1, 1, (32, ps, Hkv, D)).astype(np.float16)
+    v = rng.uniform(-1, 1, (32, ps, Hkv, D)).astype(np.float16)
+    rows = [[t[i // ps] * ps + i % ps for i in range(l)] for t, l in zip(tables, lens)]
+    assert rel_err(attn.run(q, k, v), reference(q, k, v, rows)[0]) < 2e-3
+
+
+def test_tree_queries_attend_to_prefix_and_draft_ancestors():
+    """A request's prefix (two nodes) and a 5-token draft tree written right after it in its last page."""
+    rng = np.random.default_rng(4)
+    ps, H, Hkv, D = 8, 4, 2, 64
+    tree = dict(parents=[-1, 0], num_tokens=[16, 3], page_offsets=[0, 2, 3], page_ids=[4, 1, 6], query_nodes=[1])
+    # drafts: 0 <- prefix, 1 <- 0, 2 <- 0, 3 <- 1, 4 <- prefix ; KV rows after the 3 tail tokens in page 6, then page 2
+    draft_rows = [6 * ps + 3, 6 * ps + 4, 6 * ps + 5, 6 * ps + 6, 6 * ps + 7]
+    draft_parents = [-1, 0, 0, 1, -1]
+    draft_nodes = [1, 1, 1, 1, 1]
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, 8, device="cpu", max_queries=8, max_nodes=16)
+    attn.plan_tree_queries(**tree, draft_nodes=draft_nodes, draft_parents=draft_parents, draft_rows=draft_rows)
+    assert attn.num_queries == 6
+    prefix = token_rows(tree, 1, ps)
+    chains = {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [4]}
+    rows = [prefix] + [prefix + [draft_rows[j] for j in chains[i]] for i in range(5)]
+    q = rng.uniform(-1, 1, (6, H, D)).astype(np.float16)
+    k = rng.uniform(-1, 1, (8, ps, Hkv, D)).astype(np.float16)
+    v = rng.uniform(-1, 1, (8, ps, Hkv, D)).astype(np.float16)
+    assert rel_err(attn.run(q, k, v), reference(q, k, v, rows)[0]) < 2e-3
+
+
+def make_small():
+    attn = treeattn.TreeAttention(4, 2, 64, 4, 16, device="cpu", max_queries=4, max_nodes=8, max_page_refs=16)
+    tree = dict(parents=[-1, 0], num_tokens=[8, 2], page_offsets=[0, 2, 3], page_ids=[0, 1, 2], query_nodes=[1, 1])
+    return attn, tree
+
+
+def test_bad_plans_name_the_field():
+    attn, tree = make_small()
+    cases = [
+        (dict(parents=[-1, 5]), "parent"),
+        (dict(num_tokens=[8]), "num_tokens"),
+        (dict(page_offsets=[0, 2]), "page_offsets"),
+        (dict(page_ids=[0, 1, 99]), "page id 99"),
+        (dict(page_ids=[0, 1, 1]), "page id 1"),
+        (dict(num_tokens=[8, 9]), "pages"),
+        (dict(query_nodes=[7]), "query"),
+        (dict(query_nodes=[1] * 5), "queries = 5 exceeds the capacity 4"),
+        (dict(parents=[1, 0]), "cycle"),
+    ]
+    for change, words in cases:
+        with pytest.raises(ValueError, match=words):
+            attn.plan_tree(**{**tree, **change})
+    with pytest.raises(TypeError, match="page_ids"):
+        attn.plan_tree(**{**tree, "page_ids": [0.5, 1.0, 2.0]})
+    with pytest.raises(ValueError, match="draft_parents"):
+        attn.plan_tree_queries(**tree, draft_nodes=[1], draft_parents=[3], draft_rows=[13])
+    with pytest.raises(ValueError, match="draft_rows"):
+        attn.plan_tree_queries(**tree, draft_nodes=[1], draft_parents=[-1], draft_rows=[10_000])
+    with pytest.raises(ValueError, match="slots"):  # a draft in a slot the tree already uses
+        attn.plan_tree_queries(**tree, draft_nodes=[1], draft_parents=[-1], draft_rows=[9])
+
+
+def test_bad_run_arguments_name_the_argument():
+    attn, tree = make_small()
+    rng = np.random.default_rng(5)
+    q = rng.uniform(-1, 1, (2, 4, 64)).astype(np.float16)
+    k = rng.uniform(-1, 1, (16, 4, 2, 64)).astype(np.float16)
+    with pytest.raises(ValueError, match="nothing planned"):
+        attn.run(q, k, k)
+    attn.plan_tree(**tree)
+    with pytest.raises(TypeError, match="q: expected dtype float16"):
+        attn.run(q.astype(np.float32), k, k)
+    with pytest.raises(ValueError, match="q: 3 queries"):
+        attn.run(np.zeros((3, 4, 64), np.float16), k, k)
+    with pytest.raises(ValueError, match=r"k_pool: shape \[8, 4, 2, 64\]"):
+        attn.run(q, k[:8], k[:8])
+    with pytest.raises(ValueError, match="q: shape"):
+        attn.run(q[:, :2], k, k)
+    with pytest.raises(ValueError, match="dense"):
+        attn.run(q[:, :, ::2].repeat(2, axis=2)[:, :, ::1][:, ::-1], k, k)
+    with pytest.raises(ValueError, match="out: must not alias q"):
+        attn.run(q, k, k, out=q)
+    with pytest.raises(ValueError, match="device"):
+        treeattn.TreeAttention(4, 2, 64, 4, 16, device="tpu")
+    with pytest.raises(TypeError, match="dtype"):
+        treeattn.TreeAttention(4, 2, 64, 4, 16, dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="max_queries"):
+        treeattn.TreeAttention(4, 2, 64, 4, 16, device="cpu", max_queries=0)
+    with pytest.raises(ValueError, match="planner"):
+        treeattn.TreeAttention(4, 2, 64, 4, 16, device="cpu", planner="nope")
+
+
+def test_a_failed_plan_keeps_the_previous_one():
+    attn, tree = make_small()
+    attn.plan_tree(**tree)
+    with pytest.raises(ValueError):
+        attn.plan_tree(**{**tree, "page_ids": [0, 1, 99]})
+    assert attn.num_queries == 2
+
+
+# ---- GPU ------------------------------------------------------------------------
+
+def torch_reference(q, k, v, rows_per_query):
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    H, Hkv = q.shape[1], k.shape[-2]
+    kf, vf = k.reshape(-1, Hkv, k.shape[-1]).float(), v.reshape(-1, Hkv, v.shape[-1]).float()
+    for i, rows in enumerate(rows_per_query):
+        idx = torch.tensor(rows, device=q.device)
+        kk = kf[idx].repeat_interleave(H // Hkv, dim=1)  # [T, H, D]
+        vv = vf[idx].repeat_interleave(H // Hkv, dim=1)
+        s = torch.einsum("hd,thd->ht", q[i].float(), kk) / q.shape[-1] ** 0.5
+        out[i] = torch.einsum("ht,thd->hd", s.softmax(-1), vv)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 1), (8, 8)])
+def test_gpu_matches_torch_reference(dtype, heads):
+    rng = np.random.default_rng(6)
+    ps, D = 16, 128
+    tree, pages = random_tree(rng, 40, 48, ps, max_tokens=300)
+    attn = treeattn.TreeAttention(*heads, D, ps, pages, dtype=dtype, device="cuda")
+    k = torch.randn(pages, ps, heads[1], D, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    q = torch.randn(48, heads[0], D, dtype=dtype, device="cuda")
+    rows = [token_rows(tree, n, ps) for n in tree["query_nodes"]]
+    ref = torch_reference(q, k, v, rows)
+    for planner_tree in (tree,):
+        attn.plan_tree(**planner_tree)
+        out, lse = attn.run(q, k, v, return_lse=True)
+        torch.cuda.synchronize()
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
+def test_gpu_graph_replays_survive_replanning():
+    """One decode step of 32 layers' run() calls captured once, replayed for 100
+    steps while every branch grows a token per step, branches fork and finish;
+    re-planned between replays; each replay equals an eager run."""
+    H, Hkv, D, ps, layers = 32, 8, 128, 16, 32
+    max_q, pages = 64, 4096
+    dtype = torch.bfloat16
+    rng = np.random.default_rng(7)
+    k = torch.randn(layers, pages, ps, Hkv, D, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, dtype=dtype, device="cuda", max_queries=max_q,
+                                  max_nodes=256, max_page_refs=8192)
+    q = torch.randn(layers, max_q, H, D, dtype=dtype, device="cuda")
+    out = torch.zeros_like(q)
+    # prompt node 0 (500 tokens) and branches with their own pages
+    free = list(range(pages))
+    rng.shuffle(free)
+    prompt_pages = [free.pop() for _ in range((500 + ps - 1) // ps)]
+    branches = [[0, []] for _ in range(8)]  # (tokens, pages)
+
+    def step_tree():
+        parents, ntok, offs, pids, qn = [-1], [500], [0, len(prompt_pages)], list(prompt_pages), []
+        for t, p in branches:
+            parents.append(0); ntok.append(t); pids += p; offs.append(len(pids)); qn.append(len(parents) - 1)
+        while len(qn) < max_q:  # pad to the graph's batch: extra queries on the prompt
+            qn.append(0)
+        return dict(parents=parents, num_tokens=ntok, page_offsets=offs, page_ids=pids, query_nodes=qn)
+
+    def grow():
+        for b in branches:
+            if b[0] % ps == 0:
+                b[1].append(free.pop())
+            b[0] += 1
+
+    grow()
+    attn.plan_tree(**step_tree())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture
+        for l in range(layers):
+            attn.run(q[l], k[l], v[l], out=out[l])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for l in range(layers):
+            attn.run(q[l], k[l], v[l], out=out[l])
+    eager = torch.empty_like(out)
+    for step in range(100):
+        if step % 10 == 5 and len(branches) < 24:  # fork
+            t, p = branches[int(rng.integers(len(branches)))]
+            branches.append([0, []])
+        if step % 15 == 7 and len(branches) > 4:  # finish
+            t, p = branches.pop(int(rng.integers(len(branches))))
+            free.extend(p)
+        grow()
+        attn.plan_tree(**step_tree())
+        q.normal_()
+        graph.replay()
+        for l in range(layers):
+            attn.run(q[l], k[l], v[l], out=eager[l])
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"step {step}: replay differs from eager"
+    rows = [token_rows(step_tree(), n, ps) for n in step_tree()["query_nodes"]]
+    ref = torch_reference(q[0], k[0], v[0], rows)
+    assert ((out[0].float() - ref).norm() / ref.norm()).item() < 1e-2
