@@ -119,8 +119,8 @@ class Engine:
         self.cache.lock(node)
         self.cache.unlock(seq.node)
         # pages the cache already held are freed by insert: read the path back
-        matched_node, matched, cached_pages = self.cache.match_prefix(seq.tokens[:full])
-        assert matched_node is node and matched == full, "insert did not cache the prefix"
+        _, matched, cached_pages = self.cache.match_prefix(seq.tokens[:full])
+        assert matched == full, f"insert cached {matched} of {full} tokens"
         seq.node, seq.cached_len, seq.tail = node, full, seq.tail[k:]
         seq.cached_pages = np.asarray(cached_pages, dtype=np.int32)
 
@@ -170,8 +170,9 @@ class Engine:
         """plan_tree arrays: the radix paths of seqs' nodes, then one tail node per sequence
         (holding tokens [cached_len, kv_len] incl. the pending one), then, when padding to
         num_queries, a scratch node for the padded queries."""
-        root = self.cache.root
-        nodes = list({id(s.node): s.node for s in seqs if s.node is not root}.values())
+        # the same node twice (or two handles of one node) is fine: export_tree maps both to
+        # one forest node; a root handle gets node_index -1, so its tails become roots
+        nodes = list({id(s.node): s.node for s in seqs}.values())
         if nodes:
             parents, ntok, offsets, pages, index = self.cache.export_tree(nodes)
         else:
