@@ -24,8 +24,8 @@ def parse_dtype(dtype) -> torch.dtype:
 def empty_model(cfg: ModelConfig, device, dtype) -> CausalLM:
     """Parameters allocated on the device, uninitialised: no CPU copy, no fp32 detour."""
     with torch.device("meta"):
-        model = CausalLM(cfg)
-    model = model.to_empty(device=device).to(dtype)
+        model = CausalLM(cfg).to(dtype)   # meta: no memory until to_empty, then dtype-sized
+    model = model.to_empty(device=device)
     model.inv_freq = rope_inv_freq(cfg).to(device)   # meta buffers come back empty
     return model.eval().requires_grad_(False)
 
