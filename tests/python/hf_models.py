@@ -1,8 +1,9 @@
 """Tiny random Hugging Face models for the engine tests, saved with save_pretrained: Llama 3
 (rope_scaling llama3 with a short original context, so scaling matters) and Qwen2 (QKV bias,
-tied embeddings); optionally in several safetensors shards."""
+tied embeddings), Mistral; optionally in several safetensors shards."""
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM)
 
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1,
@@ -10,13 +11,15 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
 
 
 def tiny_hf_model(kind: str):
-    torch.manual_seed({"llama3": 1, "qwen2": 2}[kind])
+    torch.manual_seed({"llama3": 1, "qwen2": 2, "mistral": 3}[kind])
     if kind == "llama3":
         cfg = LlamaConfig(**TINY, rms_norm_eps=1e-5, rope_scaling={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
             rope_theta=500000.0, max_position_embeddings=1024)
         model = LlamaForCausalLM(cfg)
+    elif kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(**TINY, sliding_window=4096))
     else:
         cfg = Qwen2Config(**TINY, tie_word_embeddings=True, rope_theta=10000.0)
         model = Qwen2ForCausalLM(cfg)

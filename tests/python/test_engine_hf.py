@@ -15,7 +15,7 @@ from treeattn.engine import build_engine, load_model, make_program, run_program
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2", "llama3-sharded"])
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "mistral", "llama3-sharded"])
 def models(request, tmp_path_factory):
     kind = request.param.split("-")[0]
     hf = tiny_hf_model(kind)

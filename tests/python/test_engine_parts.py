@@ -146,3 +146,17 @@ def test_cli_json():
     for key in ("tokens_per_s", "tpot_ms_median", "tpot_ms_p90", "attention_share"):
         assert report[key] > 0
     assert "decode step 3/3" in out.stderr
+
+
+def test_shared_prefix_is_stored_once():
+    model = load_model("random:tiny", dtype="fp32")
+    engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=128)
+    program = make_program("two-level:system=16,docs=2,doc=8,questions=3,question=2,gen=3", 512)
+    result = run_program(engine, program, steps=1)
+    parents, ntok, offsets, pages, queries = engine.forest(result.seqs)
+    lengths = [s.kv_len + 1 for s in result.seqs]
+    # the forest holds each distinct token once: system (16) + 2 docs (8) + 6 question tails
+    assert sum(ntok) < sum(lengths)
+    assert sum(ntok) == 16 + 2 * 8 + sum(n - 24 for n in lengths)
+    assert len(set(pages.tolist())) == len(pages)
+    assert len(queries) == 6 and (parents[queries] >= 0).all()
