@@ -1,0 +1,30 @@
+"""treeattn.engine: a small Llama-family decode engine over treeattn's tree attention and a
+radix KV cache (python -m treeattn.engine --help)."""
+from .backends import make_attention, make_cache
+from .config import ModelConfig, config_from_dict, named_config, read_config
+from .engine import Engine, Sequence
+from .model import CausalLM
+from .programs import Program, RunResult, make_program, parse_spec, run_program
+from .py_radix import PyRadixCache
+from .sampling import SamplingParams, sample
+from .torch_attention import TorchTreeAttention
+from .weights import load_model, parse_dtype
+
+
+def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_pages=1024,
+                 max_batch=64, graphs=False):
+    """An Engine with a pool of num_pages pages (the last one is scratch), its cache and its
+    attention backend sized for max_batch queries."""
+    w = model.model.embed_tokens.weight
+    attn = make_attention(attention, model.cfg, page_size, num_pages, w.device, w.dtype,
+                          max_queries=max_batch, max_nodes=num_pages + max_batch + 1,
+                          max_page_refs=num_pages)
+    kv_cache = make_cache(cache, num_pages - 1, page_size)
+    return Engine(model, attn, kv_cache, num_pages, page_size, max_batch=max_batch,
+                  graphs=graphs)
+
+
+__all__ = ["CausalLM", "Engine", "ModelConfig", "Program", "PyRadixCache", "RunResult",
+           "SamplingParams", "Sequence", "TorchTreeAttention", "build_engine",
+           "config_from_dict", "load_model", "make_attention", "make_cache", "make_program",
+           "named_config", "parse_dtype", "parse_spec", "read_config", "run_program", "sample"]

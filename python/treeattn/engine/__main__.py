@@ -1,0 +1,93 @@
+"""python -m treeattn.engine: run a tree program (shared prompt, two-level sharing, few-shot,
+parallel sampling, independent sequences) on a Llama-family model and report tokens/s, TPOT
+(median, p90) and the attention share of a decode step."""
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+
+from . import build_engine, load_model, make_program
+from .programs import KINDS
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m treeattn.engine", description=__doc__)
+    p.add_argument("--model", default="random:tiny",
+                   help="Hugging Face folder or random:NAME (tiny, llama3-8b, qwen2.5-7b)")
+    p.add_argument("--program", default="shared:prompt=4000,branches=64,gen=256",
+                   help=f"KIND:key=value,... with KIND in {sorted(KINDS)}; all take gen, "
+                        "temperature, top_p, top_k")
+    p.add_argument("--attention", default="auto",
+                   help="torch-ref (PyTorch reference), auto, per-query or a treeattn planner")
+    p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
+    p.add_argument("--steps", type=int, default=None, help="at most this many decode steps")
+    p.add_argument("--graphs", default="off", choices=["on", "off"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--num-pages", type=int, default=None,
+                   help="KV pool pages (default: what the program needs, plus 10%%)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    return p.parse_args(argv)
+
+
+def pages_needed(program, page_size):
+    """Unique whole prompt pages (page-aligned prefixes hashed incrementally) plus, per
+    sequence, its leftover, generated tokens and one page of slack; plus the scratch page."""
+    seen, pages = set(), 0
+    for prompt in program.prompts:
+        h = 0
+        for i in range(len(prompt) // page_size):
+            h = hash((h, tuple(prompt[i * page_size:(i + 1) * page_size])))
+            if h not in seen:
+                seen.add(h)
+                pages += 1
+    sequences = len(program.prompts) * program.samples
+    pages += sequences * (-(-(program.gen + page_size) // page_size) + 1)
+    return int(pages * 1.1) + 2
+
+
+class Progress:
+    """A bar redrawn in place on a terminal; a plain line every 10% otherwise."""
+
+    def __init__(self, stream=sys.stderr):
+        self.stream, self.tty = stream, stream.isatty()
+
+    def __call__(self, done, total):
+        if self.tty:
+            filled = 40 * done // max(total, 1)
+            self.stream.write(f"\rdecode [{'#' * filled}{'.' * (40 - filled)}] {done}/{total}")
+            if done == total:
+                self.stream.write("\n")
+        elif done == total or done % max(1, total // 10) == 0:
+            self.stream.write(f"decode step {done}/{total}\n")
+        self.stream.flush()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
+    num_pages = args.num_pages or pages_needed(program, args.page_size)
+    max_batch = len(program.prompts) * program.samples
+    engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,
+                          max_batch=max_batch, graphs=args.graphs == "on")
+    from .programs import run_program
+    result = run_program(engine, program, seed=args.seed, steps=args.steps,
+                         time_attention=True, on_step=Progress())
+    report = dict(model=args.model, program=args.program, attention=args.attention,
+                  graphs=args.graphs, device=str(engine.device), dtype=args.dtype,
+                  page_size=args.page_size, num_pages=num_pages, **result.summary())
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            print(f"{key:>16}: {value:.4g}" if isinstance(value, float) else f"{key:>16}: {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""CUDA graphs per batch-size bucket for the decode step (embedding, every layer with its
+attention run(), final norm, LM head). Inputs live in static buffers; a batch is padded to
+its bucket with queries on a one-token scratch node. treeattn re-plans into the fixed
+device buffers it allocated at construction, so a graph captured once stays valid across
+re-plans: plan_tree() runs outside the graph before every replay."""
+import torch
+
+from .contexts import DecodeContext
+
+
+def buckets_up_to(max_batch):
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch]
+
+
+class GraphRunner:
+    def __init__(self, engine, max_batch):
+        if engine.device.type != "cuda":
+            raise ValueError(f"graphs: CUDA graphs need a cuda device, got {engine.device}")
+        if not torch.cuda.is_available():
+            raise ValueError("graphs: torch reports no CUDA device")
+        self.engine = engine
+        self.buckets = buckets_up_to(max_batch)
+        dev = engine.device
+        self.scratch_row = engine.scratch_page * engine.page_size
+        self.ids = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(max_batch, dtype=torch.long, device=dev)
+        self.slots = torch.full((max_batch,), self.scratch_row, dtype=torch.long, device=dev)
+        self.graphs, self.logits, self.pool = {}, {}, None
+
+    def _bucket(self, n):
+        return next(b for b in self.buckets if b >= n)
+
+    def _pad(self, start, stop):
+        # padded queries write their K/V into the scratch page, read only by themselves
+        self.ids[start:stop] = 0
+        self.positions[start:stop] = 0
+        self.slots[start:stop] = self.scratch_row
+
+    def _forward(self, b):
+        e = self.engine
+        return e.model(self.ids[:b], self.positions[:b], self.slots[:b], e.kv,
+                       DecodeContext(e.attention))
+
+    def capture(self, b):
+        """Capture bucket b (lazily, on first use; all inputs padded while capturing)."""
+        e = self.engine
+        self._pad(0, b)
+        e.attention.plan_tree(*e.forest([], num_queries=b))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm-up: cuBLAS handles, allocator, lazy init
+            for _ in range(2):
+                self._forward(b)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.logits[b] = self._forward(b)
+        self.pool = graph.pool()   # buckets share one memory pool
+        self.graphs[b] = graph
+
+    def decode(self, seqs, ids, positions, slots):
+        n, b = len(seqs), self._bucket(len(seqs))
+        if b not in self.graphs:
+            self.capture(b)
+        e = self.engine
+        e.attention.plan_tree(*e.forest(seqs, num_queries=b))
+        as_t = lambda a: torch.tensor(a, dtype=torch.long).to(e.device, non_blocking=True)
+        self.ids[:n].copy_(as_t(ids))
+        self.positions[:n].copy_(as_t(positions))
+        self.slots[:n].copy_(as_t(slots))
+        self._pad(n, b)
+        self.graphs[b].replay()
+        return self.logits[b][:n].clone()   # the static buffer is overwritten next replay
+
+    def time_attention(self, n):
+        """Seconds of the current plan's attention alone: one run() per layer, replayed
+        outside the graph (the graph itself cannot be timed per kernel)."""
+        e, b = self.engine, self._bucket(n)
+        cfg = e.model.cfg
+        q = torch.randn(b, cfg.num_heads, cfg.head_dim, device=e.device, dtype=e.dtype)
+        e.timer.reset()
+        started = e.timer.start()
+        for layer in range(cfg.num_layers):
+            e.attention.run(q, e.kv.k[layer], e.kv.v[layer])
+        e.timer.stop(started)
+        torch.cuda.synchronize()
+        return e.timer.total()

@@ -1,0 +1,29 @@
+"""The paged KV pool: one layer-major K tensor and one V tensor
+[num_layers, num_pages, page_size, num_kv_heads, head_dim]; k[layer] is the NHD pool that
+treeattn reads. A token's row is page * page_size + offset."""
+import torch
+
+
+class KVPool:
+    def __init__(self, num_layers, num_pages, page_size, num_kv_heads, head_dim, device, dtype):
+        shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+        self.num_pages, self.page_size = num_pages, page_size
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    def _rows(self, t, layer=None):
+        # view of the pool as rows; slicing the first dim keeps k[layer] contiguous
+        if layer is None:
+            return t.view(t.shape[0], -1, t.shape[3], t.shape[4])
+        return t[layer].view(-1, t.shape[3], t.shape[4])
+
+    def write(self, layer, slots, k, v):
+        """slots [T] int64 rows; k, v [T, Hkv, D]. index_copy_ is graph-capturable."""
+        self._rows(self.k, layer).index_copy_(0, slots, k.to(self.k.dtype))
+        self._rows(self.v, layer).index_copy_(0, slots, v.to(self.v.dtype))
+
+    def copy_rows(self, src, dst):
+        """Copy rows src -> dst in every layer (the leftover rows of a forked sequence)."""
+        for t in (self.k, self.v):
+            rows = self._rows(t)
+            rows[:, dst] = rows[:, src]

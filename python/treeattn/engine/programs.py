@@ -1,0 +1,146 @@
+"""Tree programs: the batches whose prefixes are shared, parsed from a spec such as
+"shared:prompt=4000,branches=64,gen=256", and run_program(), the prefill + decode loop that
+runs one on an Engine and records what the CLI reports (and the logits tests compare)."""
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .sampling import SamplingParams, sample
+
+# kind -> default parameters; every kind also takes gen, temperature, top_p, top_k
+KINDS = {
+    "shared": dict(prompt=4000, branches=64, question=16),                    # one prompt, branches
+    "two-level": dict(system=1000, docs=8, doc=2000, questions=8, question=16),
+    "fewshot": dict(shots=8, shot=250, questions=64, question=32),           # FastTree few-shot
+    "sample": dict(prompt=2000, n=16),                                        # parallel sampling
+    "independent": dict(seqs=64, prompt=2000),                                # no sharing
+}
+COMMON = dict(gen=256, temperature=0.0, top_p=1.0, top_k=0)
+
+
+@dataclass
+class Program:
+    kind: str
+    prompts: list            # token lists; shared prefixes are found by the radix cache
+    samples: int             # sequences forked from each prompt
+    gen: int                 # tokens generated per sequence
+    sampling: SamplingParams
+
+
+def parse_spec(spec: str) -> tuple:
+    kind, _, rest = spec.partition(":")
+    if kind not in KINDS:
+        raise ValueError(f"program: unknown kind {kind!r} in {spec!r}; known: {sorted(KINDS)}")
+    params = dict(KINDS[kind], **COMMON)
+    if kind == "sample":
+        params["temperature"] = 1.0
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in params:
+            raise ValueError(f"program: bad parameter {item!r} for {kind!r}; "
+                             f"known: {sorted(params)}")
+        try:
+            params[key] = type(params[key])(value)
+        except ValueError as e:
+            raise ValueError(f"program: {key}={value!r} is not a {type(params[key]).__name__}") from e
+    if params["gen"] < 1:
+        raise ValueError(f"program: gen={params['gen']} must be >= 1")
+    return kind, params
+
+
+def make_program(spec: str, vocab_size: int, seed: int = 0) -> Program:
+    """Random token ids (seeded); distinct segments so only the intended prefixes match."""
+    kind, p = parse_spec(spec)
+    rng = np.random.default_rng(seed)
+    rand = lambda n: rng.integers(0, vocab_size, n).tolist()
+    samples = 1
+    if kind == "shared":
+        prompt = rand(p["prompt"])
+        prompts = [prompt + rand(p["question"]) for _ in range(p["branches"])]
+    elif kind == "two-level":
+        system = rand(p["system"])
+        prompts = []
+        for _ in range(p["docs"]):
+            doc = system + rand(p["doc"])
+            prompts += [doc + rand(p["question"]) for _ in range(p["questions"])]
+    elif kind == "fewshot":
+        shots = [t for _ in range(p["shots"]) for t in rand(p["shot"])]
+        prompts = [shots + rand(p["question"]) for _ in range(p["questions"])]
+    elif kind == "sample":
+        prompts, samples = [rand(p["prompt"])], p["n"]
+    else:
+        prompts = [rand(p["prompt"]) for _ in range(p["seqs"])]
+    sampling = SamplingParams(p["temperature"], p["top_p"], p["top_k"])
+    return Program(kind, prompts, samples, p["gen"], sampling)
+
+
+@dataclass
+class RunResult:
+    seqs: list
+    prefill_seconds: float
+    step_seconds: list = field(default_factory=list)
+    attention_seconds: list = field(default_factory=list)
+    batch_sizes: list = field(default_factory=list)
+    logits: list = None      # per sequence: [gen, vocab] fp32 CPU rows, when recorded
+
+    def summary(self) -> dict:
+        steps = self.step_seconds
+        total = sum(steps)
+        out = dict(steps=len(steps), sequences=len(self.seqs),
+                   prefill_s=round(self.prefill_seconds, 4))
+        if steps:
+            ms = sorted(s * 1e3 for s in steps)
+            out.update(tokens_per_s=sum(self.batch_sizes) / total,
+                       tpot_ms_median=statistics.median(ms),
+                       tpot_ms_p90=ms[min(len(ms) - 1, int(0.9 * len(ms)))])
+        if self.attention_seconds:
+            out["attention_share"] = sum(self.attention_seconds) / total
+        return out
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_program(engine, program, seed=0, steps=None, record_logits=False,
+                time_attention=False, on_step=None) -> RunResult:
+    """Prefill every prompt (forking samples), then decode all sequences together for
+    min(gen - 1, steps) steps: each step samples one token per sequence."""
+    gen = torch.Generator(device=engine.device).manual_seed(seed)
+    seqs, logits_rows = [], []
+    _sync(engine.device)
+    started = time.perf_counter()
+    for prompt in program.prompts:
+        seq, logits = engine.add(prompt)
+        group = engine.fork(seq, program.samples) if program.samples > 1 else [seq]
+        batch = logits[None].expand(len(group), -1)
+        for s, tok in zip(group, sample(batch, program.sampling, gen).tolist()):
+            s.tokens.append(tok)
+            logits_rows.append([logits.cpu()] if record_logits else None)
+        seqs += group
+    _sync(engine.device)
+    result = RunResult(seqs, time.perf_counter() - started)
+    num_steps = program.gen - 1 if steps is None else min(steps, program.gen - 1)
+    for step in range(num_steps):
+        _sync(engine.device)
+        started = time.perf_counter()
+        logits = engine.decode(seqs, time_attention=time_attention)
+        tokens = sample(logits, program.sampling, gen).tolist()   # the step's one host sync
+        _sync(engine.device)
+        result.step_seconds.append(time.perf_counter() - started)
+        result.batch_sizes.append(len(seqs))
+        if time_attention:
+            result.attention_seconds.append(engine.attention_seconds(len(seqs)))
+        for i, (s, tok) in enumerate(zip(seqs, tokens)):
+            s.tokens.append(tok)
+            if record_logits:
+                logits_rows[i].append(logits[i].cpu())
+        if on_step:
+            on_step(step + 1, num_steps)
+    if record_logits:
+        result.logits = [torch.stack(rows) for rows in logits_rows]
+    return result

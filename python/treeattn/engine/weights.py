@@ -1,0 +1,99 @@
+"""load_model: a CausalLM from a Hugging Face folder (config.json + *.safetensors, sharded or
+not) or with random weights of a named shape ("random:tiny", "random:llama3-8b", ...),
+allocated directly on the target device in the target dtype."""
+import json
+import os
+
+import torch
+
+from .config import ModelConfig, named_config, read_config
+from .model import CausalLM, rope_inv_freq
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def parse_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def empty_model(cfg: ModelConfig, device, dtype) -> CausalLM:
+    """Parameters allocated on the device, uninitialised: no CPU copy, no fp32 detour."""
+    with torch.device("meta"):
+        model = CausalLM(cfg).to(dtype)   # meta: no memory until to_empty, then dtype-sized
+    model = model.to_empty(device=device)
+    model.inv_freq = rope_inv_freq(cfg).to(device)   # meta buffers come back empty
+    return model.eval().requires_grad_(False)
+
+
+def random_model(cfg: ModelConfig, device, dtype, seed: int = 0) -> CausalLM:
+    model = empty_model(cfg, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif name.endswith("bias"):
+            p.zero_()
+        else:   # std 0.02 keeps activations bounded through many layers
+            p.normal_(0.0, 0.02, generator=gen)
+    return model
+
+
+def shard_map(folder: str) -> dict:
+    """tensor name -> shard file, from model.safetensors.index.json or the lone shard."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: malformed index ({e})") from e
+        return {name: os.path.join(folder, shard) for name, shard in weight_map.items()}
+    shards = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+    if not shards:
+        raise ValueError(f"model folder {folder!r}: no *.safetensors file")
+    from safetensors import safe_open
+    names = {}
+    for shard in shards:
+        path = os.path.join(folder, shard)
+        with safe_open(path, framework="pt") as f:
+            names.update({name: path for name in f.keys()})
+    return names
+
+
+def load_weights(model: CausalLM, folder: str):
+    from safetensors import safe_open
+    where = shard_map(folder)
+    params = dict(model.named_parameters())
+    for name in params:
+        if name not in where:
+            raise ValueError(f"model folder {folder!r}: missing tensor {name!r}")
+    by_shard = {}
+    for name in params:
+        by_shard.setdefault(where[name], []).append(name)
+    for path, names in by_shard.items():
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: shard file named in the index is missing")
+        with safe_open(path, framework="pt") as f:
+            for name in names:
+                t = f.get_tensor(name)
+                p = params[name]
+                if tuple(t.shape) != tuple(p.shape):
+                    raise ValueError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                     f"the config implies {tuple(p.shape)}")
+                p.copy_(t)   # converts to the model's dtype and device
+
+
+def load_model(path_or_name: str, device="cpu", dtype="bf16", seed: int = 0) -> CausalLM:
+    dtype = parse_dtype(dtype)
+    if path_or_name.startswith("random:"):
+        return random_model(named_config(path_or_name[len("random:"):]), device, dtype, seed)
+    if not os.path.isdir(path_or_name):
+        raise ValueError(f"model: {path_or_name!r} is neither a folder nor random:NAME")
+    model = empty_model(read_config(path_or_name), device, dtype)
+    load_weights(model, path_or_name)
+    return model

@@ -1,0 +1,125 @@
+"""Bad input: model folders with a missing or malformed config.json, an unknown
+architecture, a missing tensor or a shape mismatch; prompts longer than the KV cache; the
+cache keeps its invariants (and its free pages) after every failed request."""
+import json
+import os
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from hf_models import save, tiny_hf_model
+from treeattn.engine import build_engine, load_model, make_program, parse_spec
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    return save(tiny_hf_model("llama3"), tmp_path_factory.mktemp("llama"))
+
+
+def copy_folder(src, dst, edit_config=None, drop=None, reshape=None):
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    if edit_config:
+        edit_config(cfg)
+    os.makedirs(dst, exist_ok=True)
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    if drop:
+        del tensors[drop]
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1].contiguous()
+    save_file(tensors, os.path.join(dst, "model.safetensors"))
+    return str(dst)
+
+
+def test_missing_config(tmp_path):
+    with pytest.raises(ValueError, match="missing config.json"):
+        load_model(str(tmp_path))
+
+
+def test_malformed_config(tmp_path):
+    (tmp_path / "config.json").write_text("{\"model_type\": \"llama\",")
+    with pytest.raises(ValueError, match=r"config.json: malformed JSON"):
+        load_model(str(tmp_path))
+
+
+def test_config_missing_field(llama_folder, tmp_path):
+    folder = copy_folder(llama_folder, tmp_path, lambda c: c.pop("hidden_size"))
+    with pytest.raises(ValueError, match="config.json: missing required field 'hidden_size'"):
+        load_model(folder)
+
+
+def test_unknown_architecture(llama_folder, tmp_path):
+    def gpt2(c):
+        c["architectures"], c["model_type"] = ["GPT2LMHeadModel"], "gpt2"
+    with pytest.raises(ValueError, match="unknown architecture.*GPT2LMHeadModel"):
+        load_model(copy_folder(llama_folder, tmp_path, gpt2))
+
+
+def test_missing_tensor(llama_folder, tmp_path):
+    name = "model.layers.1.mlp.up_proj.weight"
+    with pytest.raises(ValueError, match=f"missing tensor '{name}'"):
+        load_model(copy_folder(llama_folder, tmp_path, drop=name))
+
+
+def test_shape_mismatch(llama_folder, tmp_path):
+    name = "model.layers.0.self_attn.k_proj.weight"
+    with pytest.raises(ValueError, match=rf"model.safetensors: tensor '{name}' has shape \(31, 64\)"):
+        load_model(copy_folder(llama_folder, tmp_path, reshape=name))
+
+
+def test_config_shape_mismatch(llama_folder, tmp_path):
+    folder = copy_folder(llama_folder, tmp_path, lambda c: c.update(intermediate_size=96))
+    with pytest.raises(ValueError, match="gate_proj.weight' has shape"):
+        load_model(folder)
+
+
+def test_unknown_random_shape_and_dtype():
+    with pytest.raises(ValueError, match="unknown random shape 'huge'"):
+        load_model("random:huge")
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        load_model("random:tiny", dtype="int8")
+
+
+def test_bad_program_specs():
+    with pytest.raises(ValueError, match="unknown kind 'tree'"):
+        parse_spec("tree:prompt=3")
+    with pytest.raises(ValueError, match="bad parameter 'branch=3'"):
+        parse_spec("shared:branch=3")
+    with pytest.raises(ValueError, match="top_p: expected in"):
+        make_program("sample:top_p=0", 100)
+
+
+def test_prompt_longer_than_cache():
+    model = load_model("random:tiny", dtype="fp32")
+    engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=9)  # 8 usable
+    free = engine.cache.num_free_pages()
+    with pytest.raises(ValueError, match=r"prompt: 33 tokens need 9 pages of 4, the KV cache "
+                                         r"holds 8 pages"):
+        engine.add(list(range(33)))
+    seq, _ = engine.add(list(range(20)))          # 5 pages: fits alone
+    with pytest.raises(ValueError, match="prompt: KV cache full, 4 more pages"):
+        engine.add(list(range(100, 116)))          # 4 more pages, 3 free: fails cleanly
+    engine.cache.check()
+    engine.release(seq, publish=False)
+    engine.cache.check()
+    engine.cache.evict(free)        # the first prompt's whole pages stayed cached, unlocked
+    assert engine.cache.num_free_pages() == free
+    seq, _ = engine.add(list(range(100, 116)))      # and the cache still works
+    engine.release(seq)
+    engine.cache.check()
+
+
+def test_decode_runs_out_of_pages():
+    model = load_model("random:tiny", dtype="fp32")
+    engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=4)   # 3 usable
+    seq, logits = engine.add(list(range(8)))       # 2 pages
+    for _ in range(4):                             # page 3 holds tokens 8..11
+        seq.tokens.append(int(logits.argmax()))
+        logits = engine.decode([seq])[0]
+    seq.tokens.append(1)
+    with pytest.raises(ValueError, match="decode: KV cache full"):
+        engine.decode([seq])
+    engine.release(seq)
+    engine.cache.check()

@@ -1,0 +1,162 @@
+"""Engine parts on their own: the TorchTreeAttention reference against dense attention over
+each query's materialised context (tree plans and block tables), PyRadixCache invariants over
+random operation sequences, sampling, the named random shapes and the CLI."""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from treeattn.engine import (PyRadixCache, SamplingParams, TorchTreeAttention, build_engine,
+                             load_model, make_program, named_config, run_program, sample)
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def dense(q, k, v, scale):
+    """q [Hq, D]; k, v [L, Hkv, D] -> [Hq, D] in fp64."""
+    group = q.shape[0] // k.shape[1]
+    k = k.double().repeat_interleave(group, 1)
+    v = v.double().repeat_interleave(group, 1)
+    p = torch.softmax(torch.einsum("hd,lhd->hl", q.double(), k) * scale, -1)
+    return torch.einsum("hl,lhd->hd", p, v)
+
+
+def test_torch_tree_attention_matches_dense():
+    torch.manual_seed(0)
+    ps, pages, hq, hkv, d = 4, 16, 4, 2, 8
+    kp = torch.randn(pages, ps, hkv, d)
+    vp = torch.randn(pages, ps, hkv, d)
+    # root (6 tokens, pages 3,7) -> a (4 tokens, page 1) -> c (1, page 9); root -> b (5, pages 2,4)
+    parents, ntok = [-1, 0, 0, 1], [6, 4, 5, 1]
+    offsets, page_ids = [0, 2, 3, 5, 6], [3, 7, 1, 2, 4, 9]
+    queries = [3, 2, 1, 0]
+    attn = TorchTreeAttention(hq, hkv, d, ps, pages, dtype="fp32")
+    attn.plan_tree(np.array(parents, np.int32), ntok, offsets, page_ids, queries)
+    q = torch.randn(4, hq, d)
+    out, lse = attn.run(q, kp, vp, return_lse=True)
+    rows = kp.reshape(-1, hkv, d), vp.reshape(-1, hkv, d)
+    root = [3 * 4 + i for i in range(4)] + [7 * 4, 7 * 4 + 1]
+    paths = [root + [4, 5, 6, 7] + [36], root + [8, 9, 10, 11, 16], root + [4, 5, 6, 7], root]
+    for i, path in enumerate(paths):
+        ref = dense(q[i], rows[0][path], rows[1][path], d ** -0.5)
+        assert torch.allclose(out[i].double(), ref, atol=1e-5)
+    assert torch.isfinite(lse).all()
+    # the same contexts as block tables give the same output
+    tables = np.zeros((1, 3), np.int32)
+    tables[0] = [3, 7, 1]
+    attn.plan_block_tables(tables, [6])
+    assert torch.allclose(attn.run(q[3:4], kp, vp), out[3:4], atol=1e-6)
+
+
+def test_torch_tree_attention_rejects_bad_plans():
+    attn = TorchTreeAttention(4, 2, 8, 4, 16, max_queries=2)
+    with pytest.raises(ValueError, match=r"num_tokens\[0\]: 6 tokens need 2 pages"):
+        attn.plan_tree([-1], [6], [0, 1], [3], [0])
+    with pytest.raises(ValueError, match=r"query_nodes\[0\]: node 5 out of range"):
+        attn.plan_tree([-1], [3], [0, 1], [3], [5])
+    with pytest.raises(ValueError, match="query_nodes: 3 exceeds the capacity 2"):
+        attn.plan_tree([-1], [3], [0, 1], [3], [0, 0, 0])
+
+
+def test_py_radix_cache_random_operations():
+    rng = random.Random(0)
+    ps, cache = 2, PyRadixCache(40, 2)
+    alphabet = [1, 2, 3]
+    held = []   # (node, tokens) locked by "requests"
+    for _ in range(400):
+        op = rng.random()
+        tokens = [rng.choice(alphabet) for _ in range(rng.randrange(0, 12))]
+        if op < 0.5:
+            node, n, pages = cache.match_prefix(tokens)
+            assert n % ps == 0 and len(pages) == n // ps and n <= len(tokens)
+            full = len(tokens) // ps * ps
+            try:
+                new = cache.alloc((full - n) // ps)
+            except ValueError:
+                continue
+            node = cache.insert(tokens[:full], list(pages) + list(new))
+            again, m, pages2 = cache.match_prefix(tokens[:full])
+            assert again is node and m == full and len(pages2) == full // ps
+            cache.lock(node)
+            held.append(node)
+        elif op < 0.8 and held:
+            cache.unlock(held.pop(rng.randrange(len(held))))
+        else:
+            cache.evict(rng.randrange(1, 6))
+        cache.check()
+        parents, ntok, offsets, page_ids, index = cache.export_tree(held)
+        assert all(p < i for i, p in enumerate(parents))   # parents first
+        assert len(set(page_ids.tolist())) == len(page_ids)
+        assert all(ntok[i] == (offsets[i + 1] - offsets[i]) * ps for i in range(len(ntok)))
+    for node in held:
+        cache.unlock(node)
+    cache.evict(40)
+    cache.check()
+    assert cache.num_free_pages() == 40
+
+
+def test_sampling():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=gen)
+    greedy = logits.argmax(-1)
+    assert torch.equal(sample(logits, SamplingParams()), greedy)
+    assert torch.equal(sample(logits, SamplingParams(1.0, top_k=1), gen), greedy)
+    assert torch.equal(sample(logits, SamplingParams(1.0, top_p=1e-6), gen), greedy)
+    draws = [sample(logits, SamplingParams(0.7, 0.9, 20), torch.Generator().manual_seed(5))
+             for _ in range(2)]
+    assert torch.equal(*draws)   # seeded
+    top20 = logits.topk(20).indices
+    many = sample(logits.repeat(200, 1), SamplingParams(2.0, 1.0, 20), gen).view(200, 3)
+    assert all(bool(torch.isin(many[:, i], top20[i]).all()) for i in range(3))
+
+
+def test_named_shapes_are_real():
+    llama = named_config("llama3-8b")
+    assert (llama.num_layers, llama.num_heads, llama.num_kv_heads, llama.hidden_size,
+            llama.intermediate_size, llama.vocab_size) == (32, 32, 8, 4096, 14336, 128256)
+    qwen = named_config("qwen2.5-7b")
+    assert qwen.attention_bias and (qwen.num_heads, qwen.num_kv_heads) == (28, 4)
+
+
+def test_bf16_engine_runs_close_to_fp32():
+    fp32 = load_model("random:tiny", dtype="fp32")
+    bf16 = load_model("random:tiny", dtype="bf16")
+    program = make_program("shared:prompt=17,branches=2,question=2,gen=4", 512)
+    results = [run_program(build_engine(m, "torch-ref", "py", page_size=4, num_pages=64),
+                           program, record_logits=True) for m in (fp32, bf16)]
+    for a, b in zip(results[0].logits, results[1].logits):
+        assert (a - b).norm() / a.norm() < 0.05
+
+
+def test_cli_json():
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    out = subprocess.run(
+        [sys.executable, "-m", "treeattn.engine", "--model", "random:tiny", "--program",
+         "two-level:system=8,docs=2,doc=8,questions=2,question=2,gen=4", "--attention",
+         "torch-ref", "--cache", "py", "--device", "cpu", "--dtype", "fp32", "--page-size",
+         "4", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["steps"] == 3 and report["sequences"] == 4
+    for key in ("tokens_per_s", "tpot_ms_median", "tpot_ms_p90", "attention_share"):
+        assert report[key] > 0
+    assert "decode step 3/3" in out.stderr
+
+
+def test_shared_prefix_is_stored_once():
+    model = load_model("random:tiny", dtype="fp32")
+    engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=128)
+    program = make_program("two-level:system=16,docs=2,doc=8,questions=3,question=2,gen=3", 512)
+    result = run_program(engine, program, steps=1)
+    parents, ntok, offsets, pages, queries = engine.forest(result.seqs)
+    lengths = [s.kv_len + 1 for s in result.seqs]
+    # the forest holds each distinct token once: system (16) + 2 docs (8) + 6 question tails
+    assert sum(ntok) < sum(lengths)
+    assert sum(ntok) == 16 + 2 * 8 + sum(n - 24 for n in lengths)
+    assert len(set(pages.tolist())) == len(pages)
+    assert len(queries) == 6 and (parents[queries] >= 0).all()
