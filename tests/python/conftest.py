@@ -1,15 +1,13 @@
-# Throwaway for the engine branch: puts python/ on sys.path so `treeattn.engine` imports
-# from the source tree; registers the gpu marker (tests needing CUDA are skipped without it).
+# pytest set-up for the Python tests: they import the installed treeattn
+# package (pip install . in scripts/test.sh, or PYTHONPATH=<build>/python after
+# a CMake build with -DTREEATTN_PYTHON=ON); tests marked gpu skip themselves
+# without a CUDA device.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+sys.path.insert(0, os.path.dirname(__file__))  # the tests' own helpers (hf_models)
 
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device")
-
-# tiny models on a shared 2-core machine: one thread avoids oversubscription stalls
+# tiny models on a 2-core machine: one thread avoids oversubscription stalls
 import torch  # noqa: E402
 
 torch.set_num_threads(1)

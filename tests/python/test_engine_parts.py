@@ -134,7 +134,7 @@ def test_bf16_engine_runs_close_to_fp32():
 
 
 def test_cli_json():
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ)  # the installed treeattn, as the tests import it
     out = subprocess.run(
         [sys.executable, "-m", "treeattn.engine", "--model", "random:tiny", "--program",
          "two-level:system=8,docs=2,doc=8,questions=2,question=2,gen=4", "--attention",

@@ -1,0 +1,287 @@
+// GPU tests of the engine-facing runtime: TreeAttention / CudaStepExecutor
+// against the fp64 reference on random trees and the suites' families (every
+// planner, GQA 1-16, fp16/bf16, page sizes 1 and 16, strided pools, lse);
+// draft token trees; and one CUDA graph of several runs captured once and
+// replayed after re-planning with other trees, each replay bit-equal to an
+// eager run. Tests named Sanitize* run under compute-sanitizer.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "treeattn/cuda_executor.hpp"
+#include "treeattn/executor.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/runtime.hpp"
+#include "treeattn/workloads.hpp"
+
+namespace treeattn {
+namespace {
+
+// The arrays of a workload's tree, as an engine would pass them.
+struct Arrays {
+  std::vector<int32_t> parents, num_tokens, page_offsets{0}, page_ids, query_nodes, first_slots;
+  explicit Arrays(const Workload& w) {
+    for (const Node& n : w.tree.nodes) {
+      parents.push_back(n.parent);
+      num_tokens.push_back(n.num_tokens);
+      page_ids.insert(page_ids.end(), n.pages.begin(), n.pages.end());
+      page_offsets.push_back(int32_t(page_ids.size()));
+      first_slots.push_back(n.first_slot);
+    }
+    query_nodes = w.query_nodes;
+  }
+  TreeArrays view() const { return {parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots}; }
+};
+
+TreeAttentionConfig config_for(const Workload& w, const std::string& planner, int64_t num_pages) {
+  TreeAttentionConfig c;
+  c.heads = w.heads;
+  c.dtype = w.layout.dtype;
+  c.page_size = w.layout.page_size;
+  c.num_pages = num_pages;
+  c.device = Device::cuda;
+  c.max_queries = 2048;
+  c.max_nodes = 8192;
+  c.max_page_refs = 1 << 20;
+  c.planner = planner;
+  return c;
+}
+
+// Runs w through a TreeAttention (planned from its arrays) with the output
+// poisoned; returns the relative error against the fp64 reference.
+double runtime_error(const Workload& w, const std::string& planner, uint64_t seed) {
+  HostTensors h = make_random_inputs(w, seed);
+  const std::vector<double> ref = reference_attention(w, h.args());
+  DeviceTensors d = DeviceTensors::upload(h);
+  TreeAttention ta(config_for(w, planner, w.layout.num_pages));
+  const Arrays arr(w);
+  ta.plan_tree(arr.view(), nullptr);
+  d.poison_out();
+  ta.run(d.args(), nullptr);
+  check_cuda(cudaDeviceSynchronize(), "runtime run");
+  HostTensors g = h;
+  d.download_out(g);
+  return relative_error(w, g.out.data(), ref);
+}
+
+double tolerance(DType t) { return t == DType::bf16 ? 1e-2 : 2e-3; }
+
+TEST(Runtime, EveryPlannerRandomTreesAndFamilies) {
+  std::vector<std::string> specs = {"fasttree:N=1,4,16:C=256,64,32", "pat:B=1,8,64:L=512,128,32",
+                                    "fewshot:prompt=1000:branches=16:len=64", "pat:B=64:L=300"};
+  for (int s = 0; s < 3; ++s) specs.push_back("random:seed=" + std::to_string(11 + s));
+  for (const auto& [qo, kv, d, t, page] : std::vector<std::tuple<int, int, int, DType, int>>{
+           {32, 8, 128, DType::fp16, 16}, {16, 1, 128, DType::bf16, 16}, {8, 8, 64, DType::fp16, 1},
+           {16, 4, 256, DType::bf16, 16}}) {
+    WorkloadParams p;
+    p.heads = {qo, kv, d};
+    p.dtype = t;
+    p.page_size = page;
+    for (const std::string& spec : specs) {
+      const Workload w = make_workload(spec, p);
+      for (const PlannerInfo& pl : planners()) {
+        const double e = runtime_error(w, pl.name, 3);
+        EXPECT_LE(e, tolerance(t)) << spec << " planner " << pl.name << " heads " << qo << "/" << kv << " d" << d;
+      }
+    }
+  }
+}
+
+// q sliced from a fused QKV (query stride > H * D), pools as views of a
+// [pages, 2, page_size, Hkv, D] K/V-interleaved cache, and lse requested.
+TEST(Runtime, SanitizeStridedTensorsAndLse) {
+  WorkloadParams p;
+  p.heads = {16, 4, 128};
+  p.page_size = 16;
+  const Workload w = make_workload("fasttree:N=1,4,16:C=200,40,20", p);
+  const int H = 16, Hkv = 4, D = 128, ps = 16;
+  const int64_t pages = w.layout.num_pages, Q = w.num_queries();
+  HostTensors h = make_random_inputs(w, 5);
+  const std::vector<double> ref = reference_attention(w, h.args());
+  // Strided host copies: q rows (H + 2 Hkv) * D apart, K/V interleaved per page.
+  const int64_t qs = int64_t(H + 2 * Hkv) * D, tok = int64_t(Hkv) * D, page_stride = 2 * ps * tok;
+  std::vector<uint16_t> q(Q * qs), kv(pages * page_stride);
+  const auto* q16 = reinterpret_cast<const uint16_t*>(h.q.data());
+  const auto* k16 = reinterpret_cast<const uint16_t*>(h.k.data());
+  const auto* v16 = reinterpret_cast<const uint16_t*>(h.v.data());
+  for (int64_t i = 0; i < Q; ++i) std::copy(q16 + i * H * D, q16 + (i + 1) * H * D, q.begin() + i * qs);
+  for (int64_t pg = 0; pg < pages; ++pg) {
+    std::copy(k16 + pg * ps * tok, k16 + (pg + 1) * ps * tok, kv.begin() + pg * page_stride);
+    std::copy(v16 + pg * ps * tok, v16 + (pg + 1) * ps * tok, kv.begin() + pg * page_stride + ps * tok);
+  }
+  DeviceBuffer dq(q.size() * 2), dkv(kv.size() * 2), dout(h.out.size()), dlse(size_t(Q) * H * 4);
+  check_cuda(cudaMemcpy(dq.get(), q.data(), q.size() * 2, cudaMemcpyHostToDevice), "q");
+  check_cuda(cudaMemcpy(dkv.get(), kv.data(), kv.size() * 2, cudaMemcpyHostToDevice), "kv");
+  for (const char* planner : {"node", "per-query"}) {
+    TreeAttention ta(config_for(w, planner, pages));
+    const Arrays arr(w);
+    ta.plan_tree(arr.view(), nullptr);
+    AttentionArgs a;
+    a.q = dq.get();
+    a.k = dkv.get();
+    a.v = dkv.as<uint16_t>() + ps * tok;
+    a.out = dout.get();
+    a.lse = dlse.as<float>();
+    a.q_stride = qs;
+    a.kv_token_stride = tok;
+    a.kv_page_stride = page_stride;
+    check_cuda(cudaMemset(dout.get(), 0xff, dout.size()), "poison");
+    ta.run(a, nullptr);
+    check_cuda(cudaDeviceSynchronize(), "run");
+    HostTensors g = h;
+    check_cuda(cudaMemcpy(g.out.data(), dout.get(), dout.size(), cudaMemcpyDeviceToHost), "out");
+    EXPECT_LE(relative_error(w, g.out.data(), ref), 2e-3) << planner;
+    // lse against the CPU executor's (which the CPU tests check against fp64).
+    std::vector<float> lse(size_t(Q) * H), cpu_lse(size_t(Q) * H);
+    check_cuda(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost), "lse");
+    AttentionArgs ca = h.args();
+    ca.lse = cpu_lse.data();
+    run_cpu(w, ta.plan(), ca);
+    for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], cpu_lse[i], 1e-3) << planner << " lse " << i;
+  }
+}
+
+// Draft token trees: each request's drafts are one-token nodes in its own
+// pages after its tokens (Node::first_slot), planned as tree queries.
+TEST(Runtime, SanitizeDraftTokenTrees) {
+  WorkloadParams p;
+  p.heads = {32, 8, 128};
+  p.page_size = 16;
+  const Workload base = make_workload("fewshot:prompt=700:branches=4:len=21", p);
+  Workload w = base;
+  std::vector<int32_t> dn, dp;
+  std::vector<int64_t> rows;
+  std::mt19937 rng(9);
+  int64_t next_page = w.layout.num_pages;
+  for (int32_t qn : base.query_nodes) {
+    const Node& leaf = base.tree.nodes[qn];
+    const int64_t first = int64_t(leaf.pages.back()) * 16 + leaf.num_tokens % 16;  // after the leaf's tokens
+    const int first_draft = int(dn.size());
+    for (int i = 0; i < 40; ++i) {
+      dn.push_back(qn);
+      dp.push_back(i == 0 ? -1 : first_draft + int(rng() % i));
+      dp.back() = dp.back() < 0 ? -1 : dp.back();
+      const int64_t r = first + i;
+      rows.push_back(r < int64_t(leaf.pages.back() + 1) * 16 ? r : (next_page + (r - first) / 16) * 16 + r % 16);
+    }
+    next_page += 4;
+  }
+  const int64_t pool = next_page + 4;
+  TreeAttentionConfig c = config_for(base, "auto", pool);
+  TreeAttention ta(c);
+  const Arrays arr(base);
+  ta.plan_tree_queries(arr.view(), {dn, dp, rows}, nullptr);
+  const Workload& planned = ta.workload();
+  ASSERT_EQ(planned.num_queries(), base.num_queries() + int32_t(dn.size()));
+  HostTensors h = make_random_inputs(planned, 4);
+  const std::vector<double> ref = reference_attention(planned, h.args());
+  DeviceTensors d = DeviceTensors::upload(h);
+  d.poison_out();
+  ta.run(d.args(), nullptr);
+  check_cuda(cudaDeviceSynchronize(), "draft run");
+  HostTensors g = h;
+  d.download_out(g);
+  EXPECT_LE(relative_error(planned, g.out.data(), ref), 2e-3);
+}
+
+// One graph of 4 runs (4 "layers") captured once; re-planned 30 times with
+// growing and changing trees between replays; every replay bit-equal to an
+// eager run of the same plan, and within tolerance of the reference.
+TEST(Runtime, SanitizeGraphSurvivesReplanning) {
+  WorkloadParams p;
+  p.heads = {32, 8, 128};
+  p.page_size = 16;
+  p.dtype = DType::bf16;
+  const int layers = 4;
+  std::vector<Workload> steps;
+  for (int s = 0; s < 30; ++s) {
+    const std::string spec = s % 3 == 0   ? "fewshot:prompt=" + std::to_string(500 + 37 * s) + ":branches=" + std::to_string(8 + s) + ":len=" + std::to_string(5 + s)
+                             : s % 3 == 1 ? "random:seed=" + std::to_string(100 + s)
+                                          : "pat:B=" + std::to_string(16 + s) + ":L=" + std::to_string(64 + 9 * s);
+    steps.push_back(make_workload(spec, p));
+  }
+  int64_t pool = 0;
+  int32_t max_q = 0;
+  for (const Workload& w : steps) pool = std::max(pool, w.layout.num_pages), max_q = std::max(max_q, w.num_queries());
+  TreeAttentionConfig c = config_for(steps[0], "auto", pool);
+  TreeAttention ta(c);
+  // Inputs sized for the largest step; every step's tensors are views of them.
+  Workload big = steps[0];
+  big.layout.num_pages = pool;
+  big.query_nodes.assign(max_q, 0);
+  HostTensors h = make_random_inputs(big, 6);
+  DeviceTensors d = DeviceTensors::upload(h);
+  std::vector<DeviceBuffer> outs, eager;
+  for (int l = 0; l < layers; ++l) outs.emplace_back(h.out.size()), eager.emplace_back(h.out.size());
+  cudaStream_t st;
+  check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  auto args = [&](void* out) {
+    AttentionArgs a = d.args();
+    a.out = out;
+    return a;
+  };
+  ta.plan_tree(Arrays(steps[0]).view(), st);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+  for (int l = 0; l < layers; ++l) ta.run(args(outs[l].get()), st);
+  check_cuda(cudaStreamEndCapture(st, &graph), "end capture");
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const Workload& w = steps[s];
+    ta.plan_tree(Arrays(w).view(), st);
+    for (auto& o : outs) check_cuda(cudaMemsetAsync(o.get(), 0xff, o.size(), st), "poison");
+    check_cuda(cudaGraphLaunch(exec, st), "replay");
+    for (int l = 0; l < layers; ++l) ta.run(args(eager[l].get()), st);
+    check_cuda(cudaStreamSynchronize(st), "sync");
+    const size_t bytes = size_t(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim * 2;
+    std::vector<uint8_t> a(bytes), b(bytes);
+    for (int l = 0; l < layers; ++l) {
+      check_cuda(cudaMemcpy(a.data(), outs[l].get(), bytes, cudaMemcpyDeviceToHost), "replayed");
+      check_cuda(cudaMemcpy(b.data(), eager[l].get(), bytes, cudaMemcpyDeviceToHost), "eager");
+      ASSERT_EQ(a, b) << "step " << s << " layer " << l << ": replay differs from eager";
+    }
+    HostTensors hw = make_random_inputs(w, 1);  // only for its shapes
+    hw.q.assign(h.q.begin(), h.q.begin() + hw.q.size());
+    hw.k = h.k;
+    hw.v = h.v;
+    Workload wp = w;
+    wp.layout.num_pages = pool;
+    const std::vector<double> ref = reference_attention(wp, hw.args());
+    EXPECT_LE(relative_error(wp, a.data(), ref), 1e-2) << "step " << s;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+TEST(Runtime, CapacityErrorsNameTheCapacity) {
+  WorkloadParams p;
+  p.heads = {32, 8, 128};
+  const Workload w = make_workload("fewshot:prompt=100:branches=16:len=8", p);
+  TreeAttentionConfig c = config_for(w, "node", w.layout.num_pages);
+  c.max_queries = 8;
+  TreeAttention ta(c);
+  try {
+    ta.plan_tree(Arrays(w).view(), nullptr);
+    FAIL() << "expected a capacity error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("queries = 16 exceeds the capacity 8"), std::string::npos) << e.what();
+  }
+  c.max_queries = 64;
+  c.max_units = 2;
+  TreeAttention small(c);
+  try {
+    small.plan_tree(Arrays(w).view(), nullptr);
+    FAIL() << "expected a unit-capacity error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_units"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace treeattn
