@@ -129,6 +129,8 @@ class RadixCache {
   int64_t num_cached_pages() const { return cached_pages_; }
   // Pages of unlocked nodes: what evicting everything would free.
   int64_t num_evictable_pages() const { return evictable_pages_; }
+  // Read-only view of the pool (which pages are free).
+  const KvPagePool& pool() const { return pool_; }
   // Live nodes, the root included.
   int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size() - free_nodes_.size()); }
 
