@@ -169,8 +169,8 @@ void RadixCache::lock(int32_t node) {
 void RadixCache::unlock(int32_t node) {
   const RadixNode& target = live(node, "unlock");
   if (target.locks == 0)
-    throw Error("kv cache: unlock: " + node_str(node) + " is not locked (" + str(target.refs) +
-                " locks are held below it; unlock those nodes)");
+    throw Error("kv cache: unlock: " + node_str(node) + " is not locked" +
+                (target.refs > 0 ? " (locks held on nodes below it: " + str(target.refs) + ")" : std::string()));
   nodes_[static_cast<size_t>(node)].locks--;
   for (int32_t v = node; v != -1; v = nodes_[static_cast<size_t>(v)].parent) {
     RadixNode& n = nodes_[static_cast<size_t>(v)];

@@ -206,7 +206,7 @@ TEST(RadixCache, UnlockMatchesLockNotTheAncestors) {
   const int32_t mid = c.match_prefix(Ids{1, 2}).node;
   c.lock(leaf);
   // mid is referenced through leaf but was never locked itself.
-  EXPECT_ERROR_HAS(c.unlock(mid), "unlock: node " + std::to_string(mid) + " is not locked", "1 locks are held below it");
+  EXPECT_ERROR_HAS(c.unlock(mid), "unlock: node " + std::to_string(mid) + " is not locked", "(locks held on nodes below it: 1)");
   EXPECT_ERROR_HAS(c.unlock(RadixCache::kRoot), "unlock: node 0 is not locked");
   EXPECT_ERROR_HAS(c.unlock(99), "unlock: node 99 is not a live node");
   EXPECT_ERROR_HAS(c.lock(-1), "lock: node -1 is not a live node");
