@@ -21,6 +21,12 @@ using namespace treeattn;
 namespace {
 using Ids = std::vector<int32_t>;
 
+// A model key is a leaf (no cached extension) unless the next key in map order
+// extends it: the extensions of a key sort right after it.
+bool is_prefix(const Ids& a, const Ids& b) {
+  return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
 struct ModelPage {
   int32_t page;
   uint64_t last_use;
@@ -280,7 +286,7 @@ class Harness {
       // LRU: every remaining unlocked leaf page is at least as recent as every evicted one.
       for (auto it = model_.begin(); it != model_.end(); ++it) {
         auto next = std::next(it);
-        const bool leaf = next == model_.end() || !std::equal(it->first.begin(), it->first.end(), next->first.begin());
+        const bool leaf = next == model_.end() || !is_prefix(it->first, next->first);
         if (leaf && it->second.locks == 0)
           EXPECT_GE(it->second.last_use, newest_gone) << "evicted a page used more recently than an unlocked leaf";
       }
@@ -347,7 +353,7 @@ class Harness {
       unlocked += it->second.locks == 0;
       EXPECT_FALSE(handed_out_.count(it->second.page)) << "page " << it->second.page << " is cached and handed out";
       auto next = std::next(it);
-      const bool leaf = next == model_.end() || !std::equal(it->first.begin(), it->first.end(), next->first.begin());
+      const bool leaf = next == model_.end() || !is_prefix(it->first, next->first);
       if (!leaf) continue;  // checked through its extension
       const auto m = cache_.peek_prefix(it->first);
       EXPECT_EQ(m.num_tokens, static_cast<int64_t>(it->first.size()));
