@@ -26,7 +26,11 @@ import numpy as np
 
 from . import _treeattn
 
-__all__ = ["TreeAttention", "cuda_built"]
+__all__ = ["TreeAttention", "RadixCache", "cuda_built"]
+
+# The page-granular radix tree over token ids and its page pool (C++): see
+# include/treeattn/cache.hpp. Page ids it hands out are what plan_tree takes.
+RadixCache = _treeattn.RadixCache
 
 cuda_built: bool = _treeattn.cuda_built
 

@@ -7,5 +7,6 @@
 namespace treeattn::python {
 
 void bind_runtime(nanobind::module_& m);  // TreeAttention (module.cpp)
+void bind_cache(nanobind::module_& m);    // RadixCache (bind_cache.cpp)
 
 }  // namespace treeattn::python

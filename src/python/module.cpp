@@ -219,4 +219,5 @@ NB_MODULE(_treeattn, m) {
   m.attr("cuda_built") = false;
 #endif
   treeattn::python::bind_runtime(m);
+  treeattn::python::bind_cache(m);
 }

@@ -1,0 +1,153 @@
+// Python bindings of the KV-cache bookkeeping (layer 6): treeattn.RadixCache.
+// Token and page arguments take any sequence of ints or a 1-D integer array
+// (an int32 C-contiguous CPU array is read in place); page arrays come back as
+// numpy int32. treeattn::Error surfaces as ValueError through the module-wide
+// exception translator.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <climits>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "treeattn/cache.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace treeattn::python {
+
+namespace {
+
+using Int32Array = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
+
+// An int32 argument: a view of the caller's array when it is already int32,
+// C-contiguous and on the CPU; otherwise a converted copy. The view is valid
+// while this object lives.
+class Int32Arg {
+ public:
+  Int32Arg(nb::handle obj, const char* name) {
+    if (nb::try_cast(obj, array_, /*convert=*/false)) {
+      view_ = std::span<const int32_t>(array_.data(), array_.shape(0));
+      return;
+    }
+    nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> wide;
+    if (nb::try_cast(obj, wide, /*convert=*/false)) {
+      copy_.reserve(wide.shape(0));
+      for (size_t i = 0; i < wide.shape(0); ++i) push(wide.data()[i], name, i);
+    } else {
+      if (nb::hasattr(obj, "ndim") && nb::cast<int64_t>(obj.attr("ndim")) != 1)
+        throw nb::value_error((std::string(name) + ": expected a 1-D array, got " +
+                               std::to_string(nb::cast<int64_t>(obj.attr("ndim"))) + " dimensions").c_str());
+      if (!nb::hasattr(obj, "__iter__") || nb::isinstance<nb::str>(obj) || nb::isinstance<nb::bytes>(obj))
+        throw nb::value_error((std::string(name) + ": expected a sequence of ints or a 1-D int array, got " +
+                               nb::type_name(obj.type()).c_str())
+                                  .c_str());
+      size_t i = 0;
+      for (nb::handle item : obj) {
+        int64_t v;
+        if (!nb::try_cast(item, v))
+          throw nb::value_error((std::string(name) + "[" + std::to_string(i) + "]: expected an int, got " +
+                                 nb::type_name(item.type()).c_str())
+                                    .c_str());
+        push(v, name, i++);
+      }
+    }
+    view_ = copy_;
+  }
+  std::span<const int32_t> span() const { return view_; }
+
+ private:
+  void push(int64_t v, const char* name, size_t i) {
+    if (v < INT32_MIN || v > INT32_MAX)
+      throw nb::value_error((std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(v) +
+                             " does not fit in int32")
+                                .c_str());
+    copy_.push_back(static_cast<int32_t>(v));
+  }
+
+  nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> array_;
+  std::vector<int32_t> copy_;
+  std::span<const int32_t> view_;
+};
+
+// Hands a vector to numpy without a copy: the array owns it through a capsule.
+Int32Array to_numpy(std::vector<int32_t>&& v) {
+  if (v.empty()) v.reserve(1);  // a non-null data pointer even for shape (0,)
+  auto* owned = new std::vector<int32_t>(std::move(v));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<int32_t>*>(p); });
+  const size_t shape[1] = {owned->size()};
+  return Int32Array(owned->data(), 1, shape, owner);
+}
+
+}  // namespace
+
+void bind_cache(nb::module_& m) {
+  nb::class_<RadixCache>(
+      m, "RadixCache",
+      "Radix tree over token ids at page granularity with its own pool of KV page ids\n"
+      "0..num_pages-1 (engine-independent: it holds page ids, not KV memory).\n\n"
+      "Every cached node holds whole pages, so matches and splits happen at page\n"
+      "boundaries. Each page is free, cached by one node, or handed out to a request\n"
+      "(alloc). Node handles (ints) stay valid until the node is evicted; lock() a node\n"
+      "to keep it and its ancestors. Errors raise ValueError and change nothing.")
+      .def(nb::init<int64_t, int>(), "num_pages"_a, "page_size"_a)
+      .def_prop_ro("num_pages", &RadixCache::num_pages, "Size of the page pool.")
+      .def_prop_ro("page_size", &RadixCache::page_size, "Tokens per page.")
+      .def_prop_ro("root", [](const RadixCache&) { return RadixCache::kRoot; },
+                   "Handle of the (empty) root: what match_prefix returns when nothing is cached.")
+      .def("num_free_pages", &RadixCache::num_free_pages)
+      .def("num_cached_pages", &RadixCache::num_cached_pages)
+      .def("num_evictable_pages", &RadixCache::num_evictable_pages,
+           "Pages of unlocked nodes: what evicting everything would free.")
+      .def(
+          "match_prefix",
+          [](RadixCache& c, nb::handle tokens) {
+            Int32Arg t(tokens, "tokens");
+            RadixCache::Match mt = c.match_prefix(t.span());
+            return nb::make_tuple(mt.node, mt.num_tokens, to_numpy(std::move(mt.pages)));
+          },
+          "tokens"_a,
+          "Longest cached prefix of tokens in whole pages -> (node, num_tokens, pages: int32[num_tokens // page_size]).\n"
+          "Splits the node the match ends in, so that it ends at `node`; marks the path as used now.")
+      .def("lock", &RadixCache::lock, "node"_a, "Adds a reference to node and its ancestors: they are not evicted.")
+      .def("unlock", &RadixCache::unlock, "node"_a, "Drops a reference taken by lock(node).")
+      .def(
+          "alloc", [](RadixCache& c, int64_t n) { return to_numpy(c.alloc(n)); }, "n"_a,
+          "n pages for a request's private tail (int32[n]); evicts least-recently-used unlocked\n"
+          "leaves as needed; ValueError naming requested / free / evictable pages when it cannot.")
+      .def(
+          "free", [](RadixCache& c, nb::handle pages) { c.free(Int32Arg(pages, "pages").span()); }, "pages"_a,
+          "Returns pages handed out by alloc to the pool.")
+      .def(
+          "insert",
+          [](RadixCache& c, nb::handle tokens, nb::handle pages) {
+            Int32Arg t(tokens, "tokens"), p(pages, "pages");
+            return c.insert(t.span(), p.span());
+          },
+          "tokens"_a, "pages"_a,
+          "Caches tokens (a multiple of page_size) with their pages (one per page) and returns the\n"
+          "node of the last page. The cache takes every page: those of an already cached prefix are\n"
+          "freed as duplicates unless they are the cached pages themselves.")
+      .def("evict", &RadixCache::evict, "num_pages"_a,
+           "Evicts least-recently-used unlocked leaves (whole nodes) until num_pages were freed or\n"
+           "nothing is evictable; returns the pages freed.")
+      .def("check", &RadixCache::check, "Verifies every invariant; ValueError naming the first violation.")
+      .def(
+          "export_tree",
+          [](const RadixCache& c, nb::handle nodes) {
+            RadixCache::Export e = c.export_tree(Int32Arg(nodes, "nodes").span());
+            return nb::make_tuple(to_numpy(std::move(e.parents)), to_numpy(std::move(e.num_tokens)),
+                                  to_numpy(std::move(e.page_offsets)), to_numpy(std::move(e.page_ids)),
+                                  to_numpy(std::move(e.node_index)));
+          },
+          "nodes"_a,
+          "The smallest forest holding the root->node paths of nodes, for planning ->\n"
+          "(parents, num_tokens, page_offsets, page_ids, node_index), int32 arrays. The empty root is\n"
+          "left out (its children have parent -1); parents come before children; node v's pages are\n"
+          "page_ids[page_offsets[v]:page_offsets[v+1]]; node_index[i] is nodes[i]'s index (-1 for root).");
+}
+
+}  // namespace treeattn::python
