@@ -5,7 +5,8 @@ import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM)
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+# head_dim 64 (hidden 256 / 4 heads): the smallest head size treeattn's kernels take
+TINY = dict(vocab_size=256, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, initializer_range=0.1,
             attn_implementation="eager")
 
@@ -34,5 +35,5 @@ def tiny_hf_model(kind: str):
 
 def save(model, folder, shards=False):
     # ~40 KB shards: the tiny models split into several files plus an index
-    model.save_pretrained(folder, max_shard_size="40KB" if shards else "10GB")
+    model.save_pretrained(folder, max_shard_size="300KB" if shards else "10GB")
     return str(folder)
