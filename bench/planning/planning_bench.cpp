@@ -13,6 +13,10 @@
 
 #include "treeattn/pat_planner.hpp"
 #include "treeattn/planner.hpp"
+#include "treeattn/runtime.hpp"
+#if defined(TREEATTN_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 using namespace treeattn;
 
@@ -75,6 +79,37 @@ void pat_cached(benchmark::State& state, int nodes, bool grow) {
   }
 }
 
+// The runtime's whole plan step as an engine calls it: tree arrays in,
+// Workload built and validated, planned ("auto"), plan validated, and (on the
+// GPU) packed into pinned memory with its copies enqueued.
+void runtime_plan(benchmark::State& state, int nodes, Device device) {
+  const Workload w = bench_tree(nodes, 256, 42);
+  std::vector<int32_t> parents, num_tokens, offsets{0}, pages;
+  for (const Node& n : w.tree.nodes) {
+    parents.push_back(n.parent);
+    num_tokens.push_back(n.num_tokens);
+    pages.insert(pages.end(), n.pages.begin(), n.pages.end());
+    offsets.push_back(int32_t(pages.size()));
+  }
+  TreeAttentionConfig c;
+  c.heads = w.heads;
+  c.dtype = w.layout.dtype;
+  c.page_size = w.layout.page_size;
+  c.num_pages = w.layout.num_pages;
+  c.device = device;
+  c.max_queries = 256;
+  c.max_nodes = 16384;
+  c.max_page_refs = int64_t(pages.size());
+  TreeAttention ta(c);
+  const TreeArrays arrays{parents, num_tokens, offsets, pages, w.query_nodes, {}};
+  for (auto _ : state) ta.plan_tree(arrays, nullptr);
+#if defined(TREEATTN_HAVE_CUDA)
+  if (device == Device::cuda) cudaDeviceSynchronize();
+#endif
+  state.counters["units"] = double(ta.plan().num_units());
+  state.counters["pages"] = double(pages.size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,6 +132,18 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("plan/pat-incremental/" + std::to_string(nodes)).c_str(), pat_cached, nodes, true)
         ->Unit(benchmark::kMicrosecond);
   }
+  for (const int nodes : {100, 1000, 10000})
+    benchmark::RegisterBenchmark(("runtime/plan_tree/cpu/" + std::to_string(nodes)).c_str(), runtime_plan, nodes,
+                                 Device::cpu)
+        ->Unit(benchmark::kMicrosecond);
+#if defined(TREEATTN_HAVE_CUDA)
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0)
+    for (const int nodes : {100, 1000, 10000})
+      benchmark::RegisterBenchmark(("runtime/plan_tree/cuda/" + std::to_string(nodes)).c_str(), runtime_plan, nodes,
+                                   Device::cuda)
+          ->Unit(benchmark::kMicrosecond);
+#endif
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One device call for the runtime, the Python package and the engine: build
+# for sm_90a with the Python extension (against the machine's python3), run
+# the GPU tests (C++), compute-sanitizer memcheck + racecheck on the Sanitize*
+# subset, the Python tests (GPU ones included), then the steps named in STEPS
+# beyond those (bench: bench/runtime/bench_runtime.py; example:
+# examples/decode_loop.py; engine: scripts/engine_bench.sh). Logs go to $OUT;
+# a summary table is printed last.
+# Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) STEPS="build tests sanitize pytest bench" scripts/device_runtime.sh
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/build/device_out}
+BUILD=${BUILD:-$ROOT/build/device}
+STEPS=${STEPS:-"build tests sanitize pytest"}
+mkdir -p "$OUT" "$BUILD"
+export TREEATTN_COMMIT=${TREEATTN_COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+T0=$(date +%s)
+declare -A STATUS
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
+PY=$(command -v python3)
+export PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+stamp "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); commit $TREEATTN_COMMIT"
+if has build; then
+  stamp "build (Release, sm_90a, Python extension for $($PY --version))"
+  if cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DTREEATTN_PYTHON=ON -DPython_EXECUTABLE="$PY" >"$OUT/build.log" 2>&1 &&
+     cmake --build "$BUILD" -j16 --target treeattn_cli treeattn_gpu_tests _treeattn treeattn_planning_bench >>"$OUT/build.log" 2>&1; then
+    STATUS[build]=ok
+  else
+    STATUS[build]=FAIL; tail -40 "$OUT/build.log"
+  fi
+  grep -E "spill|error" "$OUT/build.log" | grep -v " 0 bytes spill" | sed 's/_ZN8treeattn4cuda//' | cut -c1-200 | head -8
+fi
+built() { [[ ${STATUS[build]:-ok} == ok ]]; }
+
+if has tests && built; then
+  stamp "GPU tests (C++)"
+  if timeout 420 "$BUILD/tests/treeattn_gpu_tests" >"$OUT/tests.log" 2>&1; then STATUS[tests]=ok; else STATUS[tests]=FAIL; fi
+  grep -E "^\[  (PASSED|FAILED) |FAILED|Failure|error" "$OUT/tests.log" | head -30
+fi
+
+if has sanitize && built; then
+  stamp "compute-sanitizer memcheck + racecheck (Sanitize* tests)"
+  : >"$OUT/sanitizer.log"
+  for tool in memcheck racecheck; do
+    if timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/treeattn_gpu_tests" \
+        --gtest_filter='*Sanitize*' >>"$OUT/sanitizer.log" 2>&1; then STATUS[$tool]=ok; else STATUS[$tool]=FAIL; fi
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | tail -3
+  done
+fi
+
+if has pytest && built; then
+  stamp "Python tests (pytest, GPU ones included)"
+  if timeout 420 "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/python" >"$OUT/pytest.log" 2>&1; then
+    STATUS[pytest]=ok; else STATUS[pytest]=FAIL; fi
+  grep -E "passed|failed|Error|FAILED" "$OUT/pytest.log" | tail -15
+fi
+
+if has bench && built; then
+  stamp "runtime benchmark"
+  if timeout 400 "$PY" "$ROOT/bench/runtime/bench_runtime.py" --build "$BUILD" --out "$OUT/runtime_bench.json" \
+      >"$OUT/bench.log" 2>&1; then STATUS[bench]=ok; else STATUS[bench]=FAIL; fi
+  tail -40 "$OUT/bench.log"
+fi
+
+if has example && built; then
+  stamp "examples/decode_loop.py"
+  if timeout 400 "$PY" "$ROOT/examples/decode_loop.py" --json "$OUT/decode_loop.json" >"$OUT/example.log" 2>&1; then
+    STATUS[example]=ok; else STATUS[example]=FAIL; fi
+  tail -25 "$OUT/example.log"
+fi
+
+if has engine && built; then
+  stamp "engine benchmarks"
+  if timeout 500 bash "$ROOT/scripts/engine_bench.sh" "$OUT" >"$OUT/engine.log" 2>&1; then
+    STATUS[engine]=ok; else STATUS[engine]=FAIL; fi
+  tail -40 "$OUT/engine.log"
+fi
+
+stamp "summary"
+for k in "${!STATUS[@]}"; do echo "  $k: ${STATUS[$k]}"; done | sort
