@@ -51,12 +51,10 @@ TreeAttentionConfig config_for(const Workload& w, const std::string& planner, in
   return c;
 }
 
-// Runs w through a TreeAttention (planned from its arrays) with the output
-// poisoned; returns the relative error against the fp64 reference.
-double runtime_error(const Workload& w, const std::string& planner, uint64_t seed) {
-  HostTensors h = make_random_inputs(w, seed);
-  const std::vector<double> ref = reference_attention(w, h.args());
-  DeviceTensors d = DeviceTensors::upload(h);
+// Runs w (inputs h, reference ref) through a TreeAttention planned from its
+// arrays, output poisoned; returns the relative error against ref.
+double runtime_error(const Workload& w, const std::string& planner, const HostTensors& h, DeviceTensors& d,
+                     const std::vector<double>& ref) {
   TreeAttention ta(config_for(w, planner, w.layout.num_pages));
   const Arrays arr(w);
   ta.plan_tree(arr.view(), nullptr);
@@ -83,8 +81,11 @@ TEST(Runtime, EveryPlannerRandomTreesAndFamilies) {
     p.page_size = page;
     for (const std::string& spec : specs) {
       const Workload w = make_workload(spec, p);
+      HostTensors h = make_random_inputs(w, 3);
+      const std::vector<double> ref = reference_attention(w, h.args());
+      DeviceTensors dev = DeviceTensors::upload(h);
       for (const PlannerInfo& pl : planners()) {
-        const double e = runtime_error(w, pl.name, 3);
+        const double e = runtime_error(w, pl.name, h, dev, ref);
         EXPECT_LE(e, tolerance(t)) << spec << " planner " << pl.name << " heads " << qo << "/" << kv << " d" << d;
       }
     }
@@ -188,17 +189,18 @@ TEST(Runtime, SanitizeDraftTokenTrees) {
   EXPECT_LE(relative_error(planned, g.out.data(), ref), 2e-3);
 }
 
-// One graph of 4 runs (4 "layers") captured once; re-planned 30 times with
-// growing and changing trees between replays; every replay bit-equal to an
-// eager run of the same plan, and within tolerance of the reference.
-TEST(Runtime, SanitizeGraphSurvivesReplanning) {
+// One graph of 4 runs (4 "layers") captured once; re-planned `num_steps`
+// times with growing and changing trees between replays; every replay
+// bit-equal to an eager run of the same plan, and within tolerance of the
+// reference.
+void graph_survives_replanning(int num_steps) {
   WorkloadParams p;
   p.heads = {32, 8, 128};
   p.page_size = 16;
   p.dtype = DType::bf16;
   const int layers = 4;
   std::vector<Workload> steps;
-  for (int s = 0; s < 30; ++s) {
+  for (int s = 0; s < num_steps; ++s) {
     const std::string spec = s % 3 == 0   ? "fewshot:prompt=" + std::to_string(500 + 37 * s) + ":branches=" + std::to_string(8 + s) + ":len=" + std::to_string(5 + s)
                              : s % 3 == 1 ? "random:seed=" + std::to_string(100 + s)
                                           : "pat:B=" + std::to_string(16 + s) + ":L=" + std::to_string(64 + 9 * s);
@@ -258,6 +260,9 @@ TEST(Runtime, SanitizeGraphSurvivesReplanning) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
 }
+
+TEST(Runtime, GraphSurvivesReplanning) { graph_survives_replanning(30); }
+TEST(Runtime, SanitizeGraphSurvivesReplanning) { graph_survives_replanning(4); }
 
 TEST(Runtime, CapacityErrorsNameTheCapacity) {
   WorkloadParams p;
