@@ -110,6 +110,40 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
   state.counters["pages"] = double(pages.size());
 }
 
+#if defined(TREEATTN_HAVE_CUDA)
+// Host time of one run() of the C++ runtime (checks + launches, no GPU wait):
+// the baseline of the Python binding's overhead. A one-query, 16-token tree so
+// the GPU keeps up; the device is synchronised every 256 calls, off the clock.
+void runtime_run(benchmark::State& state) {
+  TreeAttentionConfig c;
+  c.heads = {32, 8, 128};
+  c.page_size = 16;
+  c.num_pages = 4;
+  c.device = Device::cuda;
+  c.max_queries = 256;
+  TreeAttention ta(c);
+  const std::vector<int32_t> parents{-1}, tokens{16}, offsets{0, 1}, pages{2}, queries{0};
+  ta.plan_tree({parents, tokens, offsets, pages, queries, {}}, nullptr);
+  void *q, *kv, *out;
+  cudaMalloc(&q, 32 * 128 * 2);
+  cudaMalloc(&kv, 4 * 16 * 8 * 128 * 2);
+  cudaMalloc(&out, 32 * 128 * 2);
+  AttentionArgs a;
+  a.q = q, a.k = kv, a.v = kv, a.out = out;
+  int n = 0;
+  for (auto _ : state) {
+    ta.run(a, nullptr);
+    if (++n % 256 == 0) {
+      state.PauseTiming();
+      cudaDeviceSynchronize();
+      state.ResumeTiming();
+    }
+  }
+  cudaDeviceSynchronize();
+  cudaFree(q), cudaFree(kv), cudaFree(out);
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,6 +177,7 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(("runtime/plan_tree/cuda/" + std::to_string(nodes)).c_str(), runtime_plan, nodes,
                                    Device::cuda)
           ->Unit(benchmark::kMicrosecond);
+  if (gpus > 0) benchmark::RegisterBenchmark("runtime/run/cuda", runtime_run)->Unit(benchmark::kMicrosecond);
 #endif
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
