@@ -4,7 +4,7 @@ A few-shot tree -- one 4000-token prompt shared by 32 branches -- decoded for
 128 steps by a 32-layer attention-only stack with random weights (Llama-3-8B
 attention shapes: 32 query heads, 8 KV heads, head_dim 128, hidden 4096, bf16).
 Each step: one plan (the tree grew a token per branch), then one CUDA graph
-replay of all 32 layers (QKV projection, the new token's K/V written into the
+replay of all 32 layers (RMS norm, QKV projection, the new token's K/V written into the
 paged pool, treeattn attention, output projection, residual), captured once per
 step shape and valid across re-plans. The attention alone is timed per step
 with a second graph of the 32 layers' run() calls, for planner "auto" and
@@ -93,8 +93,8 @@ def run(planner, args):
 
     def step_body(with_projections):
         for l in range(LAYERS):
-            if with_projections:
-                qkv = x @ w_qkv[l]
+            if with_projections:  # pre-norm, as in the model: K/V stay O(1) however x grows
+                qkv = (x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(dt)) @ w_qkv[l]
                 q = qkv[:, :H * D].view(B, H, D)  # strided: a view into the fused projection
                 k_cache[l].view(-1, HKV, D)[rows] = qkv[:, H * D:(H + HKV) * D].view(B, HKV, D)
                 v_cache[l].view(-1, HKV, D)[rows] = qkv[:, (H + HKV) * D:].view(B, HKV, D)

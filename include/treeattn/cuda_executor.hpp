@@ -133,11 +133,11 @@ struct StepCapacity {
 };
 
 struct CudaStepOptions {
-  // Tiles the executor launches, one launch each, in this order of
-  // preference (indices into kTileConfigs; empty: the n = 64 tiles that fit
-  // head_dim). A plan's unit runs on the first listed tile whose m holds its
-  // rows: every unit computes the same result on any tile whose m is large
-  // enough (n only sets the K/V tile length).
+  // Tiles the executor launches, one launch each, in this order (indices
+  // into kTileConfigs; empty: the n = 64 tiles that fit head_dim, largest m
+  // first). A plan's unit runs on the listed tile of the smallest m that
+  // holds its rows: every unit computes the same result on any tile whose m
+  // is large enough (n only sets the K/V tile length).
   std::vector<int> tiles;
 };
 

@@ -52,6 +52,14 @@ struct TreeIndex {
   int num_children(int32_t v) const { return child_offset[v + 1] - child_offset[v]; }
 };
 
+// Reusable memory of Workload::validate's page check: per pool page, the step
+// that last used it and its user.
+struct ValidateScratch {
+  std::vector<uint32_t> page_stamp;
+  std::vector<int32_t> page_owner;
+  uint32_t stamp = 0;
+};
+
 struct Workload {
   std::string name;
   Tree tree;
@@ -71,7 +79,9 @@ struct Workload {
   // field and value: heads, head_dim, page size, parents (range, cycles), page
   // ids (range, reuse), node length vs page count, query nodes, empty tree,
   // sizes that overflow the 32-bit row / 64-bit element indexing.
-  void validate() const;
+  // scratch: memory a caller that validates every decode step keeps between
+  // calls, so that the page check is O(pages) without allocating.
+  void validate(struct ValidateScratch* scratch = nullptr) const;
 };
 
 // Hands out page ids for builders. Pages are shuffled (seeded) so that no

@@ -46,34 +46,35 @@ void validate_plan(const Workload& w, const Plan& p) {
   std::vector<int32_t> slot_writes(p.num_slots, 0);
   const int g = w.heads.group_size();
   for (int32_t u = 0; u < U; ++u) {
-    const std::string unit = "unit " + str(u) + ": ";
-    if (p.unit_tile[u] >= kTileConfigs.size()) fail(p.planner, unit + "tile " + str(p.unit_tile[u]) + " unknown");
+    // Labels are built only on failure: this runs every decode step.
+    const auto unit = [&] { return "unit " + str(u) + ": "; };
+    if (p.unit_tile[u] >= kTileConfigs.size()) fail(p.planner, unit() + "tile " + str(p.unit_tile[u]) + " unknown");
     const int32_t nseg = p.unit_num_segments(u), nq = p.unit_num_queries(u);
-    if (nseg > kMaxSegmentsPerUnit) fail(p.planner, unit + str(nseg) + " segments exceed " + str(kMaxSegmentsPerUnit));
-    if (nq == 0) fail(p.planner, unit + "has no queries");
+    if (nseg > kMaxSegmentsPerUnit) fail(p.planner, unit() + str(nseg) + " segments exceed " + str(kMaxSegmentsPerUnit));
+    if (nq == 0) fail(p.planner, unit() + "has no queries");
     if (!tile_fits_head_dim(p.unit_tile[u], w.heads.head_dim))
-      fail(p.planner, unit + "tile m=" + str(kTileConfigs[p.unit_tile[u]].m) + " n=" + str(kTileConfigs[p.unit_tile[u]].n) +
+      fail(p.planner, unit() + "tile m=" + str(kTileConfigs[p.unit_tile[u]].m) + " n=" + str(kTileConfigs[p.unit_tile[u]].n) +
                           " does not fit shared memory at head_dim " + str(w.heads.head_dim));
     if (nq * g > kTileConfigs[p.unit_tile[u]].m)
-      fail(p.planner, unit + str(nq) + " queries x " + str(g) + " heads exceed the tile's " +
+      fail(p.planner, unit() + str(nq) + " queries x " + str(g) + " heads exceed the tile's " +
                           str(kTileConfigs[p.unit_tile[u]].m) + " rows");
     const int32_t s0 = p.unit_segment_offset[u];
     for (int32_t k = 0; k < nseg; ++k) {
       const Segment& s = p.segments[s0 + k];
-      if (s.node < 0 || s.node >= N) fail(p.planner, unit + "segment node " + str(s.node) + " out of range");
+      if (s.node < 0 || s.node >= N) fail(p.planner, unit() + "segment node " + str(s.node) + " out of range");
       if (s.begin < 0 || s.begin > s.end || s.end > w.tree.nodes[s.node].num_tokens)
-        fail(p.planner, unit + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
+        fail(p.planner, unit() + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
                             str(s.node) + " of " + str(w.tree.nodes[s.node].num_tokens) + " tokens");
     }
     const uint64_t full = full_mask(nseg);
     bool any_partial_mask = false;
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
       const int32_t q = p.entry_query[e];
-      if (q < 0 || q >= Q) fail(p.planner, unit + "query " + str(q) + " out of range");
+      if (q < 0 || q >= Q) fail(p.planner, unit() + "query " + str(q) + " out of range");
       for (int32_t e2 = p.unit_query_offset[u]; e2 < e; ++e2)
-        if (p.entry_query[e2] == q) fail(p.planner, unit + "query " + str(q) + " appears twice");
+        if (p.entry_query[e2] == q) fail(p.planner, unit() + "query " + str(q) + " appears twice");
       const uint64_t mask = p.entry_mask[e];
-      if (mask & ~full) fail(p.planner, unit + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
+      if (mask & ~full) fail(p.planner, unit() + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
       any_partial_mask |= mask != full;
       for (int32_t k = 0; k < nseg; ++k)
         if (mask >> k & 1) {
@@ -83,36 +84,36 @@ void validate_plan(const Workload& w, const Plan& p) {
       ++units_of_query[q];
       const int32_t slot = p.entry_slot[e];
       if (slot != -1) {
-        if (slot < 0 || slot >= p.num_slots) fail(p.planner, unit + "slot " + str(slot) + " out of range");
+        if (slot < 0 || slot >= p.num_slots) fail(p.planner, unit() + "slot " + str(slot) + " out of range");
         ++slot_writes[slot];
       }
     }
     if (any_partial_mask != bool(p.unit_masked[u]))
-      fail(p.planner, unit + "unit_masked = " + str(p.unit_masked[u]) + " disagrees with its masks");
+      fail(p.planner, unit() + "unit_masked = " + str(p.unit_masked[u]) + " disagrees with its masks");
   }
 
   // Coverage: a query's visible ranges tile its path exactly, each token once.
   for (int32_t q = 0; q < Q; ++q) {
-    const std::string query = "query " + str(q) + ": ";
-    if (units_of_query[q] == 0) fail(p.planner, query + "is in no unit");
+    const auto query = [&] { return "query " + str(q) + ": "; };
+    if (units_of_query[q] == 0) fail(p.planner, query() + "is in no unit");
     auto& r = seen[q];
     std::sort(r.begin(), r.end());
     std::vector<int32_t> path = w.path(w.query_nodes[q]);
     std::sort(path.begin(), path.end());
     for (const auto& [node, b, e] : r)
       if (!std::binary_search(path.begin(), path.end(), node))
-        fail(p.planner, query + "sees node " + str(node) + " which is not on its path");
+        fail(p.planner, query() + "sees node " + str(node) + " which is not on its path");
     size_t i = 0;
     for (int32_t v : path) {
       int32_t at = 0;
       for (; i < r.size() && std::get<0>(r[i]) == v; ++i) {
         if (std::get<1>(r[i]) != at)
-          fail(p.planner, query + "node " + str(v) + " tokens " + (std::get<1>(r[i]) < at ? "overlap" : "missing") +
+          fail(p.planner, query() + "node " + str(v) + " tokens " + (std::get<1>(r[i]) < at ? "overlap" : "missing") +
                               " at " + str(std::min(at, std::get<1>(r[i]))));
         at = std::get<2>(r[i]);
       }
       if (at != w.tree.nodes[v].num_tokens)
-        fail(p.planner, query + "node " + str(v) + " covered up to " + str(at) + " of " +
+        fail(p.planner, query() + "node " + str(v) + " covered up to " + str(at) + " of " +
                             str(w.tree.nodes[v].num_tokens) + " tokens");
     }
   }

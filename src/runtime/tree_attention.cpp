@@ -30,6 +30,7 @@ struct TreeAttention::Impl {
   Workload w;        // the last plan's tree (nodes reused step to step: their page vectors keep their capacity)
   Plan plan;
   Workload scratch;  // the tree being planned; swapped in once the plan is accepted
+  ValidateScratch validate_scratch;
   bool planned = false;
 #if defined(TREEATTN_HAVE_CUDA)
   std::unique_ptr<CudaStepExecutor> cuda;
@@ -37,7 +38,7 @@ struct TreeAttention::Impl {
 
   // Plans `scratch`, hands the plan to the executor, then makes it current.
   void commit(void* stream) {
-    scratch.validate();
+    scratch.validate(&validate_scratch);
     Plan p = planner(scratch, cfg.plan_options);
     validate_plan(scratch, p);
 #if defined(TREEATTN_HAVE_CUDA)

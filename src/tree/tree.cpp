@@ -94,7 +94,7 @@ int64_t Workload::kv_bytes_per_token() const {
   return int64_t(heads.num_kv_heads) * heads.head_dim * 2 * int64_t(dtype_size(layout.dtype));
 }
 
-void Workload::validate() const {
+void Workload::validate(ValidateScratch* scratch) const {
   heads.validate();
   const int ps = layout.page_size;
   if (ps <= 0 || ps > 65536)
@@ -118,14 +118,39 @@ void Workload::validate() const {
                 std::to_string(heads.num_qo_heads) + " qo heads x " + std::to_string(heads.head_dim) +
                 " overflow 32-bit row indexing");
 
-  // Page uses (page, first slot, end slot, node), sorted below to find slots
-  // used twice: memory follows the pages the tree uses, not num_pages (which
-  // may be up to 2^46 / row size).
+  // Page uses: every slot of the pool is used by at most one node. Whole-page
+  // uses are checked with a stamp per page when the pool is not much larger
+  // than the tree (or the caller keeps a scratch), so that a decode loop pays
+  // O(pages); partial pages (a node's last page, or its first when it starts
+  // inside one) are few and sorted by (page, first slot) to find overlaps.
+  // Otherwise every use is sorted: memory follows the pages the tree uses,
+  // not num_pages (which may be up to 2^46 / row size).
   struct PageUse {
     int32_t page, begin, end, node;
     bool operator<(const PageUse& o) const { return page != o.page ? page < o.page : begin < o.begin; }
   };
-  std::vector<PageUse> uses;
+  int64_t refs = 0;
+  for (const Node& n : tree.nodes) refs += int64_t(n.pages.size());
+  ValidateScratch local;
+  ValidateScratch* sc = scratch;
+  if (!sc && layout.num_pages <= 4 * refs + 65536) sc = &local;
+  if (sc && layout.num_pages > (int64_t(1) << 30)) sc = nullptr;
+  if (sc) {
+    if (int64_t(sc->page_stamp.size()) < layout.num_pages) {
+      sc->page_stamp.assign(size_t(layout.num_pages), 0);
+      sc->page_owner.resize(size_t(layout.num_pages));
+      sc->stamp = 0;
+    }
+    if (++sc->stamp == 0) {  // wrapped: no page may look used by this call
+      std::fill(sc->page_stamp.begin(), sc->page_stamp.end(), 0u);
+      sc->stamp = 1;
+    }
+  }
+  auto conflict = [&](int32_t node, int32_t page, int32_t begin, int32_t end, int32_t other) {
+    throw Error(node_field(node, "pages") + ": page id " + std::to_string(page) + " slots [" + std::to_string(begin) +
+                ", " + std::to_string(end) + ") are also used by node " + std::to_string(other));
+  };
+  std::vector<PageUse> uses;  // partial uses only when stamping, else all
   int64_t total = 0;
   for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v) {
     const Node& n = tree.nodes[v];
@@ -146,8 +171,19 @@ void Workload::validate() const {
         throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) +
                     " is out of range [0, " + std::to_string(layout.num_pages) + ")");
       const int64_t lo = int64_t(i) * ps;
-      uses.push_back({pg, int32_t(std::max<int64_t>(lo, n.first_slot) - lo),
-                      int32_t(std::min<int64_t>(lo + ps, end_slot) - lo), v});
+      const PageUse u{pg, int32_t(std::max<int64_t>(lo, n.first_slot) - lo),
+                      int32_t(std::min<int64_t>(lo + ps, end_slot) - lo), v};
+      if (!sc) {
+        uses.push_back(u);
+        continue;
+      }
+      // page_owner: the node of a whole-page use, -(node + 1) of a partial one.
+      const bool whole = u.begin == 0 && u.end == ps;
+      uint32_t& st = sc->page_stamp[size_t(pg)];
+      int32_t& owner = sc->page_owner[size_t(pg)];
+      if (st == sc->stamp && (whole || owner >= 0)) conflict(v, pg, u.begin, u.end, owner >= 0 ? owner : -owner - 1);
+      if (st != sc->stamp) st = sc->stamp, owner = whole ? v : -(v + 1);
+      if (!whole) uses.push_back(u);
     }
     total += n.num_tokens;
   }
@@ -155,9 +191,7 @@ void Workload::validate() const {
   std::sort(uses.begin(), uses.end());
   for (size_t i = 1; i < uses.size(); ++i)
     if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
-      throw Error(node_field(uses[i].node, "pages") + ": page id " + std::to_string(uses[i].page) +
-                  " slots [" + std::to_string(uses[i].begin) + ", " + std::to_string(uses[i].end) +
-                  ") are also used by node " + std::to_string(uses[i - 1].node));
+      conflict(uses[i].node, uses[i].page, uses[i].begin, uses[i].end, uses[i - 1].node);
   TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
 }
 

@@ -100,8 +100,9 @@ _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 
 # real shapes for timing with random weights (no download)
 NAMED_SHAPES = {
-    "tiny": ModelConfig("llama", vocab_size=512, hidden_size=64, intermediate_size=128,
-                        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+    # head_dim 64: the smallest head size treeattn's kernels take
+    "tiny": ModelConfig("llama", vocab_size=512, hidden_size=256, intermediate_size=256,
+                        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
                         rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=dict(_LLAMA3_ROPE)),
     "llama3-8b": ModelConfig("llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                              num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,

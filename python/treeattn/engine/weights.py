@@ -38,8 +38,10 @@ def random_model(cfg: ModelConfig, device, dtype, seed: int = 0) -> CausalLM:
             p.fill_(1.0)
         elif name.endswith("bias"):
             p.zero_()
-        else:   # std 0.02 keeps activations bounded through many layers
-            p.normal_(0.0, 0.02, generator=gen)
+        else:   # std 0.02 keeps activations bounded through many layers; drawn in
+            # fp32 so that a model's weights are the same values (up to rounding)
+            # in every dtype and on every PyTorch version
+            p.copy_(torch.empty(p.shape, dtype=torch.float32, device=p.device).normal_(0.0, 0.02, generator=gen))
     return model
 
 

@@ -126,9 +126,12 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int pag
 
   // The launches: one per tile, in order of preference; each plan tile maps
   // to the first launch whose m holds it.
+  // Default: the n = 64 tiles, largest m first. The launch order is the
+  // start order: a tree's shared nodes are the long units of many rows, and
+  // must not queue behind a wave of short leaves (the tail).
   std::vector<int> tiles = o.tiles;
   if (tiles.empty())
-    for (int t = 0; t < int(kTileConfigs.size()); ++t)
+    for (int t = int(kTileConfigs.size()) - 1; t >= 0; --t)
       if (kTileConfigs[t].n == kDefaultKvTile && tile_fits_head_dim(t, heads.head_dim)) tiles.push_back(t);
   for (int t : tiles) {
     if (t < 0 || t >= int(kTileConfigs.size()) || !tile_fits_head_dim(t, heads.head_dim))
@@ -140,10 +143,13 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int pag
     cuda::set_kernel_attributes(l.kernel, dl);
     m.launches.push_back(l);
   }
+  // A plan tile runs on the launch of the smallest listed m that holds it.
   for (int t = 0; t < int(kTileConfigs.size()); ++t) {
     m.launch_of_tile[t] = -1;
-    for (size_t i = 0; i < tiles.size() && m.launch_of_tile[t] < 0; ++i)
-      if (kTileConfigs[tiles[i]].m >= kTileConfigs[t].m) m.launch_of_tile[t] = int8_t(i);
+    for (size_t i = 0; i < tiles.size(); ++i)
+      if (kTileConfigs[tiles[i]].m >= kTileConfigs[t].m &&
+          (m.launch_of_tile[t] < 0 || kTileConfigs[tiles[i]].m < kTileConfigs[tiles[m.launch_of_tile[t]]].m))
+        m.launch_of_tile[t] = int8_t(i);
   }
   const int64_t many = int64_t(dl.num_sms) * 64;  // stands for "more items than one wave"
   for (cuda::Launch& l : m.launches) {
