@@ -52,6 +52,14 @@ std::string read_text_file(const std::string& path, std::string_view field, int6
 Workload finish_workload(std::string name, Tree tree, std::vector<int32_t> query_nodes,
                          const PageAllocator& alloc, const WorkloadParams& p);
 
+// The recorded formats (src/tree/recorded.cpp) from text instead of a file:
+// what tot_workload / medusa_workload do after reading `path` (named in
+// messages only). For tests and the fuzz targets; no caching.
+Workload tot_workload_from_text(std::string_view text, const std::string& path, int task, int iter,
+                                const WorkloadParams& p);
+Workload medusa_workload_from_text(std::string_view text, const std::string& path, int record, int step,
+                                   int prefix, const WorkloadParams& p);
+
 // A seed for page shuffling derived from the params' seed and a builder salt,
 // so that two builders with the same p.seed do not share a permutation.
 uint64_t mix_seed(uint64_t a, uint64_t b);
