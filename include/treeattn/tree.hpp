@@ -41,6 +41,12 @@ struct TreeIndex {
   int num_children(int32_t v) const { return child_offset[v + 1] - child_offset[v]; }
 };
 
+// The longest root-to-query path a Workload accepts: 2^30 tokens (far past
+// any context a GPU holds; ~0.5 TB of fp16 K/V at 32/8 heads, d = 128).
+// Token positions inside a node are 32-bit; path sums are 64-bit everywhere,
+// and this bound keeps the planners' unit counts (path / chunk) allocatable.
+inline constexpr int64_t kMaxPathTokens = int64_t(1) << 30;
+
 struct Workload {
   std::string name;
   Tree tree;
@@ -59,7 +65,8 @@ struct Workload {
   // Checks everything a planner or executor relies on; throws Error naming the
   // field and value: heads, head_dim, page size, parents (range, cycles), page
   // ids (range, reuse), node length vs page count, query nodes, empty tree,
-  // sizes that overflow the 32-bit row / 64-bit element indexing.
+  // sizes that overflow the 32-bit row / 64-bit element indexing, paths
+  // longer than kMaxPathTokens.
   void validate() const;
 };
 

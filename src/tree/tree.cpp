@@ -146,7 +146,12 @@ void Workload::validate() const {
       throw Error(node_field(page_owner[i].second, "pages") + ": page id " + std::to_string(page_owner[i].first) +
                   " is used by more than one node position (also by node " +
                   std::to_string(page_owner[i - 1].second) + ")");
-  TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
+  const TreeIndex ix = TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
+  for (size_t q = 0; q < query_nodes.size(); ++q)
+    if (ix.path_tokens[query_nodes[q]] > kMaxPathTokens)
+      throw Error("query " + std::to_string(q) + ": its path (root to node " + std::to_string(query_nodes[q]) +
+                  ") holds " + std::to_string(ix.path_tokens[query_nodes[q]]) +
+                  " tokens, over the limit of 2^30 (kMaxPathTokens)");
 }
 
 int32_t PageAllocator::add_node(Tree& tree, int32_t parent, int32_t num_tokens) {
