@@ -46,6 +46,10 @@ inline json parse_json(std::string_view text, const std::string& what) {
     return json::parse(text.begin(), text.end(), depth_guard);
   } catch (const json::parse_error& e) {
     throw Error(what + ": parse error at byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const json::exception& e) {
+    // Not only syntax: a number out of double's range ("1e400") is
+    // out_of_range.406 (found by fuzz/fuzz_json_tree).
+    throw Error(what + ": " + e.what());
   }
 }
 

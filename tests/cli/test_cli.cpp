@@ -58,6 +58,9 @@ TEST(Cli, HostileInputsGiveCleanErrors) {
   std::ofstream(deep) << std::string(100000, '[') << std::string(100000, ']');
   expect_error("plan -w json:" + deep, "nesting deeper than 64");
   expect_error("plan -w blocktable:" + deep, "nesting deeper than 64");
+  const std::string huge = testing::TempDir() + "/treeattn_1e400.json";
+  std::ofstream(huge) << "{\"nodes\": 1e400}";
+  expect_error("plan -w json:" + huge, "number overflow");  // was an internal error (exit 3); found by fuzzing
   // Reading stops at the limit: 256 MiB by default, or $TREEATTN_MAX_INPUT_BYTES.
   expect_error("plan -w json:/dev/zero", "'/dev/zero' is larger than the input limit of 268435456 bytes");
   const std::string big = testing::TempDir() + "/treeattn_big.json";
