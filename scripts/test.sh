@@ -12,3 +12,7 @@ ctest --preset default -j"$jobs"
 cmake --preset asan-ubsan >/dev/null
 cmake --build --preset asan-ubsan -j"$jobs" --target treeattn_tests treeattn_cli
 ctest --preset asan-ubsan -j"$jobs"
+
+# ---- fuzzing (issue 20): each libFuzzer target of fuzz/ for 20 s under ASan +
+# UBSan (CTest label `fuzz` in build/fuzz; clang-14 + libfuzzer-14-dev).
+bash scripts/fuzz.sh 20

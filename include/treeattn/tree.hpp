@@ -60,6 +60,12 @@ struct ValidateScratch {
   uint32_t stamp = 0;
 };
 
+// The longest root-to-query path a Workload accepts: 2^30 tokens (far past
+// any context a GPU holds; ~0.5 TB of fp16 K/V at 32/8 heads, d = 128).
+// Token positions inside a node are 32-bit; path sums are 64-bit everywhere,
+// and this bound keeps the planners' unit counts (path / chunk) allocatable.
+inline constexpr int64_t kMaxPathTokens = int64_t(1) << 30;
+
 struct Workload {
   std::string name;
   Tree tree;
@@ -82,6 +88,10 @@ struct Workload {
   // scratch: memory a caller that validates every decode step keeps between
   // calls, so that the page check is O(pages) without allocating.
   void validate(struct ValidateScratch* scratch = nullptr) const;
+
+  // sizes that overflow the 32-bit row / 64-bit element indexing, paths
+  // longer than kMaxPathTokens.
+  void validate() const;
 };
 
 // Hands out page ids for builders. Pages are shuffled (seeded) so that no

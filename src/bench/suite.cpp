@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include "tree/builder_util.hpp"
+
 namespace treeattn::bench {
 
 namespace {
@@ -88,15 +90,12 @@ Suite load_suite(const std::string& name_or_path, const std::string& data_dir) {
   } else {
     name = path.stem().string();
   }
-  std::ifstream f(path);
-  if (!f) {
+  if (!std::ifstream(path)) {
     std::string known;
     for (const auto& b : builtin_suites()) known += " " + b;
     throw Error("suite: '" + name_or_path + "' is neither a built-in suite (" + trim(known) + ") nor a readable file");
   }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_suite(ss.str(), name);
+  return parse_suite(detail::read_text_file(path.string(), "suite"), name);  // size-limited
 }
 
 namespace {

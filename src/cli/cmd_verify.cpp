@@ -18,12 +18,21 @@ void add_verify_command(CLI::App& app) {
     const PlanOptions opt = plan_options(*o);
     bool ok = true;
     nlohmann::json records = nlohmann::json::array();
-    for (const Workload& w : load_workloads(*o, {})) {
+    Progress progress("verify");
+    progress.step("building workloads");
+    const std::vector<Workload> workloads = load_workloads(*o, {});
+    const std::vector<std::string> names = selected_planners(*o);
+    const int steps = int(1 + workloads.size() * (1 + names.size()));
+    for (const Workload& w : workloads) {
+      const std::string tag = w.name + " (" + std::to_string(w.num_queries()) + " queries)";
+      progress.step("inputs and fp64 reference: " + tag, steps);
       HostTensors t = make_random_inputs(w, o->seed);
       const std::vector<double> ref = reference_attention(w, t.args());
       const double tol = tolerance(w.layout.dtype);
+      progress.clear();
       if (!o->json) std::printf("%s  (%d queries, tolerance %.0e)\n", w.name.c_str(), w.num_queries(), tol);
-      for (const std::string& name : selected_planners(*o)) {
+      for (const std::string& name : names) {
+        progress.step(name + ": plan, validate, run on the CPU: " + tag);
         const Plan p = make_plan(name, w, opt);
         validate_plan(w, p);
         HostTensors run = make_random_inputs(w, o->seed);  // fresh NaN-poisoned output
@@ -40,10 +49,13 @@ void add_verify_command(CLI::App& app) {
           r["pass"] = pass;
           records.push_back(r);
         } else {
+          progress.clear();
           std::printf("  %-12s rel err %.3e  %s  (cpu %.1f ms)\n", name.c_str(), err, pass ? "ok" : "FAIL", ms);
+          std::fflush(stdout);
         }
       }
     }
+    progress.clear();
     if (o->json) std::printf("%s\n", records.dump(2).c_str());
     if (!ok) throw CLI::RuntimeError("verification failed", 1);
   });

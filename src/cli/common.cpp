@@ -1,10 +1,19 @@
 // Shared flags and helpers of the subcommands.
 #include "cli/common.hpp"
 
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "treeattn/cost_models.hpp"
 
@@ -14,13 +23,23 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("-w,--workload", o.workloads,
                   "workload spec, repeatable (see `treeattn workloads`), e.g. fasttree:N=1,4,16:C=128,32,32");
   cmd->add_option("--heads", o.heads, "qo/kv heads, e.g. 32/8")->capture_default_str();
-  cmd->add_option("--head-dim", o.head_dim, "head dimension (64, 128, 256)")->capture_default_str();
+  // Numeric flags are range-checked while parsing (CLI11's Range): a bad value
+  // stops with "--FLAG: Value V not in range [LO - HI]" and exit code 2.
+  cmd->add_option("--head-dim", o.head_dim, "head dimension (64, 128, 256)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   cmd->add_option("--dtype", o.dtype, "element type: fp16, bf16, fp32")->capture_default_str();
-  cmd->add_option("--page-size", o.page_size, "tokens per KV page")->capture_default_str();
+  cmd->add_option("--page-size", o.page_size, "tokens per KV page, 1..65536")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   cmd->add_option("-p,--planner", o.planners, "planner name, repeatable, or `all` (default: all)");
   cmd->add_flag("--json", o.json, "print JSON instead of a table");
   cmd->add_option("--seed", o.seed, "seed for page shuffling, random trees and inputs")->capture_default_str();
-  cmd->add_option("--sms", o.num_sms, "SM count the planners target")->capture_default_str();
+  // 1024: several times any GPU's SM count (H100 132, B200 148); planners size
+  // their unit lists by sms x ctas_per_sm, so an unbounded value is a memory bomb.
+  cmd->add_option("--sms", o.num_sms, "SM count the planners target, 1..1024")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--forge-table", o.forge_table,
                   "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)");
   cmd->add_option("--pat-rules", o.pat_rules,
@@ -66,24 +85,38 @@ PlanOptions plan_options(const CommonOptions& o) {
     }
     if (key.empty() || text.empty() || used != text.size() || !std::isfinite(value))
       throw Error("plan-opt: '" + kv + "' is not KEY=NUMBER");
-    const auto as_int = [&](int lo) {
-      if (value != std::floor(value) || value < lo || value > 1e9)
-        throw Error("plan-opt: " + key + " = " + text + " must be an integer >= " + std::to_string(lo));
+    const auto as_int = [&](int lo, int hi) {
+      if (value != std::floor(value) || value < lo || value > hi)
+        throw Error("plan-opt: " + key + " = " + text + " must be an integer in [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + "]");
       return int(value);
     };
-    if (key == "ctas_per_sm") opt.ctas_per_sm = as_int(1);
-    else if (key == "chunk_tokens") opt.chunk_tokens = as_int(1);
-    else if (key == "min_split_tokens") opt.min_split_tokens = as_int(1);
-    else if (kPlannerKnobs.count(key)) opt.extra[key] = value;
+    // ctas_per_sm: sms x ctas_per_sm CTAs are planned for (64 x 1024 at most);
+    // token counts: 2^30, beyond any path a Workload accepts.
+    if (key == "ctas_per_sm") opt.ctas_per_sm = as_int(1, 64);
+    else if (key == "chunk_tokens") opt.chunk_tokens = as_int(1, 1 << 30);
+    else if (key == "min_split_tokens") opt.min_split_tokens = as_int(1, 1 << 30);
+    // Knobs are read as doubles and cast to int by some planners: |v| <= 2^30
+    // keeps every cast defined.
+    else if (kPlannerKnobs.count(key)) {
+      if (std::fabs(value) > double(1 << 30))
+        throw Error("plan-opt: " + key + " = " + text + " is out of range [-2^30, 2^30]");
+      opt.extra[key] = value;
+    }
     else throw Error("plan-opt: unknown key '" + key + "' (see --help)");
   }
-  const std::string shipped = std::string(TREEATTN_SOURCE_DIR) + "/data/forge_cost_h100.json";
-  const std::string table = !o.forge_table.empty() ? o.forge_table : std::filesystem::exists(shipped) ? shipped : "";
+  // Without a data directory forge and pat keep their built-in tables (the
+  // same numbers as the shipped files), so planning still works.
+  const std::string data = data_dir().dir;
+  const std::string shipped = data.empty() ? "" : data + "/forge_cost_h100.json";
+  const std::string table = !o.forge_table.empty()                          ? o.forge_table
+                            : !shipped.empty() && std::filesystem::exists(shipped) ? shipped
+                                                                                   : "";
   if (!table.empty()) set_default_forge_cost_table(std::make_shared<ForgeCostTable>(load_forge_cost_table(table)));
-  const std::string shipped_rules = std::string(TREEATTN_SOURCE_DIR) + "/data/pat_tile_rules.json";
-  const std::string rules = !o.pat_rules.empty()                    ? o.pat_rules
-                            : std::filesystem::exists(shipped_rules) ? shipped_rules
-                                                                     : "";
+  const std::string shipped_rules = data.empty() ? "" : data + "/pat_tile_rules.json";
+  const std::string rules = !o.pat_rules.empty()                                       ? o.pat_rules
+                            : !shipped_rules.empty() && std::filesystem::exists(shipped_rules) ? shipped_rules
+                                                                                               : "";
   if (!rules.empty()) set_default_pat_tile_rules(std::make_shared<PatTileRules>(load_pat_tile_rules(rules)));
   return opt;
 }
@@ -98,8 +131,14 @@ std::string resolve_file(const std::string& spec) {
     const std::string file = spec.substr(f.size(), end == std::string::npos ? std::string::npos : end - f.size());
     namespace fs = std::filesystem;
     if (file.empty() || fs::exists(file) || fs::path(file).is_absolute()) return spec;
-    const fs::path in_repo = fs::path(TREEATTN_SOURCE_DIR) / "data" / "workloads" / file;
-    if (fs::exists(in_repo)) return f + in_repo.string() + (end == std::string::npos ? "" : spec.substr(end));
+    const std::string cwd = fs::current_path().string();
+    if (data_dir().dir.empty())
+      throw Error(family + std::string(" file '") + file + "': not found (looked in: " + cwd +
+                  "; the data directory's workloads/, but no data directory was found: " + data_dir().looked + ")");
+    const fs::path shipped = fs::path(data_dir().dir) / "workloads" / file;
+    if (fs::exists(shipped)) return f + shipped.string() + (end == std::string::npos ? "" : spec.substr(end));
+    throw Error(family + std::string(" file '") + file + "': not found (looked in: " + cwd + "; " +
+                (fs::path(data_dir().dir) / "workloads").string() + ")");
   }
   return spec;
 }
@@ -133,6 +172,146 @@ double tolerance(DType t) {
     case DType::bf16: return 1e-2;
   }
   return 0;
+}
+
+namespace {
+namespace fs = std::filesystem;
+
+// The running executable's path (Linux: /proc/self/exe), empty if unknown.
+fs::path self_exe() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : p;
+}
+
+// The source tree of the CMake build directory `dir`, from its CMakeCache.txt
+// (treeattn_SOURCE_DIR); empty if `dir` is not a treeattn build directory.
+std::string source_of_build_dir(const fs::path& dir) {
+  std::ifstream cache(dir / "CMakeCache.txt");
+  for (std::string line; std::getline(cache, line);)
+    if (line.rfind("treeattn_SOURCE_DIR:STATIC=", 0) == 0) return line.substr(line.find('=') + 1);
+  return "";
+}
+
+DataDir find_data_dir() {
+  DataDir d;
+  const auto consider = [&](const std::string& label, const fs::path& dir) {
+    if (!d.dir.empty()) return;
+    std::error_code ec;
+    const char* why = nullptr;
+    if (!fs::is_directory(dir, ec)) why = "no such directory";
+    else if (!fs::is_directory(dir / "suites", ec)) why = "no suites/ in it";
+    if (!why) {
+      d.dir = fs::weakly_canonical(dir, ec).string();
+      if (ec) d.dir = dir.string();
+      return;
+    }
+    d.looked += (d.looked.empty() ? "" : "; ") + label + dir.string() + " (" + why + ")";
+  };
+  const fs::path exe = self_exe();
+  if (exe.empty()) {
+    d.looked = "the executable's directory (/proc/self/exe unreadable)";
+  } else {
+    const fs::path bin = exe.parent_path();
+    consider("", bin / ".." / "share" / "treeattn");
+    const std::string src = source_of_build_dir(bin);
+    if (!src.empty()) consider("", fs::path(src) / "data");
+    else if (d.dir.empty()) d.looked += "; " + bin.string() + " (not a CMake build directory)";
+  }
+  if (const char* env = std::getenv("TREEATTN_DATA_DIR"); env && *env) consider("$TREEATTN_DATA_DIR = ", env);
+  else if (d.dir.empty()) d.looked += "; $TREEATTN_DATA_DIR (unset)";
+  return d;
+}
+}  // namespace
+
+const DataDir& data_dir() {
+  static const DataDir d = find_data_dir();
+  return d;
+}
+
+std::string require_data_dir(const std::string& what) {
+  const DataDir& d = data_dir();
+  if (d.dir.empty())
+    throw Error(what + ": no data directory found (looked in: " + d.looked +
+                "); install treeattn (cmake --install) or set TREEATTN_DATA_DIR to the repository's data/");
+  return d.dir;
+}
+
+// ---- Progress ------------------------------------------------------------
+
+struct Progress::State {
+  std::string command;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), step_start = start;
+  std::string what;
+  int done = 0, total = 0;
+  bool tty = isatty(fileno(stderr)) != 0;
+  bool shown = false, stop = false, printed_step = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread thread;
+};
+
+namespace {
+constexpr double kQuietSeconds = 2.0;
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+}  // namespace
+
+Progress::Progress(std::string command) : s_(std::make_unique<State>()) {
+  s_->command = std::move(command);
+  s_->thread = std::thread([this] { loop(); });
+}
+
+Progress::~Progress() {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->stop = true;
+  }
+  s_->cv.notify_all();
+  s_->thread.join();
+  if (s_->shown && s_->tty) std::fprintf(stderr, "\r\033[K");
+}
+
+void Progress::step(const std::string& what, int total) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (!s_->what.empty()) ++s_->done;
+  if (total >= 0) s_->total = total;
+  s_->what = what;
+  s_->step_start = std::chrono::steady_clock::now();
+  s_->printed_step = false;
+  s_->cv.notify_all();
+}
+
+void Progress::clear() {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (s_->tty && s_->shown) std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
+
+void Progress::loop() {
+  State& s = *s_;
+  std::unique_lock<std::mutex> lock(s.mu);
+  double last_line = 0;
+  while (!s.stop) {
+    s.cv.wait_for(lock, std::chrono::milliseconds(500));
+    if (s.stop || s.what.empty()) continue;
+    const double t = seconds_since(s.start);
+    if (t < kQuietSeconds) continue;
+    const std::string count = s.total > 0 ? std::to_string(s.done + 1) + "/" + std::to_string(s.total)
+                                          : std::to_string(s.done + 1);
+    const double in_step = seconds_since(s.step_start);
+    if (s.tty) {
+      std::fprintf(stderr, "\r[%s %s] %-70.70s %6.0f s", s.command.c_str(), count.c_str(), s.what.c_str(), in_step);
+    } else if (!s.printed_step || t - last_line >= 10) {
+      std::fprintf(stderr, "[%s %s] %s (%.0f s in this step, %.0f s in all)\n", s.command.c_str(), count.c_str(),
+                   s.what.c_str(), in_step, t);
+      last_line = t;
+      s.printed_step = true;
+    }
+    s.shown = true;
+    std::fflush(stderr);
+  }
 }
 
 std::string format_bytes(double b) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,45 @@ std::vector<std::string> selected_planners(const CommonOptions& o);
 double tolerance(DType t);
 
 std::string format_bytes(double bytes);
+
+// Where the CLI's data files are (suites/, forge_cost_h100.json,
+// pat_tile_rules.json, workloads/): the first of
+//   <dir of the executable>/../share/treeattn          (installed: cmake --install)
+//   the source tree's data/, when the executable sits in a CMake build
+//     directory (its CMakeCache.txt names the source tree)
+//   $TREEATTN_DATA_DIR
+// that holds a suites/ folder. `looked` lists every place tried and why it was
+// not used, for the error message of whoever needs the data.
+struct DataDir {
+  std::string dir;     // empty when none was found
+  std::string looked;  // "A (no such directory); B (...); $TREEATTN_DATA_DIR (unset)"
+};
+const DataDir& data_dir();
+// data_dir().dir, or Error "<what>: no data directory found (looked in: ...)".
+std::string require_data_dir(const std::string& what);
+
+// Progress of a long command on stderr. Silent for its first 2 s, so short
+// runs (and their parseable stdout) look as before; then, on a terminal, one
+// status line redrawn in place twice a second, and elsewhere (logs, CI) a
+// plain line per step plus one every 10 s while a step runs. A background
+// thread does the printing, so a single long step (the fp64 reference over a
+// 200000-query tree) still shows that it is alive and for how long.
+class Progress {
+ public:
+  explicit Progress(std::string command);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  // Starts the next step; `total` 0 while the number of steps is unknown.
+  void step(const std::string& what, int total = -1);
+  // Erases the status line on a terminal; call before printing to stdout.
+  void clear();
+
+ private:
+  void loop();
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 }  // namespace treeattn::cli
 

@@ -11,6 +11,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tree/builder_util.hpp"
+#include "tree/json_util.hpp"
+
 namespace treeattn::cli {
 
 namespace {
@@ -74,14 +77,8 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
 std::string write_report(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path results = fs::path(dir) / "results.json";
-  std::ifstream in(results);
-  if (!in) throw Error("report: cannot read '" + results.string() + "'");
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("report: '" + results.string() + "' is not valid JSON: " + e.what());
-  }
+  const nlohmann::json doc =
+      detail::parse_json(detail::read_text_file(results.string(), "report"), "report: " + results.string());
   const nlohmann::json& records = doc.at("records");
   std::string md = bench::markdown_report(records, "Suite `" + doc.value("suite", "?") + "`");
   md += "\nCommand: `" + doc.value("command", "?") + "` · date " + doc.value("date", "?") + " · " +
@@ -98,7 +95,8 @@ std::string write_report(const std::string& dir) {
 
 bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b) {
   namespace fs = std::filesystem;
-  const bench::Suite suite = bench::load_suite(run.suite, std::string(TREEATTN_SOURCE_DIR) + "/data");
+  const bench::Suite suite = bench::load_suite(
+      run.suite, std::filesystem::exists(run.suite) ? std::string() : require_data_dir("bench --suite " + run.suite));
   const std::string device = gpu_device_name();
   const std::string commit = current_commit(TREEATTN_SOURCE_DIR);
   const fs::path out = run.out_dir.empty()

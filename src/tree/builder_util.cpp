@@ -1,10 +1,11 @@
 // Shared builder helpers: size budgets, file reading, the common final step.
 #include "tree/builder_util.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 namespace treeattn::detail {
 
@@ -36,17 +37,41 @@ void check_page_size(int page_size) {
     throw Error("page_size: " + std::to_string(page_size) + " is out of range [1, 65536]");
 }
 
-std::string read_text_file(const std::string& path, std::string_view field) {
+int64_t max_input_file_bytes() {
+  const char* env = std::getenv("TREEATTN_MAX_INPUT_BYTES");
+  if (!env || !*env) return kMaxInputFileBytes;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(env, &end, 10);
+  if (errno || *end || v <= 0)
+    throw Error(std::string("TREEATTN_MAX_INPUT_BYTES = '") + env + "' is not a positive integer (bytes)");
+  return v;
+}
+
+// Reads in chunks and stops one byte past the limit: the size reported by the
+// file system cannot be trusted (devices, FIFOs, /proc files report 0).
+std::string read_text_file(const std::string& path, std::string_view field, int64_t limit) {
+  if (limit < 0) limit = max_input_file_bytes();
   errno = 0;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const char* why = errno ? std::strerror(errno) : "cannot open";
     throw Error(std::string(field) + ": cannot read '" + path + "': " + why);
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  std::string text;
+  constexpr size_t kChunk = size_t(1) << 20;
+  while (in) {
+    const size_t old = text.size();
+    const size_t want = size_t(std::min<int64_t>(int64_t(kChunk), limit + 1 - int64_t(old)));
+    text.resize(old + want);
+    in.read(text.data() + old, std::streamsize(want));
+    text.resize(old + size_t(in.gcount()));
+    if (int64_t(text.size()) > limit)
+      throw Error(std::string(field) + ": '" + path + "' is larger than the input limit of " +
+                  std::to_string(limit) + " bytes (set TREEATTN_MAX_INPUT_BYTES to raise it)");
+  }
   if (in.bad()) throw Error(std::string(field) + ": cannot read '" + path + "': read error");
-  return std::move(ss).str();
+  return text;
 }
 
 Workload finish_workload(std::string name, Tree tree, std::vector<int32_t> query_nodes,

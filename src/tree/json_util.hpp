@@ -23,12 +23,33 @@ inline std::string brief(const json& v) {
   return s;
 }
 
-// Parses text; a syntax error becomes Error "<what>: parse error at byte N: ...".
+// Deepest nesting of lists/objects any treeattn file may have. Our formats
+// need 4 (a ToT file: list > task > data > node > children); the margin is for
+// files we have not met. Deeper input is refused while parsing, before the
+// nested value exists: recursive code (dump(), the error messages' brief())
+// must never meet a 100000-deep value.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses text; a syntax error becomes Error "<what>: parse error at byte N: ...",
+// nesting past kMaxJsonDepth Error "<what>: nesting deeper than 64 ...".
 inline json parse_json(std::string_view text, const std::string& what) {
+  // nlohmann's parser reports each '[' / '{' with its depth (the number of
+  // enclosing containers) to this callback before it descends.
+  const json::parser_callback_t depth_guard = [&what](int depth, json::parse_event_t event, json&) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth)
+      throw Error(what + ": nesting deeper than " + std::to_string(kMaxJsonDepth) +
+                  " lists/objects (kMaxJsonDepth) is not a treeattn file");
+    return true;
+  };
   try {
-    return json::parse(text.begin(), text.end());
+    return json::parse(text.begin(), text.end(), depth_guard);
   } catch (const json::parse_error& e) {
     throw Error(what + ": parse error at byte " + std::to_string(e.byte) + ": " + e.what());
+  } catch (const json::exception& e) {
+    // Not only syntax: a number out of double's range ("1e400") is
+    // out_of_range.406 (found by fuzz/fuzz_json_tree).
+    throw Error(what + ": " + e.what());
   }
 }
 

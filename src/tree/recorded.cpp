@@ -91,6 +91,21 @@ TotTask parse_tot_task(const json& jt, const std::string& where) {
   return tt;
 }
 
+std::shared_ptr<const std::vector<TotTask>> parse_tot_tasks(std::string_view text, const std::string& path) {
+  const json top = detail::parse_json(text, "tot: " + path);
+  if (!top.is_array()) throw Error("tot: " + path + ": the top level is not a list of tasks");
+  auto tasks = std::make_shared<std::vector<TotTask>>(top.size());
+  for (size_t k = 0; k < top.size(); ++k) {
+    try {
+      (*tasks)[k] = parse_tot_task(top[k], "tot: " + path + ": [" + std::to_string(k) + "]");
+    } catch (const Error& e) {
+      (*tasks)[k] = TotTask{};
+      (*tasks)[k].error = e.what();
+    }
+  }
+  return tasks;
+}
+
 // Benchmarks replay many iterations of one file; parsing it once per call
 // would dominate. Parsed files are kept per path and reloaded when the file's
 // size or modification time changes. Files that fail to parse are not kept.
@@ -112,17 +127,7 @@ std::shared_ptr<const std::vector<TotTask>> load_tot_file(const std::string& pat
     auto it = cache.find(path);
     if (it != cache.end() && it->second.size == size && it->second.mtime == mtime) return it->second.tasks;
   }
-  const json top = detail::parse_json(detail::read_text_file(path, "tot"), "tot: " + path);
-  if (!top.is_array()) throw Error("tot: " + path + ": the top level is not a list of tasks");
-  auto tasks = std::make_shared<std::vector<TotTask>>(top.size());
-  for (size_t k = 0; k < top.size(); ++k) {
-    try {
-      (*tasks)[k] = parse_tot_task(top[k], "tot: " + path + ": [" + std::to_string(k) + "]");
-    } catch (const Error& e) {
-      (*tasks)[k] = TotTask{};
-      (*tasks)[k].error = e.what();
-    }
-  }
+  auto tasks = parse_tot_tasks(detail::read_text_file(path, "tot"), path);
   if (stat_ok) {
     std::lock_guard<std::mutex> lock(mu);
     cache[path] = Entry{size, mtime, tasks};
@@ -140,11 +145,32 @@ std::shared_ptr<const std::vector<TotTask>> load_tot_file(const std::string& pat
 // only while its subtree still holds a generating node: it is the shared
 // prefix of those; finished subtrees with nothing generating below are dropped,
 // as a decode engine would have evicted them, and they get no query.
+namespace {
+Workload tot_replay(const std::vector<TotTask>* tasks_in, const std::string& path, int task, int iter,
+                    const WorkloadParams& p);
+}  // namespace
+
 Workload tot_workload(const std::string& path, int task, int iter, const WorkloadParams& p) {
-  const std::string name = "tot:" + path + ":task=" + std::to_string(task) + ":iter=" + std::to_string(iter);
   detail::check_page_size(p.page_size);
   if (iter < 0) throw Error("tot: iter = " + std::to_string(iter) + " must be >= 0");
   const auto tasks = load_tot_file(path);
+  return tot_replay(tasks.get(), path, task, iter, p);
+}
+
+namespace detail {
+Workload tot_workload_from_text(std::string_view text, const std::string& path, int task, int iter,
+                                const WorkloadParams& p) {
+  detail::check_page_size(p.page_size);
+  if (iter < 0) throw Error("tot: iter = " + std::to_string(iter) + " must be >= 0");
+  const auto tasks = parse_tot_tasks(text, path);
+  return tot_replay(tasks.get(), path, task, iter, p);
+}
+}  // namespace detail
+
+namespace {
+Workload tot_replay(const std::vector<TotTask>* tasks, const std::string& path, int task, int iter,
+                    const WorkloadParams& p) {
+  const std::string name = "tot:" + path + ":task=" + std::to_string(task) + ":iter=" + std::to_string(iter);
   if (task < 0 || size_t(task) >= tasks->size())
     throw Error("tot: task = " + std::to_string(task) + " is out of range [0, " + std::to_string(tasks->size()) +
                 ") in " + path);
@@ -187,6 +213,7 @@ Workload tot_workload(const std::string& path, int task, int iter, const Workloa
   }
   return detail::finish_workload(name, std::move(tree), std::move(queries), alloc, p);
 }
+}  // namespace
 
 // The sequence node holds prefix + Accept_length[0..step) tokens; its last
 // token is the token tree's root (the base model's token, counted in
@@ -195,12 +222,18 @@ Workload tot_workload(const std::string& path, int task, int iter, const Workloa
 // without its last element (the sequence node for one-element paths), with one
 // query. Queries: 1 + len(Tree_Structure) = Token_Tree_size.
 Workload medusa_workload(const std::string& path, int record, int step, int prefix, const WorkloadParams& p) {
+  detail::check_page_size(p.page_size);
+  return detail::medusa_workload_from_text(detail::read_text_file(path, "medusa"), path, record, step, prefix, p);
+}
+
+Workload detail::medusa_workload_from_text(std::string_view text, const std::string& path, int record, int step,
+                                           int prefix, const WorkloadParams& p) {
   const std::string name = "medusa:" + path + ":record=" + std::to_string(record) + ":step=" +
                            std::to_string(step) + ":prefix=" + std::to_string(prefix);
   detail::check_page_size(p.page_size);
   if (prefix <= 0) throw Error("medusa: prefix = " + std::to_string(prefix) + " must be positive");
   if (step < 0) throw Error("medusa: step = " + std::to_string(step) + " must be >= 0");
-  const json top = detail::parse_json(detail::read_text_file(path, "medusa"), "medusa: " + path);
+  const json top = detail::parse_json(text, "medusa: " + path);
   const std::string where = "medusa: " + path + ": ";
   detail::require_object(top, where + "top level");
   const json& ts = detail::require(top, "Tree_Structure", "");

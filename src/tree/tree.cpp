@@ -192,7 +192,12 @@ void Workload::validate(ValidateScratch* scratch) const {
   for (size_t i = 1; i < uses.size(); ++i)
     if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
       conflict(uses[i].node, uses[i].page, uses[i].begin, uses[i].end, uses[i - 1].node);
-  TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
+  const TreeIndex ix = TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
+  for (size_t q = 0; q < query_nodes.size(); ++q)
+    if (ix.path_tokens[query_nodes[q]] > kMaxPathTokens)
+      throw Error("query " + std::to_string(q) + ": its path (root to node " + std::to_string(query_nodes[q]) +
+                  ") holds " + std::to_string(ix.path_tokens[query_nodes[q]]) +
+                  " tokens, over the limit of 2^30 (kMaxPathTokens)");
 }
 
 int32_t PageAllocator::add_node(Tree& tree, int32_t parent, int32_t num_tokens) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -48,6 +49,34 @@ TEST(Cli, BadInputExitsWithCodeTwoAndNamesTheProblem) {
   expect_error("plan -w json:/nonexistent/tree.json", "/nonexistent/tree.json");
   expect_error("plan", "workload");
   expect_error("plan --bogus-flag", "bogus");
+}
+
+// Issue 20: hostile inputs end with a one-line error and exit 2, not a crash,
+// an unbounded read or an accepted absurd flag.
+TEST(Cli, HostileInputsGiveCleanErrors) {
+  const std::string deep = testing::TempDir() + "/treeattn_deep.json";
+  std::ofstream(deep) << std::string(100000, '[') << std::string(100000, ']');
+  expect_error("plan -w json:" + deep, "nesting deeper than 64");
+  expect_error("plan -w blocktable:" + deep, "nesting deeper than 64");
+  const std::string huge = testing::TempDir() + "/treeattn_1e400.json";
+  std::ofstream(huge) << "{\"nodes\": 1e400}";
+  expect_error("plan -w json:" + huge, "number overflow");  // was an internal error (exit 3); found by fuzzing
+  // Reading stops at the limit: 256 MiB by default, or $TREEATTN_MAX_INPUT_BYTES.
+  expect_error("plan -w json:/dev/zero", "'/dev/zero' is larger than the input limit of 268435456 bytes");
+  const std::string big = testing::TempDir() + "/treeattn_big.json";
+  std::ofstream(big) << "{\"nodes\": [" << std::string(5000, ' ') << "]}";
+  expect_error("plan -w json:" + big, "nodes: empty");
+  setenv("TREEATTN_MAX_INPUT_BYTES", "1000", 1);
+  expect_error("plan -w json:" + big, "is larger than the input limit of 1000 bytes");
+  setenv("TREEATTN_MAX_INPUT_BYTES", "lots", 1);
+  expect_error("plan -w json:" + big, "TREEATTN_MAX_INPUT_BYTES = 'lots' is not a positive integer");
+  unsetenv("TREEATTN_MAX_INPUT_BYTES");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --sms 100000000", "--sms: Value 100000000 not in range");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --sms 0", "--sms");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --page-size 1000000", "--page-size: Value 1000000 not in range");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt ctas_per_sm=1000", "ctas_per_sm = 1000");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt q_tile0=1e12", "q_tile0 = 1e12 is out of range");
+  expect_error("plan -w json:no_such_file_anywhere.json", "looked in");
 }
 
 // Without a GPU (or without CUDA), the GPU commands stop with code 2 and say why.

@@ -11,6 +11,7 @@
 #include "treeattn/executor.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
+#include "tree/builder_test_util.hpp"
 
 using namespace treeattn;
 
@@ -50,7 +51,9 @@ TEST_P(CorePlanners, ValidAndMatchReferenceOnRandomTrees) {
   shape.max_nodes = 14;
   shape.max_tokens = 48;
   int split_plans = 0;
-  for (uint64_t seed = 0; seed < 1024; ++seed) {
+  // $TREEATTN_PROPERTY_TREES raises the count for long runs (scripts/stress.sh).
+  const uint64_t trees = treeattn_test::property_trees(1024);
+  for (uint64_t seed = 0; seed < trees; ++seed) {
     const Case c = case_for_seed(seed);
     const Workload w = random_workload(seed, c.params, shape);
     const Plan p = make_plan(planner, w, c.opt);

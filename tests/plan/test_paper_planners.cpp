@@ -13,6 +13,7 @@
 #include "treeattn/executor.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
+#include "tree/builder_test_util.hpp"
 
 using namespace treeattn;
 
@@ -48,7 +49,8 @@ TEST(PaperPlanners, ValidAndMatchReferenceOnRandomTrees) {
   shape.max_tokens = 24;
   std::map<std::string, int64_t> merged, masked;
   int64_t cases = 0;
-  for (uint64_t seed = 0; seed < kSeeds; ++seed) {
+  const uint64_t trees = treeattn_test::property_trees(kSeeds);  // $TREEATTN_PROPERTY_TREES (scripts/stress.sh)
+  for (uint64_t seed = 0; seed < trees; ++seed) {
     for (const int ratio : {1, 4, 8, 16}) {
       for (const int page : {1, 16}) {
         WorkloadParams wp;

@@ -57,6 +57,13 @@ inline void expect_same_workload(const treeattn::Workload& a, const treeattn::Wo
   EXPECT_EQ(a.layout.dtype, b.layout.dtype);
 }
 
+// Random trees per property test: `fallback`, or $TREEATTN_PROPERTY_TREES
+// when set (scripts/stress.sh runs 10^4).
+inline uint64_t property_trees(uint64_t fallback) {
+  const char* env = std::getenv("TREEATTN_PROPERTY_TREES");
+  return env && *env ? std::strtoull(env, nullptr, 10) : fallback;
+}
+
 }  // namespace treeattn_test
 
 // Expects `stmt` to throw treeattn::Error whose message contains every string given.

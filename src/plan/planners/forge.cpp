@@ -19,6 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/planners/planners.hpp"
+#include "tree/builder_util.hpp"
+#include "tree/json_util.hpp"
 #include "plan/planners/tree_walk.hpp"
 #include "treeattn/cost_models.hpp"
 
@@ -100,12 +102,7 @@ double ForgeCostTable::operator()(double rows, double kv) const {
 
 ForgeCostTable parse_forge_cost_table(std::string_view text) {
   const std::string what = "forge cost table";
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    throw Error(what + ": parse error at byte " + std::to_string(e.byte) + ": " + e.what());
-  }
+  const json j = detail::parse_json(text, what);  // depth-limited
   if (!j.is_object()) throw Error(what + ": the top level is not an object");
   if (j.value("format", std::string()) != kFormat)
     throw Error(what + ": format = " + (j.contains("format") ? j["format"].dump() : std::string("(missing)")) + " (expected \"" + kFormat + "\")");
@@ -135,12 +132,9 @@ ForgeCostTable parse_forge_cost_table(std::string_view text) {
 }
 
 ForgeCostTable load_forge_cost_table(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("forge cost table: cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
+  const std::string text = detail::read_text_file(path, "forge cost table");  // size-limited
   try {
-    return parse_forge_cost_table(ss.str());
+    return parse_forge_cost_table(text);
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }

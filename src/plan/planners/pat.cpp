@@ -22,6 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/planners/planners.hpp"
+#include "tree/builder_util.hpp"
+#include "tree/json_util.hpp"
 #include "plan/planners/tree_walk.hpp"
 #include "treeattn/pat_planner.hpp"
 
@@ -65,11 +67,7 @@ constexpr const char* kBuiltinTileRules = R"({
 })";
 
 json parse_text(std::string_view text, const std::string& what) {
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    throw Error(what + ": parse error at byte " + std::to_string(e.byte) + ": " + e.what());
-  }
+  return detail::parse_json(text, what);  // depth-limited
 }
 
 int64_t int_field(const json& obj, const char* key, const std::string& where, int64_t lo, int64_t hi) {
@@ -84,11 +82,7 @@ int64_t int_field(const json& obj, const char* key, const std::string& where, in
 }
 
 std::string read_file(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(std::string(what) + ": cannot open '" + path + "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return detail::read_text_file(path, what);  // size-limited
 }
 
 std::mutex g_rules_mutex;

@@ -1,0 +1,166 @@
+// libFuzzer target: the plan validator against corrupted plans.
+// Valid plans of every planner over small seeded random trees (built once)
+// are mutated field by field (CSR offsets and counts, segment bounds and
+// nodes, query ids, masks, slot ids, tile ids, merge lists, and the
+// workload's page ids and token counts) as the input bytes say. Oracles:
+//   - every unmutated plan validates (checked once at start-up);
+//   - a mutated plan that validate_plan (and, for a mutated tree,
+//     Workload::validate) accepts is run by the CPU executor (under ASan and
+//     UBSan in fuzz builds: no out-of-bounds access) and must match the fp64
+//     reference. An accepted plan that computes a wrong answer is a plan the
+//     executors misread, which the validator must have rejected.
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fuzz/fuzz_util.hpp"
+#include "treeattn/executor.hpp"
+#include "treeattn/planner.hpp"
+
+namespace {
+
+using namespace treeattn;
+
+struct Case {
+  Workload w;
+  HostTensors inputs;        // out is NaN-poisoned: unwritten outputs fail the check
+  std::vector<double> ref;
+  std::vector<Plan> plans;   // one per planner
+};
+
+std::vector<Case>& cases() {
+  static std::vector<Case> c = [] {
+    std::vector<Case> out;
+    WorkloadParams p;
+    p.heads = {4, 2, 64};
+    p.page_size = 4;
+    p.dtype = DType::fp32;
+    RandomTreeOptions o;
+    o.max_nodes = 10;
+    o.max_tokens = 40;
+    o.empty_node_prob = 0.2;
+    o.internal_query_prob = 0.3;
+    PlanOptions opt;
+    opt.num_sms = 3;  // few CTAs: planners split KV, so plans have partial slots
+    opt.chunk_tokens = 8;
+    for (uint64_t seed = 1; seed <= 12; ++seed) {
+      Case k;
+      k.w = random_workload(seed, p, o);
+      k.inputs = make_random_inputs(k.w, seed);
+      k.ref = reference_attention(k.w, k.inputs.args());
+      for (const PlannerInfo& info : planners()) {
+        k.plans.push_back(make_plan(info.name, k.w, opt));
+        validate_plan(k.w, k.plans.back());  // unmutated plans must be accepted (throws otherwise)
+      }
+      out.push_back(std::move(k));
+    }
+    return out;
+  }();
+  return c;
+}
+
+struct Reader {
+  const uint8_t* d;
+  size_t n;
+  uint8_t byte() { return n ? (--n, *d++) : 0; }
+  uint32_t u32() { return byte() | byte() << 8 | byte() << 16 | uint32_t(byte()) << 24; }
+};
+
+// The new value of a 32-bit field, by mode: a raw value, a small step, a bit
+// flip, or a boundary value (the ones off-by-one bugs live at).
+int64_t mutate(int64_t old, uint8_t mode, uint32_t raw, int64_t size) {
+  switch (mode % 4) {
+    case 0: return int32_t(raw);
+    case 1: return old + int8_t(raw & 0xff);
+    case 2: return old ^ (int64_t(1) << (raw % 31));
+    default: {
+      const int64_t edge[] = {-1, 0, 1, size - 1, size, size + 1, INT_MAX, INT_MIN};
+      return edge[raw % 8];
+    }
+  }
+}
+
+template <class T>
+void poke(std::vector<T>& v, uint32_t index, uint8_t mode, uint32_t raw, int64_t size) {
+  if (v.empty()) return;
+  T& x = v[index % v.size()];
+  x = T(mutate(int64_t(x), mode, raw, size));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::vector<Case>& all = cases();
+  Reader r{data, size};
+  const Case& c = all[r.byte() % all.size()];
+  const size_t which = r.byte() % c.plans.size();
+  Plan p = c.plans[which];
+  Workload w = c.w;
+  bool tree_changed = false;
+  for (int op = 0; op < 4 && r.n >= 8; ++op) {
+    const uint8_t field = r.byte(), mode = r.byte();
+    const uint32_t index = r.byte() | r.byte() << 8;
+    const uint32_t raw = r.u32();
+    const int64_t Q = w.num_queries(), N = int64_t(w.tree.nodes.size()), U = p.num_units();
+    switch (field % 17) {
+      case 0: poke(p.unit_segment_offset, index, mode, raw, int64_t(p.segments.size())); break;
+      case 1: if (!p.segments.empty()) { Segment& s = p.segments[index % p.segments.size()]; s.node = int32_t(mutate(s.node, mode, raw, N)); } break;
+      case 2: if (!p.segments.empty()) { Segment& s = p.segments[index % p.segments.size()]; s.begin = int32_t(mutate(s.begin, mode, raw, s.end)); } break;
+      case 3: if (!p.segments.empty()) { Segment& s = p.segments[index % p.segments.size()]; s.end = int32_t(mutate(s.end, mode, raw, w.tree.nodes[std::clamp<int64_t>(s.node, 0, N - 1)].num_tokens)); } break;
+      case 4: poke(p.unit_query_offset, index, mode, raw, int64_t(p.entry_query.size())); break;
+      case 5: poke(p.entry_query, index, mode, raw, Q); break;
+      case 6: if (!p.entry_mask.empty()) p.entry_mask[index % p.entry_mask.size()] ^= uint64_t(1) << (raw % 64); break;
+      case 7: poke(p.entry_slot, index, mode, raw, p.num_slots); break;
+      case 8: if (!p.unit_tile.empty()) p.unit_tile[index % p.unit_tile.size()] = uint8_t(raw); break;
+      case 9: if (!p.unit_masked.empty()) p.unit_masked[index % p.unit_masked.size()] ^= 1; break;
+      case 10: poke(p.query_slot_offset, index, mode, raw, int64_t(p.query_slots.size())); break;
+      case 11: poke(p.query_slots, index, mode, raw, p.num_slots); break;
+      case 12: p.num_slots = int32_t(mutate(p.num_slots, mode, raw, p.num_slots)); break;
+      case 13: {  // a page id of some node
+        Node& n = w.tree.nodes[index % w.tree.nodes.size()];
+        if (!n.pages.empty()) n.pages[raw % n.pages.size()] = int32_t(mutate(n.pages[raw % n.pages.size()], mode, raw >> 8, w.layout.num_pages));
+        tree_changed = true;
+        break;
+      }
+      case 14: {  // a node's token count (its pages follow only if the count stays in the last page)
+        Node& n = w.tree.nodes[index % w.tree.nodes.size()];
+        n.num_tokens = int32_t(mutate(n.num_tokens, mode, raw, n.num_tokens));
+        tree_changed = true;
+        break;
+      }
+      case 15: {  // drop or duplicate the last element of one array (counts that disagree)
+        const bool grow = raw & 1;
+        switch ((raw >> 1) % 6) {
+          case 0: grow ? p.segments.push_back(p.segments.empty() ? Segment{0, 0, 0} : p.segments.back()) : (p.segments.empty() ? void() : p.segments.pop_back()); break;
+          case 1: grow ? p.entry_query.push_back(0) : (p.entry_query.empty() ? void() : p.entry_query.pop_back()); break;
+          case 2: grow ? p.entry_slot.push_back(-1) : (p.entry_slot.empty() ? void() : p.entry_slot.pop_back()); break;
+          case 3: grow ? p.unit_tile.push_back(0) : (p.unit_tile.empty() ? void() : p.unit_tile.pop_back()); break;
+          case 4: grow ? p.query_slots.push_back(0) : (p.query_slots.empty() ? void() : p.query_slots.pop_back()); break;
+          default: grow ? p.unit_masked.push_back(0) : (p.unit_masked.empty() ? void() : p.unit_masked.pop_back()); break;
+        }
+        break;
+      }
+      default: {  // a query's node (tree-structured queries move)
+        poke(w.query_nodes, index, mode, raw, N);
+        tree_changed = true;
+        break;
+      }
+    }
+    (void)U;
+  }
+  try {
+    if (tree_changed) w.validate();
+    validate_plan(w, p);
+  } catch (const Error&) {
+    return 0;  // rejected: fine
+  }
+  // Accepted: it must be safe to run and right.
+  HostTensors t = c.inputs;
+  run_cpu(w, p, t.args(), /*threads=*/1);
+  const std::vector<double> ref = tree_changed ? reference_attention(w, t.args()) : c.ref;
+  const double err = relative_error(w, t.out.data(), ref);
+  treeattn_fuzz::require(err <= 1e-4, "an accepted mutated plan gives a wrong result (validator gap)");
+  return 0;
+}

@@ -1,0 +1,47 @@
+// Helpers shared by the libFuzzer targets in fuzz/: small shape parameters,
+// a hard failure that libFuzzer reports (abort), and tree equality.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "treeattn/workloads.hpp"
+
+namespace treeattn_fuzz {
+
+// Failing an oracle must crash, so that libFuzzer saves the input.
+inline void require(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "fuzz oracle failed: %s\n", what);
+    std::abort();
+  }
+}
+
+// Small heads keep each execution cheap; the parsers do not depend on them.
+inline treeattn::WorkloadParams small_params() {
+  treeattn::WorkloadParams p;
+  p.heads = {4, 2, 64};
+  p.page_size = 4;
+  return p;
+}
+
+inline bool same_tree(const treeattn::Workload& a, const treeattn::Workload& b) {
+  if (a.tree.nodes.size() != b.tree.nodes.size() || a.query_nodes != b.query_nodes) return false;
+  for (size_t v = 0; v < a.tree.nodes.size(); ++v) {
+    const treeattn::Node &x = a.tree.nodes[v], &y = b.tree.nodes[v];
+    if (x.parent != y.parent || x.num_tokens != y.num_tokens || x.pages != y.pages) return false;
+  }
+  return a.layout.page_size == b.layout.page_size && a.layout.num_pages == b.layout.num_pages &&
+         a.heads.num_qo_heads == b.heads.num_qo_heads && a.heads.num_kv_heads == b.heads.num_kv_heads &&
+         a.heads.head_dim == b.heads.head_dim;
+}
+
+// Files that specs name are read through the size limit; keep it small here
+// so that a spec naming /dev/zero costs milliseconds, not 256 MiB.
+struct SmallInputLimit {
+  SmallInputLimit() { setenv("TREEATTN_MAX_INPUT_BYTES", "65536", 1); }
+};
+
+}  // namespace treeattn_fuzz
