@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The engine benchmark of issue 18 on one GPU (Llama-3-8B shapes, random weights, bf16, CUDA
+# graphs; shared / two-level / sample / independent x auto / per-query, then the
+# transformers.generate reference): bench/engine/engine_bench.py, results as JSON in OUTDIR.
+# Expects the built package on PYTHONPATH (scripts/device_runtime.sh sets it) and
+# TREEATTN_COMMIT in the environment (else git's HEAD). Extra arguments go to the bench.
+# Usage: scripts/engine_bench.sh OUTDIR [--programs shared,sample] [--steps N] [--hf-reference off]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUTDIR=${1:?usage: scripts/engine_bench.sh OUTDIR [bench options]}
+shift
+mkdir -p "$OUTDIR"
+export PYTHONUNBUFFERED=1
+export TREEATTN_COMMIT=${TREEATTN_COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader || true
+exec python3 "$ROOT/bench/engine/engine_bench.py" --out "$OUTDIR/engine_bench.json" "$@"
