@@ -9,6 +9,19 @@ jobs=$(nproc)
 cmake --preset default >/dev/null
 cmake --build --preset default -j"$jobs"
 ctest --preset default -j"$jobs"
+
+# ---- the Python package: a venv with pinned packages, `pip install .` (the
+# same CMake project through scikit-build-core), then pytest. Without a GPU the
+# package is built without CUDA (the CUDA sources were compiled above; its GPU
+# tests skip themselves).
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+cuda_define=()
+nvidia-smi -L >/dev/null 2>&1 || cuda_define=(-C cmake.define.TREEATTN_CUDA=OFF)
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation "${cuda_define[@]}" \
+  -C build.verbose=false -C cmake.build-type=Release .
+.venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+
 cmake --preset asan-ubsan >/dev/null
 cmake --build --preset asan-ubsan -j"$jobs" --target treeattn_tests treeattn_cli
 ctest --preset asan-ubsan -j"$jobs"

@@ -9,11 +9,15 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "python/bindings.hpp"
 #include "treeattn/runtime.hpp"
@@ -31,43 +35,65 @@ using Tensor = nb::ndarray<>;
 std::span<const int32_t> span_of(const Index& a) { return {a.data(), a.size()}; }
 std::span<const int32_t> span_of(const std::optional<Index>& a) { return a ? span_of(*a) : std::span<const int32_t>{}; }
 
-std::string shape_str(const Tensor& t) {
+// What run() needs of a tensor, from an ndarray (DLPack) or from the Python
+// layer's fast path for PyTorch tensors (data_ptr, shape, stride): the checks
+// below are the same for both.
+struct View {
+  uintptr_t ptr = 0;
+  std::vector<int64_t> shape, strides;  // strides in elements
+  std::string dtype;                    // "fp16", "bf16", "fp32", or what it is
+  bool cuda = false;
+};
+
+std::string dtype_name(const nb::dlpack::dtype& dt) {
+  if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) return "fp16";
+  if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat)) return "bf16";
+  if (dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) return "fp32";
+  return "code " + std::to_string(dt.code) + " bits " + std::to_string(dt.bits);
+}
+
+View view_of(const Tensor& t) {
+  View v;
+  v.ptr = reinterpret_cast<uintptr_t>(t.data());
+  for (size_t i = 0; i < t.ndim(); ++i) v.shape.push_back(int64_t(t.shape(i))), v.strides.push_back(t.stride(i));
+  v.dtype = dtype_name(t.dtype());
+  v.cuda = t.device_type() == nb::device::cuda::value;
+  return v;
+}
+
+std::string shape_str(const View& t) {
   std::string s = "[";
-  for (size_t i = 0; i < t.ndim(); ++i) s += (i ? ", " : "") + std::to_string(t.shape(i));
+  for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
   return s + "]";
 }
 
 [[noreturn]] void value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
 
-// A tensor of `dtype` on the runtime's device with `ndim` dimensions whose
+// A tensor of the runtime's dtype on its device with `ndim` dimensions whose
 // last two are dense [heads, head_dim].
-void check_tensor(const char* name, const Tensor& t, const TreeAttentionConfig& c, size_t ndim, int64_t heads) {
+void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c, size_t ndim, int64_t heads) {
   const bool want_cuda = c.device == Device::cuda;
-  const int dev = t.device_type();
-  if (want_cuda ? dev != nb::device::cuda::value : dev != nb::device::cpu::value)
+  if (t.cuda != want_cuda)
     value_error(std::string(name) + ": expected a tensor on " + (want_cuda ? "cuda" : "the cpu") +
-                " (the TreeAttention's device), got device type " + std::to_string(dev));
-  const nb::dlpack::dtype dt = t.dtype();
-  const bool fp16 = dt.code == uint8_t(nb::dlpack::dtype_code::Float) && dt.bits == 16 && dt.lanes == 1;
-  const bool bf16 = dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1;
-  if (!(c.dtype == DType::fp16 ? fp16 : bf16))
+                " (the TreeAttention's device), got one on " + (t.cuda ? "cuda" : "another device"));
+  const std::string want = c.dtype == DType::fp16 ? "fp16" : "bf16";
+  if (t.dtype != want)
     throw nb::type_error((std::string(name) + ": expected dtype " + (c.dtype == DType::fp16 ? "float16" : "bfloat16") +
-                          " (the TreeAttention's dtype), got code " + std::to_string(dt.code) + " bits " +
-                          std::to_string(dt.bits))
+                          " (the TreeAttention's dtype), got " + t.dtype)
                              .c_str());
-  if (t.ndim() != ndim)
+  if (t.shape.size() != ndim)
     value_error(std::string(name) + ": expected " + std::to_string(ndim) + " dimensions, got shape " + shape_str(t));
   const int64_t D = c.heads.head_dim;
-  if (int64_t(t.shape(ndim - 1)) != D || int64_t(t.shape(ndim - 2)) != heads)
+  if (t.shape[ndim - 1] != D || t.shape[ndim - 2] != heads)
     value_error(std::string(name) + ": shape " + shape_str(t) + " must end in [" + std::to_string(heads) + ", " +
                 std::to_string(D) + "] (heads, head_dim)");
-  if (t.stride(ndim - 1) != 1 || t.stride(ndim - 2) != D)
+  if (t.strides[ndim - 1] != 1 || t.strides[ndim - 2] != D)
     value_error(std::string(name) + ": the last two dimensions must be dense (strides " + std::to_string(D) +
-                ", 1), got strides " + std::to_string(t.stride(ndim - 2)) + ", " + std::to_string(t.stride(ndim - 1)));
+                ", 1), got strides " + std::to_string(t.strides[ndim - 2]) + ", " + std::to_string(t.strides[ndim - 1]));
 }
 
-void run(const TreeAttention& ta, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-         std::optional<Tensor> lse, float scale, uintptr_t stream) {
+void run_views(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
+               const std::optional<View>& lse, float scale, uintptr_t stream) {
   const TreeAttentionConfig& c = ta.config();
   const int64_t Q = ta.num_queries();
   if (Q == 0) value_error("run(): nothing planned yet (call a plan_* method first)");
@@ -75,43 +101,61 @@ void run(const TreeAttention& ta, const Tensor& q, const Tensor& k, const Tensor
   check_tensor("out", out, c, 3, c.heads.num_qo_heads);
   check_tensor("k_pool", k, c, 4, c.heads.num_kv_heads);
   check_tensor("v_pool", v, c, 4, c.heads.num_kv_heads);
-  if (int64_t(q.shape(0)) != Q) value_error("q: " + std::to_string(q.shape(0)) + " queries, the plan has " + std::to_string(Q));
-  if (int64_t(out.shape(0)) != Q)
-    value_error("out: " + std::to_string(out.shape(0)) + " queries, the plan has " + std::to_string(Q));
+  if (q.shape[0] != Q) value_error("q: " + std::to_string(q.shape[0]) + " queries, the plan has " + std::to_string(Q));
+  if (out.shape[0] != Q)
+    value_error("out: " + std::to_string(out.shape[0]) + " queries, the plan has " + std::to_string(Q));
   for (const auto& [name, t] : {std::pair{"k_pool", &k}, std::pair{"v_pool", &v}}) {
-    if (int64_t(t->shape(0)) < c.num_pages || int64_t(t->shape(1)) != c.page_size)
+    if (t->shape[0] < c.num_pages || t->shape[1] != c.page_size)
       value_error(std::string(name) + ": shape " + shape_str(*t) + " must be [>= num_pages = " +
                   std::to_string(c.num_pages) + ", page_size = " + std::to_string(c.page_size) + ", ...]");
   }
-  if (k.stride(0) != v.stride(0) || k.stride(1) != v.stride(1))
-    value_error("k_pool and v_pool must have the same strides, got (" + std::to_string(k.stride(0)) + ", " +
-                std::to_string(k.stride(1)) + ") and (" + std::to_string(v.stride(0)) + ", " +
-                std::to_string(v.stride(1)) + ")");
+  if (k.strides[0] != v.strides[0] || k.strides[1] != v.strides[1])
+    value_error("k_pool and v_pool must have the same strides, got (" + std::to_string(k.strides[0]) + ", " +
+                std::to_string(k.strides[1]) + ") and (" + std::to_string(v.strides[0]) + ", " +
+                std::to_string(v.strides[1]) + ")");
   AttentionArgs a;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
-  a.out = out.data();
+  a.q = reinterpret_cast<const void*>(q.ptr);
+  a.k = reinterpret_cast<const void*>(k.ptr);
+  a.v = reinterpret_cast<const void*>(v.ptr);
+  a.out = reinterpret_cast<void*>(out.ptr);
   a.scale = scale;
-  a.q_stride = q.stride(0);
-  a.out_stride = out.stride(0);
-  a.kv_page_stride = k.stride(0);
-  a.kv_token_stride = k.stride(1);
+  a.q_stride = q.strides[0];
+  a.out_stride = out.strides[0];
+  a.kv_page_stride = k.strides[0];
+  a.kv_token_stride = k.strides[1];
   if (lse) {
-    const Tensor& l = *lse;
-    const nb::dlpack::dtype dt = l.dtype();
-    if (!(dt.code == uint8_t(nb::dlpack::dtype_code::Float) && dt.bits == 32))
-      throw nb::type_error("lse: expected dtype float32");
-    if (l.ndim() != 2 || int64_t(l.shape(0)) != Q || int64_t(l.shape(1)) != c.heads.num_qo_heads ||
-        l.stride(1) != 1 || l.stride(0) != c.heads.num_qo_heads)
+    const View& l = *lse;
+    if (l.dtype != "fp32") throw nb::type_error(("lse: expected dtype float32, got " + l.dtype).c_str());
+    if (l.shape.size() != 2 || l.shape[0] != Q || l.shape[1] != c.heads.num_qo_heads || l.strides[1] != 1 ||
+        l.strides[0] != c.heads.num_qo_heads)
       value_error("lse: expected a contiguous [" + std::to_string(Q) + ", " + std::to_string(c.heads.num_qo_heads) +
                   "] tensor, got shape " + shape_str(l));
-    if (l.device_type() != q.device_type()) value_error("lse: must be on the same device as q");
-    a.lse = static_cast<float*>(l.data());
+    if (l.cuda != q.cuda) value_error("lse: must be on the same device as q");
+    a.lse = reinterpret_cast<float*>(l.ptr);
   }
-  if (q.data() == out.data()) value_error("out: must not alias q");
+  if (q.ptr == out.ptr) value_error("out: must not alias q");
   nb::gil_scoped_release release;  // the CPU executor may run for a while
   ta.run(a, reinterpret_cast<void*>(stream));
+}
+
+void run(const TreeAttention& ta, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+         std::optional<Tensor> lse, float scale, uintptr_t stream) {
+  std::optional<View> l;
+  if (lse) l = view_of(*lse);
+  run_views(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale, stream);
+}
+
+// The Python layer's fast path for PyTorch tensors: (data_ptr, shape, strides,
+// dtype name, is_cuda) tuples, read without a DLPack capsule per tensor.
+using RawTensor = std::tuple<uintptr_t, std::vector<int64_t>, std::vector<int64_t>, std::string, bool>;
+View view_of(const RawTensor& r) {
+  return View{std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<4>(r)};
+}
+void run_raw(const TreeAttention& ta, const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
+             const std::optional<RawTensor>& lse, float scale, uintptr_t stream) {
+  std::optional<View> l;
+  if (lse) l = view_of(*lse);
+  run_views(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale, stream);
 }
 
 TreeArrays tree_of(const Index& parents, const Index& num_tokens, const Index& page_offsets, const Index& page_ids,
@@ -180,6 +224,8 @@ void bind_runtime(nb::module_& m) {
           nb::arg("draft_rows"), nb::arg("stream"))
       .def("run", &run, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"), nb::arg("lse").none(),
            nb::arg("scale"), nb::arg("stream"))
+      .def("run_raw", &run_raw, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"),
+           nb::arg("lse").none(), nb::arg("scale"), nb::arg("stream"))
       .def_prop_ro("num_queries", &TreeAttention::num_queries)
       .def("describe", &TreeAttention::describe)
       .def("plan_summary", [](const TreeAttention& ta) {
