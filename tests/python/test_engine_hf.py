@@ -33,15 +33,15 @@ def hf_logits(hf, tokens):
         return hf(input_ids=torch.tensor([tokens])).logits[0].float()
 
 
-def check_against_hf(hf, model, spec, page_size=4, attention="torch-ref", cache="py", atol=ATOL):
-    engine = build_engine(model, attention, cache, page_size=page_size, num_pages=128)
+def check_against_hf(hf, model, spec, page_size=4, attention="torch-ref", cache="py", atol=ATOL, graphs=False):
+    engine = build_engine(model, attention, cache, page_size=page_size, num_pages=128, graphs=graphs)
     program = make_program(spec, model.cfg.vocab_size, seed=3)
     result = run_program(engine, program, seed=5, record_logits=True)
     for seq, logits in zip(result.seqs, result.logits):
         # generated token j came from the logits at position prompt_len - 1 + j
         ref = hf_logits(hf, seq.tokens[:-1])[seq.prompt_len - 1:]
         assert logits.shape == ref.shape
-        err = (logits.float() - ref).abs().max().item()
+        err = (logits.float().cpu() - ref).abs().max().item()
         assert err <= atol, f"{spec}: max |engine - transformers| = {err}"
     for seq in result.seqs:
         engine.release(seq)
@@ -94,3 +94,20 @@ def test_greedy_64_tokens_match_generate(models):
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64,
                               do_sample=False, pad_token_id=0)[0].tolist()
         assert seq.tokens == ref
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("attention", ["auto", "per-query"])
+def test_gpu_treeattn_logits(models, attention, graphs):
+    """On the GPU: an fp16 engine with treeattn's CUDA attention (and CUDA graphs)
+    against transformers in fp32 on the CPU, every step of a shared-prompt, a
+    two-level and a parallel-sampling program; sharded checkpoints included."""
+    hf, model = models
+    model16 = load_model(model.source, device="cuda", dtype="fp16")
+    for spec in ("shared:prompt=23,branches=3,question=5,gen=6",
+                 "two-level:system=9,docs=2,doc=10,questions=2,question=3,gen=5",
+                 "sample:prompt=22,n=4,gen=6,temperature=1.0,top_p=0.9,top_k=50"):
+        check_against_hf(hf, model16, spec, page_size=16, attention=attention, cache="cpp", atol=FP16_ATOL,
+                         graphs=graphs)
