@@ -58,18 +58,20 @@ class PagedTree:
                     query_nodes=list(range(1, len(parents))))
 
 
+def event_ms(fn):
+    """Milliseconds of one call of fn on the GPU (CUDA events)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
 def time_graph(graph, reps=20):
-    """Median ms of graph replays (CUDA events), after a warm-up replay."""
+    """Median ms of graph replays, after a warm-up replay."""
     graph.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(event_ms(graph.replay) for _ in range(reps))
 
 
 def run(planner, args):
@@ -129,12 +131,7 @@ def run(planner, args):
             t0 = time.perf_counter()
             plan()
             plan_us.append((time.perf_counter() - t0) * 1e6)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step_graph.replay()
-        b.record()
-        b.synchronize()
-        step_ms.append(a.elapsed_time(b))
+        step_ms.append(event_ms(step_graph.replay))
         q_all.normal_()
         attn_ms.append(time_graph(attn_graph, reps=5))
         if step % 32 == 0 or step == args.steps - 1:
