@@ -3,7 +3,8 @@
 1. plan() from Python vs the C++ runtime's plan step (Google Benchmark,
    treeattn_planning_bench --benchmark_filter=runtime) on the serving-like
    random tree of 1000 nodes / 256 queries the planning benchmark uses;
-2. run() host time per call from Python vs C++ (the binding's overhead), eager;
+2. run() host time per call from Python (plain and bound) vs C++ (the
+   binding's overhead), eager;
 3. one decode step's attention (32 layers, each its own pool, so L2 holds
    nothing from the layer before) replayed as a CUDA graph vs launched eagerly,
    for "auto" and "per-query" on a few-shot tree, a two-level tree and
@@ -184,7 +185,16 @@ def main():
             attn.run(q, k, k, out=out)
         per_call.append((time.perf_counter() - t0) * 1e6 / 200)
         torch.cuda.synchronize()
-    res["run_host"] = dict(python_us=statistics.median(per_call), cpp_us=cpp.get("runtime/run/cuda"))
+    bound = attn.bind(q, k, k, out)
+    bound_call = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        for _ in range(200):
+            bound()
+        bound_call.append((time.perf_counter() - t0) * 1e6 / 200)
+        torch.cuda.synchronize()
+    res["run_host"] = dict(python_us=statistics.median(per_call), bound_us=statistics.median(bound_call),
+                           cpp_us=cpp.get("runtime/run/cuda"))
 
     # 3. Decode-step attention, graph vs eager, auto vs per-query.
     bw = hbm_gbps()
@@ -210,8 +220,9 @@ def main():
           + ", ".join(f"{n.split('/')[1]} {t:.1f} us" for n, t in cpp.items() if n.startswith("plan/")))
     rh = res["run_host"]
     cpp_us = rh["cpp_us"] if rh["cpp_us"] is not None else float("nan")
-    print(f"run() host time per call: Python {rh['python_us']:.2f} us, C++ {cpp_us:.2f} us, "
-          f"overhead {rh['python_us'] - cpp_us:.2f} us")
+    print(f"run() host time per call: Python {rh['python_us']:.2f} us, bound (TreeAttention.bind) "
+          f"{rh['bound_us']:.2f} us, C++ {cpp_us:.2f} us; overhead {rh['python_us'] - cpp_us:.2f} us "
+          f"(bound {rh['bound_us'] - cpp_us:.2f} us)")
     print("\n| tree | planner | graph ms (32 layers) | eager ms | floor ms | graph / floor | per-query / auto (graph) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for i in range(0, len(res["steps"]), 2):

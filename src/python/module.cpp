@@ -92,8 +92,10 @@ void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c,
                 ", 1), got strides " + std::to_string(t.strides[ndim - 2]) + ", " + std::to_string(t.strides[ndim - 1]));
 }
 
-void run_views(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
-               const std::optional<View>& lse, float scale, uintptr_t stream) {
+// The checks of a run's tensors against the runtime and its last plan; the
+// arguments the runtime's run() takes.
+AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
+                           const std::optional<View>& lse, float scale) {
   const TreeAttentionConfig& c = ta.config();
   const int64_t Q = ta.num_queries();
   if (Q == 0) value_error("run(): nothing planned yet (call a plan_* method first)");
@@ -134,9 +136,31 @@ void run_views(const TreeAttention& ta, const View& q, const View& k, const View
     a.lse = reinterpret_cast<float*>(l.ptr);
   }
   if (q.ptr == out.ptr) value_error("out: must not alias q");
+  return a;
+}
+
+void run_views(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
+               const std::optional<View>& lse, float scale, uintptr_t stream) {
+  const AttentionArgs a = checked_args(ta, q, k, v, out, lse, scale);
   nb::gil_scoped_release release;  // the CPU executor may run for a while
   ta.run(a, reinterpret_cast<void*>(stream));
 }
+
+// run() with its tensors checked once (TreeAttention.bind): a call only
+// compares the plan's query count with the bound tensors' and launches. The
+// Python object keeps the tensors alive.
+struct BoundRun {
+  const TreeAttention* ta;
+  AttentionArgs args;
+  int64_t num_queries;
+  void operator()(uintptr_t stream) const {
+    if (ta->num_queries() != num_queries)
+      value_error("bound run: the plan has " + std::to_string(ta->num_queries()) + " queries, the bound tensors " +
+                  std::to_string(num_queries) + " (bind again after a plan of another size)");
+    nb::gil_scoped_release release;
+    ta->run(args, reinterpret_cast<void*>(stream));
+  }
+};
 
 void run(const TreeAttention& ta, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
          std::optional<Tensor> lse, float scale, uintptr_t stream) {
@@ -151,6 +175,19 @@ using RawTensor = std::tuple<uintptr_t, std::vector<int64_t>, std::vector<int64_
 View view_of(const RawTensor& r) {
   return View{std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<4>(r)};
 }
+BoundRun bind_raw(const TreeAttention& ta, const RawTensor& q, const RawTensor& k, const RawTensor& v,
+                  const RawTensor& out, const std::optional<RawTensor>& lse, float scale) {
+  std::optional<View> l;
+  if (lse) l = view_of(*lse);
+  return {&ta, checked_args(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale), ta.num_queries()};
+}
+BoundRun bind(const TreeAttention& ta, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              std::optional<Tensor> lse, float scale) {
+  std::optional<View> l;
+  if (lse) l = view_of(*lse);
+  return {&ta, checked_args(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale), ta.num_queries()};
+}
+
 void run_raw(const TreeAttention& ta, const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
              const std::optional<RawTensor>& lse, float scale, uintptr_t stream) {
   std::optional<View> l;
@@ -167,6 +204,7 @@ TreeArrays tree_of(const Index& parents, const Index& num_tokens, const Index& p
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
+  nb::class_<BoundRun>(m, "_BoundRun").def("__call__", &BoundRun::operator(), nb::arg("stream"));
   nb::class_<TreeAttention>(m, "_TreeAttention")
       .def(
           "__init__",
@@ -224,6 +262,10 @@ void bind_runtime(nb::module_& m) {
           nb::arg("draft_rows"), nb::arg("stream"))
       .def("run", &run, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"), nb::arg("lse").none(),
            nb::arg("scale"), nb::arg("stream"))
+      .def("bind", &bind, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"), nb::arg("lse").none(),
+           nb::arg("scale"), nb::keep_alive<0, 1>())
+      .def("bind_raw", &bind_raw, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"),
+           nb::arg("lse").none(), nb::arg("scale"), nb::keep_alive<0, 1>())
       .def("run_raw", &run_raw, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"),
            nb::arg("lse").none(), nb::arg("scale"), nb::arg("stream"))
       .def_prop_ro("num_queries", &TreeAttention::num_queries)

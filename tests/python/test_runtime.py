@@ -323,3 +323,24 @@ def test_gpu_graph_replays_survive_replanning():
     rows = [token_rows(step_tree(), n, ps) for n in step_tree()["query_nodes"]]
     ref = torch_reference(q[0], k[0], v[0], rows)
     assert ((out[0].float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_bound_run_equals_run_and_checks_the_plan_size():
+    rng = np.random.default_rng(8)
+    attn, tree = make_small()
+    attn.plan_tree(**tree)
+    q = rng.uniform(-1, 1, (2, 4, 64)).astype(np.float16)
+    k = rng.uniform(-1, 1, (16, 4, 2, 64)).astype(np.float16)
+    v = rng.uniform(-1, 1, (16, 4, 2, 64)).astype(np.float16)
+    expected = attn.run(q, k, v)
+    for args in [(q, k, v), tuple(torch.from_numpy(x) for x in (q, k, v))]:
+        out = np.zeros_like(q) if isinstance(args[0], np.ndarray) else torch.zeros(2, 4, 64, dtype=torch.float16)
+        bound = attn.bind(*args, out)
+        got = bound()
+        assert got is out
+        assert np.array_equal(np.asarray(out), expected)
+    with pytest.raises(TypeError, match="q: expected dtype float16"):
+        attn.bind(q.astype(np.float32), k, v, np.zeros_like(q))
+    attn.plan_tree(**{**tree, "query_nodes": [1, 1, 0]})
+    with pytest.raises(ValueError, match="the plan has 3 queries, the bound tensors 2"):
+        bound()
