@@ -344,3 +344,38 @@ def test_bound_run_equals_run_and_checks_the_plan_size():
     attn.plan_tree(**{**tree, "query_nodes": [1, 1, 0]})
     with pytest.raises(ValueError, match="the plan has 3 queries, the bound tensors 2"):
         bound()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
+@pytest.mark.parametrize("framework", ["cupy", "jax"])
+def test_gpu_dlpack_frameworks(framework):
+    """q, k and v from CuPy or JAX through DLPack (out from CuPy, or PyTorch for
+    JAX, whose arrays are immutable), against the same run on PyTorch tensors."""
+    rng = np.random.default_rng(9)
+    ps, H, Hkv, D = 16, 8, 2, 128
+    tree, pages = random_tree(rng, 10, 6, ps, max_tokens=100)
+    q = rng.uniform(-1, 1, (6, H, D)).astype(np.float16)
+    k = rng.uniform(-1, 1, (pages, ps, Hkv, D)).astype(np.float16)
+    v = rng.uniform(-1, 1, (pages, ps, Hkv, D)).astype(np.float16)
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, dtype="fp16", device="cuda")
+    attn.plan_tree(**tree)
+    expected = attn.run(*(torch.from_numpy(x).cuda() for x in (q, k, v)))
+    torch.cuda.synchronize()
+    if framework == "cupy":
+        cp = pytest.importorskip("cupy")
+        out = cp.empty(q.shape, dtype=cp.float16)
+        attn.run(cp.asarray(q), cp.asarray(k), cp.asarray(v), out=out, stream=cp.cuda.get_current_stream().ptr)
+        cp.cuda.get_current_stream().synchronize()
+        got = torch.from_numpy(cp.asnumpy(out)).cuda()
+    else:
+        jnp = pytest.importorskip("jax.numpy")
+        jax = pytest.importorskip("jax")
+        if not any(d.platform == "gpu" for d in jax.devices()):
+            pytest.skip("jax has no GPU here")
+        arrays = [jax.block_until_ready(jnp.asarray(x)) for x in (q, k, v)]
+        out = torch.empty(q.shape, dtype=torch.float16, device="cuda")
+        attn.run(*arrays, out=out)
+        torch.cuda.synchronize()
+        got = out
+    assert torch.equal(got, expected)
