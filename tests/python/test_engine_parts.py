@@ -162,3 +162,42 @@ def test_shared_prefix_is_stored_once():
     assert sum(ntok) == 16 + 2 * 8 + sum(n - 24 for n in lengths)
     assert len(set(pages.tolist())) == len(pages)
     assert len(queries) == 6 and (parents[queries] >= 0).all()
+
+
+@pytest.mark.parametrize("cache", ["py", "cpp"])
+def test_prepared_decode_matches_unprepared(cache):
+    """Engine.prepare() (the next step's slots, forest and plan, built while a step runs)
+    gives the same logits as planning inside decode(); the cached forest equals a fresh
+    one at every step; a changed batch (a sequence released) falls back to planning."""
+    if cache == "cpp":
+        pytest.importorskip("treeattn._treeattn")
+    model = load_model("random:tiny", dtype="fp32")
+    runs = []
+    for prepare in (True, False):
+        engine = build_engine(model, "torch-ref", cache, page_size=4, num_pages=128)
+        seqs = []
+        for prompt in ([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 10, 11]):
+            seq, logits = engine.add(prompt)
+            seqs += engine.fork(seq, 2)
+            for s in seqs[-2:]:
+                s.tokens.append(int(logits.argmax()))
+        rows = []
+        for step in range(9):
+            if step == 5:                     # prepared for 4 sequences, decoding 3
+                engine.release(seqs.pop(1))
+            logits = engine.decode(seqs)
+            if prepare:
+                assert engine.prepare(seqs)
+            fresh = [a.copy() for a in engine.forest(seqs)]
+            engine._fc = None
+            for a, b in zip(fresh, engine.forest(seqs)):
+                assert np.array_equal(a, b)
+            rows.append(logits)
+            for s, tok in zip(seqs, logits.argmax(-1).tolist()):
+                s.tokens.append(tok)
+        runs.append(rows)
+        for s in seqs:
+            engine.release(s)
+        engine.cache.check()
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)

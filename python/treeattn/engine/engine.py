@@ -47,6 +47,8 @@ class Engine:
         self.kv = KVPool(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
                          self.device, self.dtype)
         self.timer = AttentionTimer(self.device)
+        self._fc = self._ahead = self._staging = None
+        self._turn = 0
         self.graphs = None
         if graphs:
             from .graphs import GraphRunner
@@ -110,6 +112,7 @@ class Engine:
 
     def publish(self, seq):
         """Hand seq's whole computed pages to the radix cache so later prompts share them."""
+        self._invalidate()
         full = seq.kv_len // self.page_size * self.page_size
         if full <= seq.cached_len:
             return
@@ -150,6 +153,7 @@ class Engine:
 
     def release(self, seq, publish=True):
         """Finish seq: optionally keep its whole pages cached, free its tail, unlock."""
+        self._invalidate()
         if publish:
             self.publish(seq)
         self.cache.free(seq.tail)
@@ -166,58 +170,128 @@ class Engine:
             raise ValueError(f"decode: sequence of {seq.kv_len + 1} tokens exceeds the "
                              f"model's sliding_window {window}")
 
+    def _slot(self, seq):
+        """Pool row of seq's pending token tokens[kv_len] (its page already reserved)."""
+        pos = seq.kv_len - seq.cached_len
+        return seq.tail[pos // self.page_size] * self.page_size + pos % self.page_size
+
     def forest(self, seqs, num_queries=None):
         """plan_tree arrays: the radix paths of seqs' nodes, then one tail node per sequence
         (holding tokens [cached_len, kv_len] incl. the pending one), then, when padding to
-        num_queries, a scratch node for the padded queries."""
-        # the same node twice (or two handles of one node) is fine: export_tree maps both to
-        # one forest node; a root handle gets node_index -1, so its tails become roots
-        nodes = list({id(s.node): s.node for s in seqs}.values())
-        if nodes:
-            parents, ntok, offsets, pages, index = self.cache.export_tree(nodes)
-        else:
-            parents = ntok = pages = index = np.zeros(0, np.int32)
-            offsets = np.zeros(1, np.int32)
-        where = {id(n): int(i) for n, i in zip(nodes, index)}
-        parents, ntok, pages = list(parents), list(ntok), list(pages)
-        offsets, queries = list(offsets), []
-        for s in seqs:
-            count = s.kv_len + 1 - s.cached_len
-            queries.append(len(parents))
-            parents.append(where.get(id(s.node), -1))
-            ntok.append(count)
-            pages.extend(s.tail[:_ceil_div(count, self.page_size)])
-            offsets.append(len(pages))
-        if num_queries is not None and num_queries > len(seqs):
-            queries += [len(parents)] * (num_queries - len(seqs))
-            parents.append(-1)
-            ntok.append(1)
-            pages.append(self.scratch_page)
-            offsets.append(len(pages))
-        as32 = lambda a: np.asarray(a, dtype=np.int32)
-        return as32(parents), as32(ntok), as32(offsets), as32(pages), as32(queries)
+        num_queries, a scratch node for the padded queries. (Fresh copies: the engine's own
+        planning uses the cached arrays in place.)"""
+        return tuple(a.copy() for a in self._forest(seqs, num_queries))
+
+    def _forest(self, seqs, num_queries=None):
+        """forest() without copies. The structure (radix part, tail parents, queries, scratch
+        node) is cached while the same sequences are decoded together and none of them is
+        published, forked or released; a step then only rewrites the tails' num_tokens and,
+        when a tail gained a page, the tails' page ids."""
+        fc = self._fc
+        if (fc is None or fc.num_queries != num_queries or len(fc.seqs) != len(seqs)
+                or any(a is not b or a.node is not n or a.cached_len != c
+                       for a, b, n, c in zip(seqs, fc.seqs, fc.nodes, fc.cached_list))):
+            fc = self._fc = _ForestCache(self, seqs, num_queries)
+        counts = np.fromiter((s.kv_len for s in seqs), np.int64, len(seqs)) + fc.one_minus_cached
+        fc.update(seqs, counts, self.page_size)
+        return fc.parents, fc.ntok, fc.offsets, fc.pages, fc.queries
+
+    def _invalidate(self):
+        """The radix cache or a sequence's cached pages changed: rebuild the forest and the
+        plan prepared ahead (if any) next time."""
+        self._fc = None
+        self._ahead = None
+
+    def _bucket(self, n):
+        return self.graphs.prepare(n) if self.graphs is not None else None
+
+    def prepare(self, seqs):
+        """Everything decode(seqs) does before it needs the pending tokens' ids: reserve
+        each sequence's slot, build the forest and plan the attention (the plan's upload is
+        stream-ordered after the work already queued, e.g. the previous step's replay).
+        Called right after a decode() is launched, it overlaps the next step's host work
+        with this step's GPU work; the next decode(seqs) finds it done, or redoes it if
+        seqs changed in between. Returns False (nothing prepared) where decode(seqs) would
+        raise: decode() then raises."""
+        self._ahead = None
+        if not 0 < len(seqs) <= self.max_batch:
+            return False
+        try:
+            for s in seqs:
+                self._reserve_slot(s)
+        except ValueError:
+            return False
+        self._plan(seqs)
+        return True
+
+    def _plan(self, seqs):
+        b = self._bucket(len(seqs))        # may capture a graph (which plans): before ours
+        self.attention.plan_tree(*self._forest(seqs, num_queries=b))
+        self._ahead = (list(seqs), [s.kv_len for s in seqs], [s.cached_len for s in seqs], b)
+
+    def _prepared(self, seqs):
+        a = self._ahead
+        return (a is not None and len(a[0]) == len(seqs)
+                and all(x is y and x.kv_len == k and x.cached_len == c
+                        for x, y, k, c in zip(seqs, a[0], a[1], a[2])))
 
     def decode(self, seqs, time_attention=False):
-        """One decode step of seqs: writes each pending token's K/V; returns logits [B, V]."""
+        """One decode step of seqs: writes each pending token's K/V; returns logits [B, V]
+        (launched: on a GPU they are ready once the stream reaches them)."""
         if not 0 < len(seqs) <= self.max_batch:
             raise ValueError(f"seqs: expected 1..max_batch={self.max_batch} sequences, "
                              f"got {len(seqs)}")
-        for s in seqs:
-            self._reserve_slot(s)
-        ids = [s.tokens[s.kv_len] for s in seqs]
-        positions = [s.kv_len for s in seqs]
-        slots = [int(self._rows(s, s.kv_len, s.kv_len + 1)[0]) for s in seqs]
+        if not self._prepared(seqs):
+            for s in seqs:
+                self._reserve_slot(s)
+            self._plan(seqs)
+        self._ahead = None                 # consumed: the next step plans again
+        n = len(seqs)
+        inputs = self._inputs()
+        inputs[0, :n] = [s.tokens[s.kv_len] for s in seqs]
+        inputs[1, :n] = [s.kv_len for s in seqs]
+        inputs[2, :n] = [self._slot(s) for s in seqs]
         if self.graphs is not None:
-            logits = self.graphs.decode(seqs, ids, positions, slots)
+            logits = self.graphs.decode(n, inputs)
         else:
-            self.attention.plan_tree(*self.forest(seqs))
             self.timer.reset()
             ctx = DecodeContext(self.attention, self.timer if time_attention else None)
-            as_t = lambda a: torch.tensor(a, device=self.device)
-            logits = self.model(as_t(ids), as_t(positions), as_t(slots), self.kv, ctx)
+            t = self._upload()
+            logits = self.model(t[0, :n], t[1, :n], t[2, :n], self.kv, ctx)
         for s in seqs:
             s.kv_len += 1
         return logits
+
+    def _inputs(self):
+        """The host staging [3, max_batch] int64 (ids, positions, slots) to fill for this
+        step, as a NumPy view. Two buffers (pinned on a GPU) used in turn; a buffer is
+        refilled only once its previous upload has run (an event; the step's token read
+        has synchronized long before in practice)."""
+        if self._staging is None:
+            cuda = self.device.type == "cuda"
+            self._staging = [torch.zeros((3, self.max_batch), dtype=torch.long, pin_memory=cuda)
+                             for _ in range(2)]
+            self._staging_np = [t.numpy() for t in self._staging]
+            self._staged = [torch.cuda.Event(), torch.cuda.Event()] if cuda else None
+            self._device_inputs = (torch.zeros((3, self.max_batch), dtype=torch.long,
+                                               device=self.device) if cuda else None)
+        self._turn ^= 1
+        if self._staged is not None:
+            self._staged[self._turn].synchronize()   # returns at once if never recorded
+        return self._staging_np[self._turn]
+
+    def _upload(self, dst=None):
+        """Copy this step's staging to dst (default: the engine's device buffer, or the
+        staging itself on the CPU): one transfer for ids, positions and slots."""
+        src = self._staging[self._turn]
+        if dst is None:
+            if self._device_inputs is None:
+                return src
+            dst = self._device_inputs
+        dst.copy_(src, non_blocking=True)
+        if self._staged is not None:
+            self._staged[self._turn].record()
+        return dst
 
     def attention_seconds(self, n):
         """Attention time of the last decode() of n sequences (called after its step was
@@ -225,3 +299,66 @@ class Engine:
         if self.graphs is not None:
             return self.graphs.time_attention(n)
         return self.timer.total()
+
+
+class _ForestCache:
+    """The step-invariant part of Engine.forest() for one list of sequences: the radix
+    paths (export_tree), each tail node's parent and index, the queries, the scratch node.
+    update() writes a step's tail num_tokens and (when a tail's page count changed) the
+    tails' page ids and offsets, in place."""
+
+    def __init__(self, engine, seqs, num_queries):
+        self.seqs, self.num_queries = list(seqs), num_queries
+        self.nodes = [s.node for s in seqs]
+        self.cached_list = [s.cached_len for s in seqs]
+        # the same node twice (or two handles of one node) is fine: export_tree maps both to
+        # one forest node; a root handle gets node_index -1, so its tails become roots
+        nodes = list({id(n): n for n in self.nodes}.values())
+        if nodes:
+            parents, ntok, offsets, pages, index = engine.cache.export_tree(nodes)
+        else:
+            parents = ntok = pages = index = np.zeros(0, np.int32)
+            offsets = np.zeros(1, np.int32)
+        where = {id(n): int(i) for n, i in zip(nodes, index)}
+        b, r = len(seqs), len(parents)
+        pad = num_queries is not None and num_queries > b
+        total = r + b + (1 if pad else 0)
+        self.radix_pages = np.asarray(pages, dtype=np.int32)
+        self.radix_offsets = np.asarray(offsets, dtype=np.int32)
+        self.parents = np.empty(total, np.int32)
+        self.parents[:r] = parents
+        self.parents[r:r + b] = [where.get(id(n), -1) for n in self.nodes]
+        self.ntok = np.empty(total, np.int32)
+        self.ntok[:r] = ntok
+        self.offsets = np.empty(total + 1, np.int32)
+        self.offsets[:r + 1] = self.radix_offsets
+        self.queries = np.arange(r, r + b, dtype=np.int32)
+        if pad:
+            self.parents[-1] = -1
+            self.ntok[-1] = 1
+            self.queries = np.concatenate(
+                [self.queries, np.full(num_queries - b, r + b, np.int32)])
+        self.scratch_page, self.pad, self.r, self.b = engine.scratch_page, pad, r, b
+        self.one_minus_cached = 1 - np.asarray(self.cached_list, dtype=np.int64)
+        self.tail_pages = None   # per tail: its page count in self.pages
+        self.pages = None
+
+    def update(self, seqs, counts, page_size):
+        r, b = self.r, self.b
+        self.ntok[r:r + b] = counts
+        npages = (counts + page_size - 1) // page_size
+        if self.tail_pages is None or not np.array_equal(npages, self.tail_pages):
+            tails = [s.tail[:k] for s, k in zip(seqs, npages.tolist())]
+            lens = np.fromiter(map(len, tails), np.int64, b)
+            parts = [self.radix_pages, np.fromiter(
+                (p for t in tails for p in t), np.int32, int(lens.sum()))]
+            if self.pad:
+                parts.append(np.array([self.scratch_page], np.int32))
+            self.pages = np.concatenate(parts)
+            base = int(self.radix_offsets[-1])
+            self.offsets[r + 1:r + b + 1] = base + np.cumsum(lens)
+            if self.pad:
+                self.offsets[-1] = len(self.pages)
+            # a tail without its pending token's page (not reserved yet) gives a forest
+            # plan_tree rejects, as before; it is rebuilt once the page is there
+            self.tail_pages = npages if np.array_equal(lens, npages) else None

@@ -26,9 +26,11 @@ class GraphRunner:
         self.buckets = buckets_up_to(max_batch)
         dev = engine.device
         self.scratch_row = engine.scratch_page * engine.page_size
-        self.ids = torch.zeros(max_batch, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(max_batch, dtype=torch.long, device=dev)
-        self.slots = torch.full((max_batch,), self.scratch_row, dtype=torch.long, device=dev)
+        # ids, positions, slots: rows of one buffer, filled by one host-to-device copy
+        self.inputs = torch.zeros((3, max_batch), dtype=torch.long, device=dev)
+        self.inputs[2] = self.scratch_row
+        self.ids, self.positions, self.slots = self.inputs
+
         self.graphs, self.logits, self.pool = {}, {}, None
 
     def _bucket(self, n):
@@ -48,6 +50,7 @@ class GraphRunner:
     def capture(self, b):
         """Capture bucket b (lazily, on first use; all inputs padded while capturing)."""
         e = self.engine
+        e._ahead = None   # capturing re-plans: a plan prepared ahead is gone
         self._pad(0, b)
         e.attention.plan_tree(*e.forest([], num_queries=b))
         side = torch.cuda.Stream()
@@ -70,15 +73,15 @@ class GraphRunner:
             self.capture(b)
         return b
 
-    def decode(self, seqs, ids, positions, slots):
-        n, b = len(seqs), self.prepare(len(seqs))
-        e = self.engine
-        e.attention.plan_tree(*e.forest(seqs, num_queries=b))
-        as_t = lambda a: torch.tensor(a, dtype=torch.long).to(e.device, non_blocking=True)
-        self.ids[:n].copy_(as_t(ids))
-        self.positions[:n].copy_(as_t(positions))
-        self.slots[:n].copy_(as_t(slots))
-        self._pad(n, b)
+    def decode(self, n, inputs):
+        """Replay the bucket of n queries (captured and planned by the engine already);
+        inputs: the engine's host staging [3, max_batch] (ids, positions, slots), padded
+        here and uploaded in one copy."""
+        b, e = self._bucket(n), self.engine
+        inputs[0, n:b] = 0
+        inputs[1, n:b] = 0
+        inputs[2, n:b] = self.scratch_row
+        e._upload(self.inputs)
         self.graphs[b].replay()
         return self.logits[b][:n].clone()   # the static buffer is overwritten next replay
 

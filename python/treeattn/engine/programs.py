@@ -129,18 +129,27 @@ def run_program(engine, program, seed=0, steps=None, record_logits=False,
     if graphs is not None and seqs and num_steps > 0:
         graphs.prepare(len(seqs))   # capture outside the timed steps
     for step in range(num_steps):
-        _sync(engine.device)
+        _sync(engine.device)   # a no-op after the last step's token read: nothing is queued
+        # a step: from the previous step's tokens being on the host (the step's inputs) to
+        # this step's tokens being on the host and appended; host work for the next step
+        # done meanwhile counts here, the instrumentation below (attention timing,
+        # logits rows, on_step) does not
         started = time.perf_counter()
         logits = engine.decode(seqs, time_attention=time_attention)
-        tokens = sample(logits, program.sampling, gen).tolist()   # the step's one host sync
-        _sync(engine.device)
+        tokens = sample(logits, program.sampling, gen)   # on the device: queued, no sync
+        if step + 1 < num_steps:
+            # the next step's slots, forest and attention plan, while this one runs on the
+            # GPU: they depend on the tree's shape only, not on the tokens being sampled
+            engine.prepare(seqs)
+        tokens = tokens.tolist()   # the step's one host sync: every sampled id in one copy
+        for s, tok in zip(seqs, tokens):
+            s.tokens.append(tok)
         result.step_seconds.append(time.perf_counter() - started)
         result.batch_sizes.append(len(seqs))
         if time_attention:
             result.attention_seconds.append(engine.attention_seconds(len(seqs)))
-        for i, (s, tok) in enumerate(zip(seqs, tokens)):
-            s.tokens.append(tok)
-            if record_logits:
+        if record_logits:
+            for i in range(len(seqs)):
                 logits_rows[i].append(logits[i].cpu())
         if on_step:
             on_step(step + 1, num_steps)
