@@ -83,14 +83,17 @@ def _raw(t: Any) -> tuple:
 
 
 def _torch_stream_fn():
-    """A function returning PyTorch's current CUDA stream handle (the raw
-    accessor where this PyTorch has it: ~20x cheaper than current_stream())."""
+    """A function returning PyTorch's current CUDA stream handle on the device
+    that is current now (the TreeAttention's: its buffers live there), through
+    the raw accessor where this PyTorch has it (~20x cheaper than
+    current_stream(), and the device index looked up once)."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    device = torch.cuda.current_device()
     if raw is not None:
-        return lambda: raw(torch.cuda.current_device())
-    return lambda: torch.cuda.current_stream().cuda_stream
+        return lambda: raw(device)
+    return lambda: torch.cuda.current_stream(device).cuda_stream
 
 
 def _empty_like(x: Any, shape, float32: bool = False) -> Any:
@@ -142,6 +145,11 @@ class TreeAttention:
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.num_pages = page_size, num_pages
         self._current_stream = None
+        if device == "cuda":
+            try:
+                self._current_stream = _torch_stream_fn()
+            except ImportError:  # no PyTorch: the default stream unless stream= is given
+                self._current_stream = lambda: 0
         self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
                                               self.dtype, device, max_queries, max_nodes, max_page_refs, planner,
                                               num_sms or 0, cpu_threads)
@@ -150,14 +158,7 @@ class TreeAttention:
     def _stream(self, stream: Optional[int]) -> int:
         if stream is not None:
             return int(stream)
-        if self.device == "cuda":
-            if self._current_stream is None:
-                try:
-                    self._current_stream = _torch_stream_fn()
-                except ImportError:  # no PyTorch: the default stream
-                    self._current_stream = lambda: 0
-            return self._current_stream()
-        return 0
+        return self._current_stream() if self._current_stream is not None else 0
 
     def plan_tree(self, parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots=None,
                   stream: Optional[int] = None) -> None:
@@ -258,5 +259,5 @@ class BoundRun:
 
     def __call__(self, stream: Optional[int] = None):
         """Launches the attention of the current plan into the bound out (and lse)."""
-        self._impl(self._attn._stream(stream))
+        self._impl(self._attn._stream(stream) if stream is None else int(stream))
         return self._tensors[3]
