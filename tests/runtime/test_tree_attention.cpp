@@ -1,0 +1,154 @@
+// TreeAttention on the CPU (the C++ face of the runtime; the Python tests cover
+// the binding and the GPU tests CudaStepExecutor): every way to plan against
+// the fp64 reference, re-planning with other trees, draft token trees, and
+// errors that name the capacity, field and value and keep the previous plan.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "treeattn/runtime.hpp"
+#include "treeattn/workloads.hpp"
+
+namespace treeattn {
+namespace {
+
+struct Arrays {
+  std::vector<int32_t> parents, num_tokens, page_offsets{0}, page_ids, query_nodes;
+  explicit Arrays(const Workload& w) {
+    for (const Node& n : w.tree.nodes) {
+      parents.push_back(n.parent);
+      num_tokens.push_back(n.num_tokens);
+      page_ids.insert(page_ids.end(), n.pages.begin(), n.pages.end());
+      page_offsets.push_back(int32_t(page_ids.size()));
+    }
+    query_nodes = w.query_nodes;
+  }
+  TreeArrays view() const { return {parents, num_tokens, page_offsets, page_ids, query_nodes, {}}; }
+};
+
+TreeAttentionConfig cpu_config(const WorkloadParams& p, int64_t num_pages) {
+  TreeAttentionConfig c;
+  c.heads = p.heads;
+  c.dtype = p.dtype;
+  c.page_size = p.page_size;
+  c.num_pages = num_pages;
+  c.device = Device::cpu;
+  return c;
+}
+
+// Runs the planned step of `ta` on inputs for `w` (its tree as planned) and
+// returns the error against the fp64 reference.
+double step_error(const TreeAttention& ta, uint64_t seed) {
+  const Workload& w = ta.workload();
+  HostTensors h = make_random_inputs(w, seed);
+  ta.run(h.args());
+  return relative_error(w, h.out.data(), reference_attention(w, h.args()));
+}
+
+TEST(TreeAttentionCpu, ReplansOneObjectWithEveryKindOfTree) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  p.page_size = 4;
+  const std::vector<std::string> specs = {"fewshot:prompt=100:branches=6:len=9", "random:seed=4", "pat:B=1,4:L=30,7",
+                                          "random:seed=9:nodes=40"};
+  int64_t pool = 0;
+  std::vector<Workload> ws;
+  for (const std::string& s : specs) ws.push_back(make_workload(s, p)), pool = std::max(pool, ws.back().layout.num_pages);
+  for (const char* planner : {"auto", "node", "per-query", "flatten"}) {
+    TreeAttentionConfig c = cpu_config(p, pool);
+    c.planner = planner;
+    TreeAttention ta(c);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const Arrays a(ws[i]);
+      ta.plan_tree(a.view());
+      EXPECT_EQ(ta.num_queries(), ws[i].num_queries());
+      EXPECT_LE(step_error(ta, i + 1), 2e-3) << specs[i] << " planner " << planner;
+    }
+  }
+}
+
+TEST(TreeAttentionCpu, BlockTablesShareTheirLeadingPages) {
+  WorkloadParams p;
+  p.heads = {4, 4, 64};
+  p.page_size = 4;
+  TreeAttentionConfig c = cpu_config(p, 40);
+  c.planner = "node";
+  TreeAttention ta(c);
+  // Three sequences sharing pages 7, 3 (8 tokens), then their own pages.
+  const std::vector<int32_t> tables = {7, 3, 10, 11, 7, 3, 20, -1, 7, 3, 30, 31};
+  const std::vector<int32_t> lens = {15, 10, 13};
+  ta.plan_block_tables(tables, 3, 4, lens);
+  const PlanSummary s = ta.summary();
+  EXPECT_EQ(s.unique_kv_bytes, (8 + 7 + 2 + 5) * 4 * 64 * 2 * 2);
+  EXPECT_EQ(s.kv_bytes, s.unique_kv_bytes);  // node reads the shared pages once
+  EXPECT_LE(step_error(ta, 3), 2e-3);
+}
+
+TEST(TreeAttentionCpu, DraftTokensSeeTheirPrefixAndAncestors) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  p.page_size = 4;
+  TreeAttention ta(cpu_config(p, 8));
+  // One request: 9 tokens in pages 5, 2, 6 (slot 0 of page 6); drafts from slot 1 of page 6 on.
+  const std::vector<int32_t> parents{-1}, tokens{9}, offsets{0, 3}, pages{5, 2, 6}, queries{0};
+  const std::vector<int32_t> dnodes{0, 0, 0, 0}, dparents{-1, 0, 0, 1};
+  const std::vector<int64_t> rows{25, 26, 27, 4 * 4 + 0};  // page 6 slots 1..3, then page 4 slot 0
+  ta.plan_tree_queries({parents, tokens, offsets, pages, queries, {}}, {dnodes, dparents, rows});
+  const Workload& w = ta.workload();
+  ASSERT_EQ(w.num_queries(), 5);
+  EXPECT_EQ(w.path(w.query_nodes[4]).size(), 4u);  // prefix, draft 0, draft 1, draft 3
+  EXPECT_LE(step_error(ta, 5), 2e-3);
+}
+
+TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
+  WorkloadParams p;
+  p.heads = {4, 2, 64};
+  p.page_size = 4;
+  TreeAttentionConfig c = cpu_config(p, 16);
+  c.max_queries = 3;
+  c.max_nodes = 4;
+  TreeAttention ta(c);
+  const std::vector<int32_t> parents{-1, 0}, tokens{8, 2}, offsets{0, 2, 3}, pages{0, 1, 2}, queries{1, 1};
+  ta.plan_tree({parents, tokens, offsets, pages, queries, {}});
+  auto error_of = [&](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::vector<int32_t> four_queries{1, 1, 1, 1}, bad_pages{0, 1, 99}, cycle{1, 0}, short_offsets{0, 2};
+  EXPECT_NE(error_of([&] { ta.plan_tree({parents, tokens, offsets, pages, four_queries, {}}); })
+                .find("queries = 4 exceeds the capacity 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ta.plan_tree({parents, tokens, offsets, bad_pages, queries, {}}); }).find("page id 99"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ta.plan_tree({cycle, tokens, offsets, pages, queries, {}}); }).find("cycle"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ta.plan_tree({parents, tokens, short_offsets, pages, queries, {}}); })
+                .find("page_offsets has 2 entries, expected nodes + 1 = 3"),
+            std::string::npos);
+  const std::vector<int32_t> dn{1}, dp{0};
+  const std::vector<int64_t> dr{9};
+  EXPECT_NE(error_of([&] { ta.plan_tree_queries({parents, tokens, offsets, pages, queries, {}}, {dn, dp, dr}); })
+                .find("draft_parents = 0 must be -1 or an earlier draft"),
+            std::string::npos);
+  EXPECT_EQ(ta.num_queries(), 2);  // the first plan is still in force
+  EXPECT_LE(step_error(ta, 1), 2e-3);
+  TreeAttentionConfig bad = c;
+  bad.planner = "nope";
+  EXPECT_NE(error_of([&] { TreeAttention x(bad); }).find("unknown planner 'nope'"), std::string::npos);
+  bad = c;
+  bad.device = Device::cuda;
+#if !defined(TREEATTN_HAVE_CUDA)
+  EXPECT_NE(error_of([&] { TreeAttention x(bad); }).find("no CUDA executor"), std::string::npos);
+#endif
+  TreeAttention fresh(c);
+  HostTensors h = make_random_inputs(ta.workload(), 1);
+  EXPECT_NE(error_of([&] { fresh.run(h.args()); }).find("run() before any plan"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace treeattn
