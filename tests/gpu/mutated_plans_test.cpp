@@ -114,15 +114,34 @@ TEST(CudaExecutor, SanitizeMutatedPlans) {
     steps.push_back(std::make_unique<CudaStepExecutor>(w.heads, w.layout.dtype, w.layout.page_size,
                                                        w.layout.num_pages, cap));
   }
-  int tried = 0, accepted = 0, tree_mutations = 0;
-  for (const std::vector<uint8_t>& bytes : mutation_inputs()) {
-    test_support::Reader r{bytes.data(), bytes.size()};
+  int tried = 0, accepted = 0, tree_mutations = 0, transformed = 0;
+  std::vector<std::vector<uint8_t>> inputs_bytes = mutation_inputs();
+  // Then 600 valid plans made by one to three plan-preserving transforms
+  // (marked by a leading 1 byte below): the validator must accept them all.
+  std::mt19937_64 rng(77);
+  for (int i = 0; i < 600; ++i) {
+    std::vector<uint8_t> b(1 + 2 + 3 * 13);
+    for (uint8_t& x : b) x = uint8_t(rng());
+    b[0] = 1;
+    inputs_bytes.push_back(std::move(b));
+  }
+  const size_t first_transform = inputs_bytes.size() - 600;
+  for (size_t in = 0; in < inputs_bytes.size(); ++in) {
+    const std::vector<uint8_t>& bytes = inputs_bytes[in];
+    const bool transform = in >= first_transform;
+    test_support::Reader r{bytes.data() + (transform ? 1 : 0), bytes.size() - (transform ? 1 : 0)};
     const size_t ci = r.byte() % cases.size();
     const Case& c = cases[ci];
     const Plan& valid = c.plans[r.byte() % c.plans.size()];
     Workload w = c.w;
     Plan p = valid;
-    const bool tree_changed = test_support::mutate_plan(w, p, r);
+    bool tree_changed = false;
+    if (transform) {
+      for (int k = 0; k < 3; ++k) test_support::transform_plan(w, p, r);
+      EXPECT_NO_THROW(validate_plan(w, p)) << "a plan-preserving transform was rejected (input " << in << ")";
+    } else {
+      tree_changed = test_support::mutate_plan(w, p, r);
+    }
     ++tried;
     try {
       if (tree_changed) w.validate();
@@ -132,6 +151,7 @@ TEST(CudaExecutor, SanitizeMutatedPlans) {
     }
     if (unchanged(w, p, c.w, valid)) continue;
     ++accepted;
+    transformed += transform;
     tree_mutations += tree_changed;
     HostTensors& h = inputs[ci];
     DeviceTensors& d = dev[ci];
@@ -150,8 +170,9 @@ TEST(CudaExecutor, SanitizeMutatedPlans) {
     d.download_out(g);
     EXPECT_LE(relative_error(w, g.out.data(), ref), 2e-3) << "step executor: input " << tried;
   }
-  std::printf("mutated plans: %d tried, %d changed and accepted by the validator, run on the GPU (%d with a mutated tree)\n",
-              tried, accepted, tree_mutations);
+  std::printf("mutated plans: %d tried, %d changed and accepted by the validator, run on the GPU (%d with a mutated "
+              "tree, %d made by plan-preserving transforms)\n",
+              tried, accepted, tree_mutations, transformed);
   EXPECT_GT(accepted, 0) << "no accepted mutation: the test checked nothing";
 }
 

@@ -103,4 +103,94 @@ inline bool mutate_plan(Workload& w, Plan& p, Reader& r) {
   return tree_changed;
 }
 
+// Changes that keep a plan valid, so that executors see many unusual valid
+// plans (random mutations are almost always rejected or change nothing): a
+// unit re-tiled to any compiled tile that holds its rows, two units swapped,
+// a unit's entries reversed, the slots renumbered, a segment split in two
+// (its mask bit duplicated), a query's merge list reversed. Applies one, as r
+// says; returns false when the plan had nothing to change.
+inline bool transform_plan(const Workload& w, Plan& p, Reader& r) {
+  const int32_t U = p.num_units();
+  if (U == 0) return false;
+  const uint8_t kind = r.byte();
+  const int32_t u = int32_t(r.u32() % uint32_t(U));
+  const int g = w.heads.group_size();
+  switch (kind % 6) {
+    case 0: {  // re-tile
+      std::vector<uint8_t> fits;
+      for (int t = 0; t < int(kTileConfigs.size()); ++t)
+        if (kTileConfigs[t].m >= p.unit_num_queries(u) * g && tile_fits_head_dim(t, w.heads.head_dim) &&
+            t != p.unit_tile[u])
+          fits.push_back(uint8_t(t));
+      if (fits.empty()) return false;
+      p.unit_tile[u] = fits[r.byte() % fits.size()];
+      return true;
+    }
+    case 1: {  // swap units u and v: their segments and entries move with them
+      const int32_t v = int32_t(r.u32() % uint32_t(U));
+      if (u == v) return false;
+      Plan q = p;
+      q.segments.clear(), q.entry_query.clear(), q.entry_mask.clear(), q.entry_slot.clear();
+      q.unit_segment_offset.assign(1, 0), q.unit_query_offset.assign(1, 0);
+      for (int32_t k = 0; k < U; ++k) {
+        const int32_t from = k == u ? v : k == v ? u : k;
+        for (int32_t s = p.unit_segment_offset[from]; s < p.unit_segment_offset[from + 1]; ++s)
+          q.segments.push_back(p.segments[s]);
+        for (int32_t e = p.unit_query_offset[from]; e < p.unit_query_offset[from + 1]; ++e) {
+          q.entry_query.push_back(p.entry_query[e]);
+          q.entry_mask.push_back(p.entry_mask[e]);
+          q.entry_slot.push_back(p.entry_slot[e]);
+        }
+        q.unit_segment_offset.push_back(int32_t(q.segments.size()));
+        q.unit_query_offset.push_back(int32_t(q.entry_query.size()));
+        q.unit_tile[k] = p.unit_tile[from];
+        q.unit_masked[k] = p.unit_masked[from];
+      }
+      p = std::move(q);
+      return true;
+    }
+    case 2: {  // reverse a unit's entries
+      const int32_t b = p.unit_query_offset[u], e = p.unit_query_offset[u + 1];
+      if (e - b < 2) return false;
+      std::reverse(p.entry_query.begin() + b, p.entry_query.begin() + e);
+      std::reverse(p.entry_mask.begin() + b, p.entry_mask.begin() + e);
+      std::reverse(p.entry_slot.begin() + b, p.entry_slot.begin() + e);
+      return true;
+    }
+    case 3: {  // renumber the slots by a rotation
+      if (p.num_slots < 2) return false;
+      const int32_t shift = 1 + int32_t(r.u32() % uint32_t(p.num_slots - 1));
+      for (int32_t& s : p.entry_slot)
+        if (s >= 0) s = (s + shift) % p.num_slots;
+      for (int32_t& s : p.query_slots) s = (s + shift) % p.num_slots;
+      return true;
+    }
+    case 4: {  // split a segment of unit u in two; each entry sees both halves or neither
+      const int32_t nseg = p.unit_num_segments(u);
+      if (nseg >= kMaxSegmentsPerUnit || nseg == 0) return false;
+      const int32_t k = int32_t(r.u32() % uint32_t(nseg)), at = p.unit_segment_offset[u] + k;
+      const Segment s = p.segments[at];
+      if (s.size() < 2) return false;
+      const int32_t mid = s.begin + 1 + int32_t(r.u32() % uint32_t(s.size() - 1));
+      p.segments[at].end = mid;
+      p.segments.insert(p.segments.begin() + at + 1, Segment{s.node, mid, s.end});
+      for (int32_t v = u + 1; v <= U; ++v) ++p.unit_segment_offset[v];
+      for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
+        const uint64_t m = p.entry_mask[e], low = k == 0 ? 0 : m & ((uint64_t(1) << k) - 1);
+        const uint64_t bit = (m >> k) & 1;
+        const uint64_t high = k + 2 < 64 ? (m >> (k + 1)) << (k + 2) : 0;  // nseg <= 63: nothing above
+        p.entry_mask[e] = low | (bit << k) | (bit << (k + 1)) | high;
+      }
+      return true;
+    }
+    default: {  // reverse one query's merge list
+      const int32_t Q = w.num_queries(), q = int32_t(r.u32() % uint32_t(Q));
+      const int32_t b = p.query_slot_offset[q], e = p.query_slot_offset[q + 1];
+      if (e - b < 2) return false;
+      std::reverse(p.query_slots.begin() + b, p.query_slots.begin() + e);
+      return true;
+    }
+  }
+}
+
 }  // namespace treeattn::test_support
