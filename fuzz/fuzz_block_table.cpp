@@ -6,6 +6,8 @@
 #include "fuzz/fuzz_util.hpp"
 #include "treeattn/workloads.hpp"
 
+static const treeattn_fuzz::SmallInputLimit kLimit;  // fuzz_util.hpp: small files and trees
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   try {

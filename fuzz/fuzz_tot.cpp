@@ -7,6 +7,8 @@
 #include "fuzz/fuzz_util.hpp"
 #include "tree/builder_util.hpp"
 
+static const treeattn_fuzz::SmallInputLimit kLimit;  // fuzz_util.hpp: small files and trees
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
   const int task = data[0] % 4, iter = data[1] | (data[2] << 8);

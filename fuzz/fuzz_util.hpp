@@ -40,8 +40,15 @@ inline bool same_tree(const treeattn::Workload& a, const treeattn::Workload& b) 
 
 // Files that specs name are read through the size limit; keep it small here
 // so that a spec naming /dev/zero costs milliseconds, not 256 MiB.
+// Small limits for every input: files of at most 64 KB, trees of at most 4096
+// nodes and 65536 pages (a larger tree builds correctly, but for seconds
+// under ASan, which libFuzzer reports as a timeout).
 struct SmallInputLimit {
-  SmallInputLimit() { setenv("TREEATTN_MAX_INPUT_BYTES", "65536", 1); }
+  SmallInputLimit() {
+    setenv("TREEATTN_MAX_INPUT_BYTES", "65536", 1);
+    setenv("TREEATTN_MAX_BUILDER_NODES", "4096", 1);
+    setenv("TREEATTN_MAX_BUILDER_PAGES", "65536", 1);
+  }
 };
 
 }  // namespace treeattn_fuzz

@@ -23,13 +23,24 @@ std::string i128_str(__int128 v) {
 }
 }  // namespace
 
+namespace {
+// A budget, lowered (never raised) by the environment variable `env`.
+int64_t budget(const char* env, int64_t limit) {
+  const char* v = std::getenv(env);
+  if (!v || !*v) return limit;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  return (*end == '\0' && x > 0) ? std::min<int64_t>(limit, x) : limit;
+}
+}  // namespace
+
 void check_budget(__int128 nodes, __int128 pages, const std::string& what) {
-  if (nodes > kMaxBuilderNodes)
-    throw Error(what + ": " + i128_str(nodes) + " nodes exceed the builder limit of " +
-                std::to_string(kMaxBuilderNodes));
-  if (pages > kMaxBuilderPages)
-    throw Error(what + ": " + i128_str(pages) + " pages exceed the builder limit of " +
-                std::to_string(kMaxBuilderPages));
+  const int64_t max_nodes = budget("TREEATTN_MAX_BUILDER_NODES", kMaxBuilderNodes);
+  const int64_t max_pages = budget("TREEATTN_MAX_BUILDER_PAGES", kMaxBuilderPages);
+  if (nodes > max_nodes)
+    throw Error(what + ": " + i128_str(nodes) + " nodes exceed the builder limit of " + std::to_string(max_nodes));
+  if (pages > max_pages)
+    throw Error(what + ": " + i128_str(pages) + " pages exceed the builder limit of " + std::to_string(max_pages));
 }
 
 void check_page_size(int page_size) {

@@ -18,7 +18,9 @@ namespace treeattn::detail {
 inline constexpr int64_t kMaxBuilderNodes = int64_t(1) << 22;
 inline constexpr int64_t kMaxBuilderPages = int64_t(1) << 26;
 
-// Throws Error naming `what` when `nodes` or `pages` exceed the budgets above.
+// Throws Error naming `what` when `nodes` or `pages` exceed the budgets above,
+// or the lower ones in $TREEATTN_MAX_BUILDER_NODES / $TREEATTN_MAX_BUILDER_PAGES
+// (the fuzz targets set them, so that no input builds for seconds).
 void check_budget(__int128 nodes, __int128 pages, const std::string& what);
 
 // ceil(tokens / page_size) in 128 bits (callers sum these before checking).
