@@ -14,7 +14,10 @@ ctest --preset default -j"$jobs"
 # same CMake project through scikit-build-core), then pytest. Without a GPU the
 # package is built without CUDA (the CUDA sources were compiled above; its GPU
 # tests skip themselves).
-[ -x .venv/bin/python ] || python3 -m venv .venv
+if [ ! -x .venv/bin/python ] && ! python3 -m venv .venv; then  # Debian's python3 needs python3-venv
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get install -y -q python3-venv python3-dev >/dev/null && python3 -m venv .venv
+fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 cuda_define=()
 nvidia-smi -L >/dev/null 2>&1 || cuda_define=(-C cmake.define.TREEATTN_CUDA=OFF)
