@@ -34,27 +34,13 @@ struct Case {
 std::vector<Case>& cases() {
   static std::vector<Case> c = [] {
     std::vector<Case> out;
-    WorkloadParams p;
-    p.heads = {4, 2, 64};
-    p.page_size = 4;
-    p.dtype = DType::fp32;
-    RandomTreeOptions o;
-    o.max_nodes = 10;
-    o.max_tokens = 40;
-    o.empty_node_prob = 0.2;
-    o.internal_query_prob = 0.3;
-    PlanOptions opt;
-    opt.num_sms = 3;  // few CTAs: planners split KV, so plans have partial slots
-    opt.chunk_tokens = 8;
-    for (uint64_t seed = 1; seed <= 12; ++seed) {
+    for (test_support::MutationCase& m : test_support::mutation_cases(DType::fp32)) {
       Case k;
-      k.w = random_workload(seed, p, o);
-      k.inputs = make_random_inputs(k.w, seed);
+      k.w = std::move(m.w);
+      k.inputs = make_random_inputs(k.w, uint64_t(out.size() + 1));
       k.ref = reference_attention(k.w, k.inputs.args());
-      for (const PlannerInfo& info : planners()) {
-        k.plans.push_back(make_plan(info.name, k.w, opt));
-        validate_plan(k.w, k.plans.back());  // unmutated plans must be accepted (throws otherwise)
-      }
+      k.plans = std::move(m.plans);
+      for (const Plan& p : k.plans) validate_plan(k.w, p);  // unmutated plans must be accepted (throws otherwise)
       out.push_back(std::move(k));
     }
     return out;

@@ -46,37 +46,6 @@ bool unchanged(const Workload& a, const Plan& p, const Workload& b, const Plan& 
   return true;
 }
 
-// The fuzz target's cases (tests/support/plan_mutation.hpp's callers build
-// the same): valid plans of every planner over 12 small seeded random trees,
-// in fp16 for the GPU.
-struct Case {
-  Workload w;
-  std::vector<Plan> plans;
-};
-
-std::vector<Case> mutation_cases() {
-  WorkloadParams wp;
-  wp.heads = {4, 2, 64};
-  wp.page_size = 4;
-  wp.dtype = DType::fp16;
-  RandomTreeOptions ro;
-  ro.max_nodes = 10;
-  ro.max_tokens = 40;
-  ro.empty_node_prob = 0.2;
-  ro.internal_query_prob = 0.3;
-  PlanOptions opt;
-  opt.num_sms = 3;  // few CTAs: planners split KV, so plans have partial slots
-  opt.chunk_tokens = 8;
-  std::vector<Case> out;
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
-    Case c;
-    c.w = random_workload(seed, wp, ro);
-    for (const PlannerInfo& info : planners()) c.plans.push_back(make_plan(info.name, c.w, opt));
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
 // Inputs: the fuzz target's committed corpus, the directory named by
 // $TREEATTN_MUTATION_CORPUS (a longer fuzz run's corpus), and seeded random
 // single mutations; each is replayed as the fuzz target reads it (a case, a
@@ -101,7 +70,7 @@ std::vector<std::vector<uint8_t>> mutation_inputs() {
 }
 
 TEST(CudaExecutor, SanitizeMutatedPlans) {
-  const std::vector<Case> cases = mutation_cases();
+  const std::vector<test_support::MutationCase> cases = test_support::mutation_cases(DType::fp16);
   std::vector<HostTensors> inputs;
   std::vector<DeviceTensors> dev;
   std::vector<std::unique_ptr<CudaStepExecutor>> steps;
@@ -131,7 +100,7 @@ TEST(CudaExecutor, SanitizeMutatedPlans) {
     const bool transform = in >= first_transform;
     test_support::Reader r{bytes.data() + (transform ? 1 : 0), bytes.size() - (transform ? 1 : 0)};
     const size_t ci = r.byte() % cases.size();
-    const Case& c = cases[ci];
+    const test_support::MutationCase& c = cases[ci];
     const Plan& valid = c.plans[r.byte() % c.plans.size()];
     Workload w = c.w;
     Plan p = valid;

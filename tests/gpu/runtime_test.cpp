@@ -15,27 +15,14 @@
 #include "treeattn/cuda_executor.hpp"
 #include "treeattn/executor.hpp"
 #include "treeattn/planner.hpp"
+#include "tests/support/tree_arrays.hpp"
 #include "treeattn/runtime.hpp"
 #include "treeattn/workloads.hpp"
 
 namespace treeattn {
 namespace {
 
-// The arrays of a workload's tree, as an engine would pass them.
-struct Arrays {
-  std::vector<int32_t> parents, num_tokens, page_offsets{0}, page_ids, query_nodes, first_slots;
-  explicit Arrays(const Workload& w) {
-    for (const Node& n : w.tree.nodes) {
-      parents.push_back(n.parent);
-      num_tokens.push_back(n.num_tokens);
-      page_ids.insert(page_ids.end(), n.pages.begin(), n.pages.end());
-      page_offsets.push_back(int32_t(page_ids.size()));
-      first_slots.push_back(n.first_slot);
-    }
-    query_nodes = w.query_nodes;
-  }
-  TreeArrays view() const { return {parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots}; }
-};
+using test_support::Arrays;
 
 TreeAttentionConfig config_for(const Workload& w, const std::string& planner, int64_t num_pages) {
   TreeAttentionConfig c;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
 #include "tests/support/plan_mutation.hpp"
 #include "treeattn/executor.hpp"
@@ -15,34 +16,25 @@ namespace treeattn {
 namespace {
 
 TEST(PlanTransforms, ValidPlansStayValidAndRight) {
-  WorkloadParams wp;
-  wp.heads = {4, 2, 64};
-  wp.page_size = 4;
-  RandomTreeOptions ro;
-  ro.max_nodes = 10;
-  ro.max_tokens = 40;
-  ro.empty_node_prob = 0.2;
-  ro.internal_query_prob = 0.3;
-  PlanOptions opt;
-  opt.num_sms = 3;
-  opt.chunk_tokens = 8;
   std::mt19937_64 rng(11);
   int changed = 0, mutated_accepted = 0;
-  for (uint64_t seed = 1; seed <= 8; ++seed) {
-    const Workload w = random_workload(seed, wp, ro);
-    HostTensors h = make_random_inputs(w, seed);
+  uint64_t seed = 0;
+  for (const test_support::MutationCase& c : test_support::mutation_cases(DType::fp16, 8)) {
+    const Workload& w = c.w;
+    HostTensors h = make_random_inputs(w, ++seed);
     const std::vector<double> ref = reference_attention(w, h.args());
-    for (const PlannerInfo& info : planners()) {
-      const Plan valid = make_plan(info.name, w, opt);
+    for (size_t pi = 0; pi < c.plans.size(); ++pi) {
+      const Plan& valid = c.plans[pi];
+      const std::string& name = planners()[pi].name;
       for (int i = 0; i < 12; ++i) {
         std::vector<uint8_t> bytes(3 * 13);
         for (uint8_t& b : bytes) b = uint8_t(rng());
         test_support::Reader r{bytes.data(), bytes.size()};
         Plan p = valid;
         for (int k = 0; k < 3; ++k) changed += test_support::transform_plan(w, p, r);
-        ASSERT_NO_THROW(validate_plan(w, p)) << info.name << " seed " << seed;
+        ASSERT_NO_THROW(validate_plan(w, p)) << name << " seed " << seed;
         run_cpu(w, p, h.args(), 1);
-        EXPECT_LE(relative_error(w, h.out.data(), ref), 2e-3) << info.name << " seed " << seed;
+        EXPECT_LE(relative_error(w, h.out.data(), ref), 2e-3) << name << " seed " << seed;
         // A random single mutation: if accepted, it must be right as well.
         Workload wm = w;
         Plan pm = valid;
@@ -57,7 +49,7 @@ TEST(PlanTransforms, ValidPlansStayValidAndRight) {
         ++mutated_accepted;
         HostTensors hm = make_random_inputs(wm, seed);
         run_cpu(wm, pm, hm.args(), 1);
-        EXPECT_LE(relative_error(wm, hm.out.data(), reference_attention(wm, hm.args())), 2e-3) << info.name;
+        EXPECT_LE(relative_error(wm, hm.out.data(), reference_attention(wm, hm.args())), 2e-3) << name;
       }
     }
   }

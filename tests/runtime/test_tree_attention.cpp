@@ -7,25 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/tree_arrays.hpp"
 #include "treeattn/runtime.hpp"
 #include "treeattn/workloads.hpp"
 
 namespace treeattn {
 namespace {
 
-struct Arrays {
-  std::vector<int32_t> parents, num_tokens, page_offsets{0}, page_ids, query_nodes;
-  explicit Arrays(const Workload& w) {
-    for (const Node& n : w.tree.nodes) {
-      parents.push_back(n.parent);
-      num_tokens.push_back(n.num_tokens);
-      page_ids.insert(page_ids.end(), n.pages.begin(), n.pages.end());
-      page_offsets.push_back(int32_t(page_ids.size()));
-    }
-    query_nodes = w.query_nodes;
-  }
-  TreeArrays view() const { return {parents, num_tokens, page_offsets, page_ids, query_nodes, {}}; }
-};
+using test_support::Arrays;
 
 TreeAttentionConfig cpu_config(const WorkloadParams& p, int64_t num_pages) {
   TreeAttentionConfig c;

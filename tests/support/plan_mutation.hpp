@@ -12,9 +12,40 @@
 #include <cstdint>
 #include <vector>
 
-#include "treeattn/plan.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/workloads.hpp"
 
 namespace treeattn::test_support {
+
+// The trees mutations start from: `count` small seeded random trees (empty
+// nodes, queries on internal nodes) with the valid plan of every planner,
+// planned for few SMs so that plans split KV and have partial slots.
+struct MutationCase {
+  Workload w;
+  std::vector<Plan> plans;  // one per planner, in planners() order
+};
+inline std::vector<MutationCase> mutation_cases(DType dtype, int count = 12) {
+  WorkloadParams wp;
+  wp.heads = {4, 2, 64};
+  wp.page_size = 4;
+  wp.dtype = dtype;
+  RandomTreeOptions ro;
+  ro.max_nodes = 10;
+  ro.max_tokens = 40;
+  ro.empty_node_prob = 0.2;
+  ro.internal_query_prob = 0.3;
+  PlanOptions opt;
+  opt.num_sms = 3;
+  opt.chunk_tokens = 8;
+  std::vector<MutationCase> out;
+  for (int seed = 1; seed <= count; ++seed) {
+    MutationCase c;
+    c.w = random_workload(uint64_t(seed), wp, ro);
+    for (const PlannerInfo& info : planners()) c.plans.push_back(make_plan(info.name, c.w, opt));
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 // The bytes that drive the mutations; 0 once they run out.
 struct Reader {
