@@ -40,6 +40,7 @@ import torch
 
 from treeattn.engine import build_engine, load_model, make_program, run_program
 from treeattn.engine.__main__ import pages_needed
+from treeattn.engine.ops import choose_ops
 
 # name -> (kind, parameters, minimum auto speed-up: per-query TPOT / auto TPOT)
 PROGRAMS = {
@@ -401,6 +402,8 @@ def parse_args(argv=None):
     p.add_argument("--graphs", default=None, choices=["on", "off"],
                    help="CUDA graphs (default: on for cuda, off otherwise)")
     p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="torch.compile the model's elementwise ops (auto: on cuda with Triton)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0,
@@ -455,6 +458,8 @@ def main(argv=None):
           f"{bandwidth / 1e9:.0f} GB/s (copy of {nbytes >> 20} MiB, read + written)", flush=True)
 
     model = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
+    model.use_ops(choose_ops(args.compile, device))
+    report["compiled_ops"] = model.ops.compiled
     sync(device)
     WEIGHTS, KV_TOKEN = weights_read_bytes(model), kv_bytes_per_token(model)
     report.update(model=args.model, dtype=args.dtype, weights_read_bytes=WEIGHTS,
@@ -494,7 +499,8 @@ def main(argv=None):
     save()
 
     print()
-    print(f"{name}, {args.model} {args.dtype}, graphs {args.graphs}, page size {args.page_size}, "
+    print(f"{name}, {args.model} {args.dtype}, graphs {args.graphs}, compiled ops "
+          f"{model.ops.compiled}, page size {args.page_size}, "
           f"bandwidth {bandwidth / 1e9:.0f} GB/s, commit {report['commit']}")
     print(table([r for r in rows if r["program"] in PROGRAMS], ups))
     for line in hf_lines(report["hf_reference"]):

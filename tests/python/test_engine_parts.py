@@ -201,3 +201,42 @@ def test_prepared_decode_matches_unprepared(cache):
         engine.cache.check()
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+def test_fused_projections_are_views_of_one_weight():
+    """q/k/v and gate/up run as one product each; the Hugging Face parameters stay (views of
+    the fused weight), so state_dict and loading are unchanged; .to() drops the fusion and
+    the next forward fuses again, with the same logits."""
+    from treeattn.engine.model import CausalLM
+    model = load_model("random:tiny", dtype="fp32")
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    w, b = attn.qkv
+    assert attn.q_proj.weight.data_ptr() == w.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == w[-attn.v_proj.weight.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == mlp.gate_up[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    names = set(model.state_dict())
+    assert "model.layers.0.self_attn.k_proj.weight" in names and not any("qkv" in n for n in names)
+    # a fresh unfused model with the same state gives the same logits
+    fresh = CausalLM(model.cfg)
+    fresh.load_state_dict(model.state_dict())
+    assert fresh.model.layers[0].self_attn.qkv is None
+    ids = torch.tensor([3, 1, 4, 1, 5])
+    def logits(m):
+        eng = build_engine(m, "torch-ref", "py", page_size=4, num_pages=16)
+        seq, out = eng.add(ids.tolist())
+        return out
+    before = logits(model)
+    torch.testing.assert_close(before, logits(fresh), rtol=0, atol=1e-6)
+    model.to("cpu")
+    assert attn.qkv is None and mlp.gate_up is None
+    torch.testing.assert_close(logits(model), before, rtol=0, atol=0)
+    assert attn.q_proj.weight.data_ptr() == attn.qkv[0].data_ptr()
+
+
+def test_choose_ops():
+    from treeattn.engine.ops import EAGER, choose_ops
+    assert choose_ops("off", "cpu") is EAGER and choose_ops("auto", "cpu") is EAGER
+    with pytest.raises(ValueError, match="compile: expected auto, on or off"):
+        choose_ops("maybe", "cpu")
+    with pytest.raises(ValueError, match="compile: on needs a cuda device"):
+        choose_ops("on", "cpu")

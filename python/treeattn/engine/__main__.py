@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from . import build_engine, load_model, make_program
+from .ops import choose_ops
 from .programs import KINDS
 
 
@@ -24,6 +25,9 @@ def parse_args(argv=None):
     p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
     p.add_argument("--steps", type=int, default=None, help="at most this many decode steps")
     p.add_argument("--graphs", default="off", choices=["on", "off"])
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="torch.compile the elementwise ops into one kernel each "
+                        "(auto: on a CUDA device with Triton)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
@@ -71,6 +75,7 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
+    model.use_ops(choose_ops(args.compile, args.device))
     program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
     num_pages = args.num_pages or pages_needed(program, args.page_size)
     max_batch = len(program.prompts) * program.samples
@@ -80,7 +85,7 @@ def main(argv=None):
     result = run_program(engine, program, seed=args.seed, steps=args.steps,
                          time_attention=True, on_step=Progress())
     report = dict(model=args.model, program=args.program, attention=args.attention,
-                  graphs=args.graphs, device=str(engine.device), dtype=args.dtype,
+                  graphs=args.graphs, compiled=model.ops.compiled, device=str(engine.device), dtype=args.dtype,
                   page_size=args.page_size, num_pages=num_pages, **result.summary())
     if args.json:
         print(json.dumps(report, indent=2))

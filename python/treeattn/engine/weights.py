@@ -42,6 +42,7 @@ def random_model(cfg: ModelConfig, device, dtype, seed: int = 0) -> CausalLM:
             # fp32 so that a model's weights are the same values (up to rounding)
             # in every dtype and on every PyTorch version
             p.copy_(torch.empty(p.shape, dtype=torch.float32, device=p.device).normal_(0.0, 0.02, generator=gen))
+    model.fuse_projections()
     return model
 
 
@@ -98,4 +99,5 @@ def load_model(path_or_name: str, device="cpu", dtype="bf16", seed: int = 0) -> 
         raise ValueError(f"model: {path_or_name!r} is neither a folder nor random:NAME")
     model = empty_model(read_config(path_or_name), device, dtype)
     load_weights(model, path_or_name)
+    model.fuse_projections()
     return model
