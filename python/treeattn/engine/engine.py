@@ -55,13 +55,31 @@ class Engine:
             self.graphs = GraphRunner(self, max_batch)
 
     # -- rows and pages -----------------------------------------------------------------
-    def _rows(self, seq, start, stop):
-        """Pool rows of seq's tokens [start, stop)."""
+    def host_rows(self, seq, start, stop):
+        """Pool rows of seq's tokens [start, stop) as an int64 NumPy array."""
         pages = np.concatenate([seq.cached_pages.astype(np.int64),
                                 np.asarray(seq.tail, dtype=np.int64)])
         idx = np.arange(start, stop)
-        return torch.from_numpy(pages[idx // self.page_size] * self.page_size
-                                + idx % self.page_size).to(self.device)
+        return pages[idx // self.page_size] * self.page_size + idx % self.page_size
+
+    def _rows(self, seq, start, stop):
+        """Pool rows of seq's tokens [start, stop) on the device."""
+        return torch.from_numpy(self.host_rows(seq, start, stop)).to(self.device)
+
+    def reserve(self, seq, stop, what):
+        """Grow seq's tail until it has pages for tokens up to `stop` (exclusive); `what`
+        names the request in the error when the cache is full."""
+        need = _ceil_div(stop - seq.cached_len, self.page_size) - len(seq.tail)
+        if need > 0:
+            seq.tail += self._alloc(need, what)
+
+    def trim_tail(self, seq, num_pages):
+        """Free seq's tail pages past its first num_pages. Pages holding a token below
+        kv_len + 1 (the pending one) must stay: the forest cache relies on a tail's first
+        pages never changing while its sequence decodes."""
+        if len(seq.tail) > num_pages:
+            self.cache.free(seq.tail[num_pages:])
+            del seq.tail[num_pages:]
 
     def _alloc(self, n, what):
         try:
