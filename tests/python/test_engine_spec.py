@@ -6,6 +6,7 @@ prompt verified in one plan; bad input -> ValueError naming the field, cache unc
 CPU tests run fp32 with the torch-ref attention (and the treeattn CPU executor in fp16);
 the gpu-marked ones run treeattn's CUDA attention."""
 import json
+import os
 import re
 
 import pytest
@@ -17,7 +18,9 @@ from treeattn.engine.drafting import Draft, NgramIndex, Topology, draft_tree, lo
 from treeattn.engine.speculative import (parse_spec_program, run_speculative,
                                          spec_pages_needed, verify)
 
-WORKLOADS = "/work/shared/workloads"
+# the recorded Medusa trees (also in ../shared/workloads), as tests/tree/test_recorded.cpp finds them
+WORKLOADS = os.environ.get("TREEATTN_WORKLOADS") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "../../data/workloads")
 ATOL = 1e-4          # fp32 engine vs fp32 transformers, as in test_engine_hf.py
 FP16_ATOL = 5e-2     # fp16 engine vs fp32 transformers (fp16 rounding, see test_engine_hf.py)
 CUDA = torch.cuda.is_available()

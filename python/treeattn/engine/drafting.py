@@ -1,5 +1,5 @@
 """Draft token trees without a trained draft head: a topology (the recorded Medusa trees in
-shared/workloads, or a width x depth rule) filled with prompt-lookup / n-gram candidates
+data/workloads = shared/workloads, or a width x depth rule) filled with prompt-lookup / n-gram candidates
 (continuations found in the request's own prompt and generated text).
 
 A topology is a list of paths: path [i0, i1, ...] is the i0-th ranked candidate after the

@@ -174,7 +174,8 @@ def parse_spec_program(spec, vocab_size, seed=0, workloads=None):
     """spec:prompt=4000,requests=8,question=16,repeat=0,gen=128,tree=PATH|WxD,ngram=3,fill=0.
     requests share a `prompt`-token prompt, each with its own `question` tokens; repeat=R
     makes the prompt a random R-token segment repeated (so n-gram drafts get accepted);
-    a relative tree file is looked up in `workloads` too."""
+    a tree file not found as given is looked up in the folder `workloads` too (the CLI:
+    $TREEATTN_WORKLOADS, else the repository's data/workloads)."""
     kind, _, rest = spec.partition(":")
     if kind != "spec":
         raise ValueError(f"program: expected spec:..., got {spec!r}")
@@ -284,6 +285,31 @@ def run_speculative(engine, spec, steps=None, time_attention=False, on_step=None
         if on_step:
             on_step(len(result.step_seconds), out)
     return result
+
+
+def run_cli(args, model):
+    """python -m treeattn.engine --program spec:...: prints the drafts accepted per request
+    at each step (stderr) and returns the report."""
+    import sys
+    workloads = os.environ.get("TREEATTN_WORKLOADS") or next(
+        (d for d in ("data/workloads", os.path.join(os.path.dirname(__file__), "../../../data/workloads"))
+         if os.path.isdir(d)), None)
+    spec = parse_spec_program(args.program, model.cfg.vocab_size, args.seed, workloads)
+    max_draft = len(load_topology(spec.tree))
+    requests = len(spec.program.prompts)
+    num_pages = args.num_pages or spec_pages_needed(spec, args.page_size, max_draft)
+    from . import build_engine
+    engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,
+                          max_batch=requests, max_drafts=requests * max_draft)
+
+    def on_step(step, out):
+        print(f"step {step}: accepted {out.accepted}", file=sys.stderr)
+    result = run_speculative(engine, spec, steps=args.steps, time_attention=True,
+                             on_step=on_step)
+    return dict(model=args.model, program=args.program, tree=spec.tree, tree_size=max_draft,
+                attention=args.attention, graphs="off (eager verification)",
+                device=str(engine.device), dtype=args.dtype, page_size=args.page_size,
+                num_pages=num_pages, **result.summary())
 
 
 def spec_pages_needed(spec, page_size, max_draft):
