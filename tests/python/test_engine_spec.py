@@ -344,3 +344,22 @@ def test_gpu_treeattn_spec_equals_greedy(attention):
             top2 = logits[same].float().topk(2).values
             assert top2[0] - top2[1] < 0.1, \
                 f"differs at generated token {same}, plain top-2 gap {top2[0] - top2[1]}"
+
+
+# -- the benchmark ---------------------------------------------------------------------------
+
+def test_spec_bench_cpu_smoke(tmp_path):
+    from test_engine_bench import load_bench
+    bench = load_bench("spec_bench")
+    out = tmp_path / "spec_bench.json"
+    rc = bench.main(["--model", "random:tiny", "--device", "cpu", "--prompt", "40", "--steps",
+                     "2", "--trees", "4x4,APPS_tree_size32.json", "--workloads", WORKLOADS,
+                     "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and {"device", "date", "commit", "command"} <= set(report)
+    spec = [r for r in report["rows"] if r["kind"] == "spec"]
+    assert [(r["attention"], r["queries"]) for r in spec] == [
+        ("auto", 8 * 17), ("auto", 8 * 32), ("per-query", 8 * 17), ("per-query", 8 * 32)]
+    # fill=1: every step verifies the whole topology
+    assert all(r["drafts_per_request_step"] == r["drafts"] and r["break_even_tokens"] > 0
+               for r in spec)

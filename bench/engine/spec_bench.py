@@ -1,0 +1,231 @@
+"""Speculative decoding with token trees on the engine (issue 19, section 2), in one process
+on one GPU: 8 requests sharing a 4000-token prompt (16-token questions), Llama-3-8B shapes
+with random weights (bf16), --attention auto and per-query. Per attention:
+
+- plain decode of the 8 requests: step time (median; CUDA graphs on, and eager) and its
+  attention time (the step's planned run()s);
+- per draft tree (the recorded Medusa trees of 32 and 64 tokens: 31 / 63 drafts + the pending
+  token, and 16x16: 16 chains of 16 = 256 drafts + the pending token), every topology filled
+  (fill=1: a filler token where n-gram lookup finds no candidate), so each step verifies
+  8 x (1 + drafts) queries whatever is accepted: the verification step's time (median; eager,
+  no CUDA graph), its attention time, and the acceptance-independent comparison with plain
+  decoding: `break_even_tokens`, the tokens a request must gain per step (accepted drafts +
+  the bonus token) for speculative decoding to match plain decode's tokens/s (eager verify
+  step / graph decode step). The tokens/s measured with random weights (almost nothing
+  accepted) is reported as well.
+
+    python3 bench/engine/spec_bench.py --out spec_bench.json
+    # CPU smoke (seconds): --model random:tiny --device cpu --prompt 40 --steps 2 \\
+    #     --trees 4x4,APPS_tree_size32.json
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_bench import commit, free_memory, sync  # noqa: E402
+
+from treeattn.engine import build_engine, load_model, run_program  # noqa: E402
+from treeattn.engine.drafting import load_topology  # noqa: E402
+from treeattn.engine.speculative import (parse_spec_program, run_speculative,  # noqa: E402
+                                         spec_pages_needed)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def median_ms(seconds):
+    return statistics.median(seconds) * 1e3 if seconds else None
+
+
+def release(engine, seqs):
+    for s in seqs:
+        engine.release(s, publish=False)
+    engine.cache.check()
+
+
+def plain_decode(model, spec, attention, args, graphs, pages, max_draft):
+    """Plain decode steps of the spec's requests: (step ms median, attention ms median)."""
+    engine = build_engine(model, attention, args.cache, args.page_size, pages,
+                          max_batch=len(spec.program.prompts), graphs=graphs,
+                          max_drafts=len(spec.program.prompts) * max_draft)
+    try:
+        result = run_program(engine, spec.program, steps=args.steps * 4, time_attention=True)
+        release(engine, result.seqs)
+        return median_ms(result.step_seconds), median_ms(result.attention_seconds)
+    finally:
+        del engine
+        free_memory(model.model.embed_tokens.weight.device)
+
+
+def run_attention(model, args, attention):
+    """The rows of one attention: plain decode, then one row per draft tree."""
+    device = model.model.embed_tokens.weight.device
+    base = parse_spec_program(f"spec:prompt={args.prompt},requests={args.requests},"
+                              f"question={args.question},gen={args.gen},fill=1",
+                              model.cfg.vocab_size, args.seed)
+    trees = [(t, args.workloads) for t in args.trees]
+    sizes = {t: len(load_topology(_tree_path(t, w))) for t, w in trees}
+    max_draft = max(sizes.values())
+    pages = spec_pages_needed(base, args.page_size, max_draft)
+    rows = []
+    plain = {}
+    for graphs in ([True, False] if device.type == "cuda" else [False]):
+        step, attn = plain_decode(model, base, attention, args, graphs, pages, max_draft)
+        plain[graphs] = step
+        rows.append(dict(kind="plain", attention=attention, graphs=graphs,
+                         step_ms_median=step, attention_ms_median=attn,
+                         tokens_per_s=args.requests / step * 1e3))
+        print(f"[{time.perf_counter() - T0:6.1f}s] {attention} plain decode, graphs "
+              f"{'on' if graphs else 'off'}: step {step:.2f} ms, attention {attn:.2f} ms",
+              flush=True)
+    reference = plain[device.type == "cuda"]
+    engine = build_engine(model, attention, args.cache, args.page_size, pages,
+                          max_batch=args.requests, max_drafts=args.requests * max_draft)
+    try:
+        for tree, workloads in trees:
+            spec = dataclasses.replace(base, tree=_tree_path(tree, workloads))
+            row = dict(kind="spec", attention=attention, tree=tree, drafts=sizes[tree],
+                       queries=args.requests * (1 + sizes[tree]), graphs=False)
+            try:
+                result = run_speculative(engine, spec, steps=args.steps, time_attention=True)
+                release(engine, result.seqs)
+                summary = result.summary()
+                verify = median_ms(result.verify_seconds)
+                row.update(verify_ms_median=verify,
+                           verify_attention_ms_median=median_ms(result.attention_seconds),
+                           step_ms_median=summary["step_ms_median"],
+                           drafts_per_request_step=summary["drafts_per_request_step"],
+                           tokens_per_request_step=summary["tokens_per_request_step"],
+                           tokens_per_s_measured=summary["tokens_per_s"],
+                           plain_step_ms=reference,
+                           break_even_tokens=verify / reference)
+            except Exception as e:   # noqa: BLE001 (report the case, keep the others)
+                traceback.print_exc()
+                row["error"] = f"{type(e).__name__}: {e}"
+            rows.append(row)
+            print(f"[{time.perf_counter() - T0:6.1f}s] {attention} {tree}: " + ", ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in row.items() if k not in ("kind", "attention", "tree")), flush=True)
+    finally:
+        del engine
+        free_memory(device)
+    return rows
+
+
+def _tree_path(tree, workloads):
+    """WxD as is; a file as given, else in the workloads folder."""
+    if "x" in tree and not tree.endswith(".json"):
+        return tree
+    if os.path.exists(tree) or not workloads:
+        return tree
+    return os.path.join(workloads, tree)
+
+
+def table(rows):
+    """Per tree: verify step and its attention, auto vs per-query; break-even tokens."""
+    spec = [r for r in rows if r["kind"] == "spec" and "error" not in r]
+    by = {(r["tree"], r["attention"]): r for r in spec}
+    lines = [f"{'tree':>24} {'queries':>7} {'attention':>9} {'verify ms':>9} "
+             f"{'attn ms':>8} {'break-even':>10}"]
+    for (tree, attention), r in by.items():
+        lines.append(f"{tree:>24} {r['queries']:>7} {attention:>9} {r['verify_ms_median']:>9.2f} "
+                     f"{r['verify_attention_ms_median']:>8.3f} {r['break_even_tokens']:>10.2f}")
+    for tree in dict.fromkeys(t for t, _ in by):
+        a, p = by.get((tree, "auto")), by.get((tree, "per-query"))
+        if a and p:
+            lines.append(f"{tree}: verification attention per-query / auto = "
+                         f"{p['verify_attention_ms_median'] / a['verify_attention_ms_median']:.2f}x,"
+                         f" verify step {p['verify_ms_median'] / a['verify_ms_median']:.2f}x")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--attentions", default="auto,per-query")
+    p.add_argument("--trees", default="APPS_tree_size32.json,APPS_tree_size64.json,16x16",
+                   help="Medusa topology files (looked up in --workloads too) or WxD")
+    p.add_argument("--workloads", default=os.environ.get(
+        "TREEATTN_WORKLOADS", os.path.join(ROOT, "data", "workloads")))
+    p.add_argument("--prompt", type=int, default=4000)
+    p.add_argument("--requests", type=int, default=8)
+    p.add_argument("--question", type=int, default=16)
+    p.add_argument("--gen", type=int, default=1024,
+                   help="tokens per request: more than the steps generate (at most 1 + the "
+                        "tree's depth per step), so no draft is cut short")
+    p.add_argument("--steps", type=int, default=8,
+                   help="verification steps per tree (plain decode: 4x as many)")
+    p.add_argument("--model", default="random:llama3-8b")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.attentions = [a for a in args.attentions.split(",") if a]
+    args.trees = [t for t in args.trees.split(",") if t]
+    return args
+
+
+T0 = time.perf_counter()
+
+
+def main(argv=None):
+    global T0
+    T0 = time.perf_counter()
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()})"
+    command = ["python3", "bench/engine/spec_bench.py"] + (sys.argv[1:] if argv is None else list(argv))
+    report = dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds"),
+                  commit=commit(), command=" ".join(shlex.quote(a) for a in command),
+                  args=vars(args), torch=torch.__version__, rows=[])
+
+    def save():
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+
+    model = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
+    sync(device)
+    print(f"[{time.perf_counter() - T0:6.1f}s] {name}, {args.model} {args.dtype}, commit "
+          f"{report['commit']}", flush=True)
+    for attention in args.attentions:
+        try:
+            report["rows"] += run_attention(model, args, attention)
+        except Exception as e:   # noqa: BLE001
+            traceback.print_exc()
+            report["rows"].append(dict(kind="error", attention=attention,
+                                       error=f"{type(e).__name__}: {e}"))
+            free_memory(device)
+        save()
+    report["wall_s"] = time.perf_counter() - T0
+    save()
+    print()
+    print(f"{name}, {args.model} {args.dtype}, {args.requests} requests x {args.prompt}-token "
+          f"shared prompt, commit {report['commit']}; verification eager, plain decode "
+          f"with CUDA graphs where on cuda")
+    print(table(report["rows"]))
+    print(f"wall {report['wall_s']:.0f} s" + (f"; JSON: {args.out}" if args.out else ""))
+    return 1 if any("error" in r for r in report["rows"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
