@@ -23,7 +23,6 @@ import dataclasses
 import datetime
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -33,7 +32,7 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_bench import commit, free_memory, sync  # noqa: E402
+from engine_bench import commit, device_and_name, free_memory, sync  # noqa: E402
 
 from treeattn.engine import build_engine, load_model, run_program  # noqa: E402
 from treeattn.engine.drafting import load_topology  # noqa: E402
@@ -185,12 +184,7 @@ def main(argv=None):
     global T0
     T0 = time.perf_counter()
     args = parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"cpu ({platform.processor() or platform.machine()})"
+    device, name = device_and_name(args.device)
     command = ["python3", "bench/engine/spec_bench.py"] + (sys.argv[1:] if argv is None else list(argv))
     report = dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                       timespec="seconds"),

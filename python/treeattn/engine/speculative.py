@@ -27,7 +27,7 @@ import torch
 
 from .contexts import DecodeContext
 from .drafting import NgramIndex, check_parents, draft_tree, load_topology
-from .programs import Program
+from .programs import Program, parse_params
 from .sampling import SamplingParams
 
 SPEC_DEFAULTS = dict(prompt=4000, requests=8, question=16, repeat=0, gen=128,
@@ -179,18 +179,7 @@ def parse_spec_program(spec, vocab_size, seed=0, workloads=None):
     kind, _, rest = spec.partition(":")
     if kind != "spec":
         raise ValueError(f"program: expected spec:..., got {spec!r}")
-    params = dict(SPEC_DEFAULTS)
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or key not in params:
-            raise ValueError(f"program: bad parameter {item!r} for 'spec'; known: "
-                             f"{sorted(params)}")
-        try:
-            params[key] = type(params[key])(value)
-        except ValueError as e:
-            raise ValueError(f"program: {key}={value!r} is not a "
-                             f"{type(params[key]).__name__}") from e
-    p = params
+    p = parse_params("spec", rest, dict(SPEC_DEFAULTS))
     if p["gen"] < 1 or p["requests"] < 1 or p["prompt"] < 1 or p["ngram"] < 1:
         raise ValueError(f"program: gen, requests, prompt and ngram must be >= 1 in {spec!r}")
     tree = p["tree"]
