@@ -52,73 +52,72 @@ def release(engine, seqs):
     engine.cache.check()
 
 
-def plain_decode(model, spec, attention, args, graphs, pages, max_draft):
+def plain_decode(engine, spec, args):
     """Plain decode steps of the spec's requests: (step ms median, attention ms median)."""
-    engine = build_engine(model, attention, args.cache, args.page_size, pages,
-                          max_batch=len(spec.program.prompts), graphs=graphs,
-                          max_drafts=len(spec.program.prompts) * max_draft)
-    try:
-        result = run_program(engine, spec.program, steps=args.steps * 4, time_attention=True)
-        release(engine, result.seqs)
-        return median_ms(result.step_seconds), median_ms(result.attention_seconds)
-    finally:
-        del engine
-        free_memory(model.model.embed_tokens.weight.device)
+    result = run_program(engine, spec.program, steps=args.steps * 4, time_attention=True)
+    release(engine, result.seqs)
+    return median_ms(result.step_seconds), median_ms(result.attention_seconds)
 
 
 def run_attention(model, args, attention):
-    """The rows of one attention: plain decode, then one row per draft tree."""
+    """The rows of one attention: per mode (CUDA graphs on, then off; off only on the CPU)
+    plain decode, then one row per draft tree, on one engine."""
     device = model.model.embed_tokens.weight.device
     base = parse_spec_program(f"spec:prompt={args.prompt},requests={args.requests},"
                               f"question={args.question},gen={args.gen},fill=1",
                               model.cfg.vocab_size, args.seed)
-    trees = [(t, args.workloads) for t in args.trees]
-    sizes = {t: len(load_topology(_tree_path(t, w))) for t, w in trees}
+    trees = {t: _tree_path(t, args.workloads) for t in args.trees}
+    sizes = {t: len(load_topology(path)) for t, path in trees.items()}
     max_draft = max(sizes.values())
     pages = spec_pages_needed(base, args.page_size, max_draft)
     rows = []
-    plain = {}
     for graphs in ([True, False] if device.type == "cuda" else [False]):
-        step, attn = plain_decode(model, base, attention, args, graphs, pages, max_draft)
-        plain[graphs] = step
-        rows.append(dict(kind="plain", attention=attention, graphs=graphs,
-                         step_ms_median=step, attention_ms_median=attn,
-                         tokens_per_s=args.requests / step * 1e3))
-        print(f"[{time.perf_counter() - T0:6.1f}s] {attention} plain decode, graphs "
-              f"{'on' if graphs else 'off'}: step {step:.2f} ms, attention {attn:.2f} ms",
-              flush=True)
-    reference = plain[device.type == "cuda"]
-    engine = build_engine(model, attention, args.cache, args.page_size, pages,
-                          max_batch=args.requests, max_drafts=args.requests * max_draft)
-    try:
-        for tree, workloads in trees:
-            spec = dataclasses.replace(base, tree=_tree_path(tree, workloads))
-            row = dict(kind="spec", attention=attention, tree=tree, drafts=sizes[tree],
-                       queries=args.requests * (1 + sizes[tree]), graphs=False)
-            try:
-                result = run_speculative(engine, spec, steps=args.steps, time_attention=True)
-                release(engine, result.seqs)
-                summary = result.summary()
-                verify = median_ms(result.verify_seconds)
-                row.update(verify_ms_median=verify,
-                           verify_attention_ms_median=median_ms(result.attention_seconds),
-                           step_ms_median=summary["step_ms_median"],
-                           drafts_per_request_step=summary["drafts_per_request_step"],
-                           tokens_per_request_step=summary["tokens_per_request_step"],
-                           tokens_per_s_measured=summary["tokens_per_s"],
-                           plain_step_ms=reference,
-                           break_even_tokens=verify / reference)
-            except Exception as e:   # noqa: BLE001 (report the case, keep the others)
-                traceback.print_exc()
-                row["error"] = f"{type(e).__name__}: {e}"
-            rows.append(row)
-            print(f"[{time.perf_counter() - T0:6.1f}s] {attention} {tree}: " + ", ".join(
-                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                for k, v in row.items() if k not in ("kind", "attention", "tree")), flush=True)
-    finally:
-        del engine
-        free_memory(device)
+        mode = "graphs" if graphs else "eager"
+        engine = build_engine(model, attention, args.cache, args.page_size, pages,
+                              max_batch=args.requests, graphs=graphs,
+                              max_drafts=args.requests * max_draft)
+        try:
+            plain, attn = plain_decode(engine, base, args)
+            rows.append(dict(kind="plain", attention=attention, graphs=graphs,
+                             step_ms_median=plain, attention_ms_median=attn,
+                             tokens_per_s=args.requests / plain * 1e3))
+            print(f"[{time.perf_counter() - T0:6.1f}s] {attention} {mode} plain decode: step "
+                  f"{plain:.2f} ms, attention {attn:.2f} ms", flush=True)
+            for tree, path in trees.items():
+                rows.append(spec_row(engine, dataclasses.replace(base, tree=path), args,
+                                     dict(kind="spec", attention=attention, graphs=graphs,
+                                          tree=tree, drafts=sizes[tree],
+                                          queries=args.requests * (1 + sizes[tree])), plain))
+                print(f"[{time.perf_counter() - T0:6.1f}s] {attention} {mode} {tree}: " + ", ".join(
+                    f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in rows[-1].items() if k not in ("kind", "attention", "tree")),
+                    flush=True)
+        finally:
+            del engine
+            free_memory(device)
     return rows
+
+
+def spec_row(engine, spec, args, row, plain_ms):
+    """Verification steps of one tree (the first, which may capture a CUDA graph, is left
+    out of the medians by running one step more)."""
+    try:
+        result = run_speculative(engine, spec, steps=args.steps + 1, time_attention=True)
+        release(engine, result.seqs)
+        summary = result.summary()
+        verify = median_ms(result.verify_seconds[1:])
+        row.update(verify_ms_median=verify,
+                   verify_attention_ms_median=median_ms(result.attention_seconds[1:]),
+                   step_ms_median=median_ms(result.step_seconds[1:]),
+                   drafts_per_request_step=summary["drafts_per_request_step"],
+                   tokens_per_request_step=summary["tokens_per_request_step"],
+                   tokens_per_s_measured=summary["tokens_per_s"],
+                   plain_step_ms=plain_ms,
+                   break_even_tokens=verify / plain_ms)
+    except Exception as e:   # noqa: BLE001 (report the case, keep the others)
+        traceback.print_exc()
+        row["error"] = f"{type(e).__name__}: {e}"
+    return row
 
 
 def _tree_path(tree, workloads):
@@ -131,20 +130,25 @@ def _tree_path(tree, workloads):
 
 
 def table(rows):
-    """Per tree: verify step and its attention, auto vs per-query; break-even tokens."""
+    """Per tree and mode: verify step and its attention, auto vs per-query; break-even."""
     spec = [r for r in rows if r["kind"] == "spec" and "error" not in r]
-    by = {(r["tree"], r["attention"]): r for r in spec}
-    lines = [f"{'tree':>24} {'queries':>7} {'attention':>9} {'verify ms':>9} "
+    by = {(r["tree"], r["graphs"], r["attention"]): r for r in spec}
+    lines = [f"{'tree':>24} {'graphs':>6} {'queries':>7} {'attention':>9} {'verify ms':>9} "
              f"{'attn ms':>8} {'break-even':>10}"]
-    for (tree, attention), r in by.items():
-        lines.append(f"{tree:>24} {r['queries']:>7} {attention:>9} {r['verify_ms_median']:>9.2f} "
-                     f"{r['verify_attention_ms_median']:>8.3f} {r['break_even_tokens']:>10.2f}")
-    for tree in dict.fromkeys(t for t, _ in by):
-        a, p = by.get((tree, "auto")), by.get((tree, "per-query"))
+    for (tree, graphs, attention), r in by.items():
+        lines.append(f"{tree:>24} {'on' if graphs else 'off':>6} {r['queries']:>7} {attention:>9} "
+                     f"{r['verify_ms_median']:>9.2f} {r['verify_attention_ms_median']:>8.3f} "
+                     f"{r['break_even_tokens']:>10.2f}")
+    for tree, graphs in dict.fromkeys(k[:2] for k in by):
+        a, p = by.get((tree, graphs, "auto")), by.get((tree, graphs, "per-query"))
         if a and p:
-            lines.append(f"{tree}: verification attention per-query / auto = "
-                         f"{p['verify_attention_ms_median'] / a['verify_attention_ms_median']:.2f}x,"
+            lines.append(f"{tree}, graphs {'on' if graphs else 'off'}: verification attention "
+                         f"per-query / auto = {p['verify_attention_ms_median'] / a['verify_attention_ms_median']:.2f}x,"
                          f" verify step {p['verify_ms_median'] / a['verify_ms_median']:.2f}x")
+    for r in rows:
+        if r["kind"] == "plain":
+            lines.append(f"plain decode ({r['attention']}, graphs {'on' if r['graphs'] else 'off'}): "
+                         f"step {r['step_ms_median']:.2f} ms, attention {r['attention_ms_median']:.3f} ms")
     return "\n".join(lines)
 
 
@@ -214,8 +218,8 @@ def main(argv=None):
     save()
     print()
     print(f"{name}, {args.model} {args.dtype}, {args.requests} requests x {args.prompt}-token "
-          f"shared prompt, commit {report['commit']}; verification eager, plain decode "
-          f"with CUDA graphs where on cuda")
+          f"shared prompt, commit {report['commit']}; break-even = verify step / plain step "
+          f"(tokens a request must gain per step)")
     print(table(report["rows"]))
     print(f"wall {report['wall_s']:.0f} s" + (f"; JSON: {args.out}" if args.out else ""))
     return 1 if any("error" in r for r in report["rows"]) else 0

@@ -23,7 +23,7 @@ def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_p
                           max_page_refs=num_pages + max_drafts)
     kv_cache = make_cache(cache, num_pages - 1, page_size)
     return Engine(model, attn, kv_cache, num_pages, page_size, max_batch=max_batch,
-                  graphs=graphs)
+                  graphs=graphs, max_drafts=max_drafts)
 
 
 __all__ = ["CausalLM", "Engine", "ModelConfig", "Program", "PyRadixCache", "RunResult",

@@ -16,7 +16,8 @@ A verification step of sequences s_1..s_B with drafts d_1..d_B:
   after a_m). kv_len advances by 1 + m; a_k's KV row moves to offset kv_len + k only where
   it is not there already (exact: its RoPE position already is kv_len + k); the other
   drafts' rows are forgotten and the tail pages past the new kv_len freed.
-The attention is eager (no CUDA graph for verification steps)."""
+With engine.graphs, a verification step replays the decode step's CUDA graph of the bucket
+of its token count (pending tokens + drafts, padded); eager otherwise."""
 import os
 import statistics
 import time
@@ -38,10 +39,12 @@ SPEC_DEFAULTS = dict(prompt=4000, requests=8, question=16, repeat=0, gen=128,
 class Verified:
     """What verify() appended to each sequence: tokens[i] (accepted drafts, then the
     bonus token, which is the new pending one) and accepted[i] = len(tokens[i]) - 1;
-    logits[i] [1 + drafts, vocab] (the pending token's row, then the drafts') when asked."""
+    logits[i] [1 + drafts, vocab] (the pending token's row, then the drafts') when asked;
+    the step's attention seconds when timed."""
     tokens: list
     accepted: list
     logits: list = None
+    attention_seconds: float = None
 
 
 def _check_drafts(engine, seqs, drafts):
@@ -50,6 +53,11 @@ def _check_drafts(engine, seqs, drafts):
                          f"got {len(seqs)}")
     if len(drafts) != len(seqs):
         raise ValueError(f"drafts: expected one per sequence ({len(seqs)}), got {len(drafts)}")
+    total = len(seqs) + sum(len(d.tokens) for d in drafts)
+    if total > engine.max_tokens:
+        raise ValueError(f"drafts: {len(seqs)} pending tokens + {total - len(seqs)} drafts "
+                         f"exceed the engine's max_tokens = max_batch + max_drafts = "
+                         f"{engine.max_tokens}")
     vocab, window = engine.model.cfg.vocab_size, engine.model.cfg.sliding_window
     depths = []
     for i, d in enumerate(drafts):
@@ -79,15 +87,16 @@ def verify(engine, seqs, drafts, time_attention=False, return_logits=False):
     try:
         for i, (s, d) in enumerate(zip(seqs, drafts)):
             engine.reserve(s, s.kv_len + 1 + len(d), f"drafts[{i}]")
-        logits, draft_rows = _forward(engine, seqs, drafts, depths, time_attention)
+        logits, first, draft_rows = _forward(engine, seqs, drafts, depths, time_attention)
         greedy = logits.argmax(-1).tolist()     # the step's one host sync
     except BaseException:
         for s, n in zip(seqs, tails):
             engine.trim_tail(s, n)
         raise
     out = Verified([], [], [] if return_logits else None)
+    if time_attention:
+        out.attention_seconds = engine.attention_seconds(len(seqs) + sum(map(len, drafts)))
     src, dst = [], []
-    first = len(seqs)                           # logits row of the request's first draft
     for b, (s, d, rows) in enumerate(zip(seqs, drafts, draft_rows)):
         path = _accept(d, greedy[b], greedy[first:first + len(d)])
         tokens = [d.tokens[j] for j in path]
@@ -130,19 +139,27 @@ def _accept(draft, first_choice, draft_choices):
 
 def _forward(engine, seqs, drafts, depths, time_attention):
     """Plan the step's tree queries and run the model over the pending tokens and the
-    drafts. Returns (logits [B + drafts, vocab], per request its drafts' pool rows)."""
+    drafts: eagerly, or (engine.graphs) by replaying the graph of the bucket of their token
+    count, the padding queries between the pending tokens and the drafts (plan_tree_queries
+    lists query_nodes, padding included, before the drafts). Returns (logits, the logits
+    row of the first draft, per request its drafts' pool rows)."""
     b = len(seqs)
-    parents, ntok, offsets, pages, tail_nodes = engine.forest(seqs)
     sizes = [len(d) for d in drafts]
     total = b + sum(sizes)
-    inputs = np.empty((3, total), dtype=np.int64)      # ids, positions, slots
+    bucket = engine._bucket(total)       # may capture a graph (which plans): before ours
+    pad = 0 if bucket is None else bucket - total
+    parents, ntok, offsets, pages, queries = engine.forest(seqs, b + pad if pad else None)
+    tail_nodes = queries[:b]
+    inputs = engine._inputs()            # host staging: ids, positions, slots
     inputs[0, :b] = [s.tokens[s.kv_len] for s in seqs]
     inputs[1, :b] = [s.kv_len for s in seqs]
     inputs[2, :b] = [engine.host_rows(s, s.kv_len, s.kv_len + 1)[0] for s in seqs]
+    if pad:
+        engine.graphs.pad(inputs, b, b + pad)
     draft_parents, draft_rows, first = [], [], 0
     for s, d, depth in zip(seqs, drafts, depths):
         rows = engine.host_rows(s, s.kv_len + 1, s.kv_len + 1 + len(d))
-        at = slice(b + first, b + first + len(d))
+        at = slice(b + pad + first, b + pad + first + len(d))
         inputs[0, at] = d.tokens
         inputs[1, at] = s.kv_len + np.asarray(depth, dtype=np.int64)
         inputs[2, at] = rows
@@ -150,14 +167,16 @@ def _forward(engine, seqs, drafts, depths, time_attention):
         draft_rows.append(rows)
         first += len(d)
     engine.attention.plan_tree_queries(
-        parents, ntok, offsets, pages, tail_nodes,
+        parents, ntok, offsets, pages, queries,
         draft_nodes=np.repeat(tail_nodes, sizes).astype(np.int32),
         draft_parents=np.asarray(draft_parents, dtype=np.int32),
         draft_rows=np.concatenate(draft_rows) if draft_rows else np.zeros(0, np.int64))
+    if bucket is not None:
+        return engine.graphs.replay(bucket), b + pad, draft_rows
     engine.timer.reset()
     ctx = DecodeContext(engine.attention, engine.timer if time_attention else None)
-    t = torch.from_numpy(inputs).to(engine.device)
-    return engine.model(t[0], t[1], t[2], engine.kv, ctx), draft_rows
+    t = engine._upload()
+    return engine.model(t[0, :total], t[1, :total], t[2, :total], engine.kv, ctx), b, draft_rows
 
 
 # -- programs -----------------------------------------------------------------------------
@@ -268,7 +287,7 @@ def run_speculative(engine, spec, steps=None, time_attention=False, on_step=None
         result.accepted.append(out.accepted)
         result.drafted.append([len(d) for d in drafts])
         if time_attention:
-            result.attention_seconds.append(engine.timer.total())
+            result.attention_seconds.append(out.attention_seconds)
         if record_logits:
             result.logits.append((active, drafts, out.logits))
         if on_step:
@@ -289,14 +308,15 @@ def run_cli(args, model):
     num_pages = args.num_pages or spec_pages_needed(spec, args.page_size, max_draft)
     from . import build_engine
     engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,
-                          max_batch=requests, max_drafts=requests * max_draft)
+                          max_batch=requests, max_drafts=requests * max_draft,
+                          graphs=args.graphs == "on")
 
     def on_step(step, out):
         print(f"step {step}: accepted {out.accepted}", file=sys.stderr)
     result = run_speculative(engine, spec, steps=args.steps, time_attention=True,
                              on_step=on_step)
     return dict(model=args.model, program=args.program, tree=spec.tree, tree_size=max_draft,
-                attention=args.attention, graphs="off (eager verification)",
+                attention=args.attention, graphs=args.graphs,
                 device=str(engine.device), dtype=args.dtype, page_size=args.page_size,
                 num_pages=num_pages, **result.summary())
 
