@@ -35,11 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_bench import commit, device_and_name, free_memory, sync  # noqa: E402
 
 from treeattn.engine import build_engine, load_model, run_program  # noqa: E402
-from treeattn.engine.drafting import load_topology  # noqa: E402
+from treeattn.engine.drafting import default_workloads, load_topology  # noqa: E402
 from treeattn.engine.speculative import (parse_spec_program, run_speculative,  # noqa: E402
                                          spec_pages_needed)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def median_ms(seconds):
@@ -142,9 +140,10 @@ def table(rows):
     for tree, graphs in dict.fromkeys(k[:2] for k in by):
         a, p = by.get((tree, graphs, "auto")), by.get((tree, graphs, "per-query"))
         if a and p:
+            attention = p["verify_attention_ms_median"] / a["verify_attention_ms_median"]
+            step = p["verify_ms_median"] / a["verify_ms_median"]
             lines.append(f"{tree}, graphs {'on' if graphs else 'off'}: verification attention "
-                         f"per-query / auto = {p['verify_attention_ms_median'] / a['verify_attention_ms_median']:.2f}x,"
-                         f" verify step {p['verify_ms_median'] / a['verify_ms_median']:.2f}x")
+                         f"per-query / auto = {attention:.2f}x, verify step {step:.2f}x")
     for r in rows:
         if r["kind"] == "plain":
             lines.append(f"plain decode ({r['attention']}, graphs {'on' if r['graphs'] else 'off'}): "
@@ -159,8 +158,9 @@ def parse_args(argv=None):
     p.add_argument("--attentions", default="auto,per-query")
     p.add_argument("--trees", default="APPS_tree_size32.json,APPS_tree_size64.json,16x16",
                    help="Medusa topology files (looked up in --workloads too) or WxD")
-    p.add_argument("--workloads", default=os.environ.get(
-        "TREEATTN_WORKLOADS", os.path.join(ROOT, "data", "workloads")))
+    p.add_argument("--workloads", default=default_workloads(),
+                   help="where topology files are looked up (default: $TREEATTN_WORKLOADS, "
+                        "else data/workloads)")
     p.add_argument("--prompt", type=int, default=4000)
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--question", type=int, default=16)

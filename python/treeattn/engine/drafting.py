@@ -9,6 +9,7 @@ siblings in rank order: parents come before children, and the all-top-ranked pat
 [0], [0, 0], [0, 0, 0], ... comes first, so when it is accepted its KV rows are already at
 their final positions (speculative.py copies nothing for it)."""
 import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +110,14 @@ class Topology:
             raise ValueError(f"Token_Tree_size: {size!r} does not match the "
                              f"{len(topology)} paths of Tree_Structure (+1 for the root)")
         return topology
+
+
+def default_workloads():
+    """Where recorded topology files are looked up: $TREEATTN_WORKLOADS, else the
+    repository's data/workloads (from the working directory or this source tree), if any."""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../data/workloads")
+    return os.environ.get("TREEATTN_WORKLOADS") or next(
+        (d for d in ("data/workloads", os.path.normpath(here)) if os.path.isdir(d)), None)
 
 
 def load_topology(spec):

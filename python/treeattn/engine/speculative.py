@@ -20,6 +20,7 @@ With engine.graphs, a verification step replays the decode step's CUDA graph of 
 of its token count (pending tokens + drafts, padded); eager otherwise."""
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from .contexts import DecodeContext
-from .drafting import NgramIndex, check_parents, draft_tree, load_topology
+from .drafting import NgramIndex, check_parents, default_workloads, draft_tree, load_topology
 from .programs import Program, parse_params
 from .sampling import SamplingParams
 
@@ -97,6 +98,7 @@ def verify(engine, seqs, drafts, time_attention=False, return_logits=False):
     if time_attention:
         out.attention_seconds = engine.attention_seconds(len(seqs) + sum(map(len, drafts)))
     src, dst = [], []
+    # first: the logits row of the request's first draft
     for b, (s, d, rows) in enumerate(zip(seqs, drafts, draft_rows)):
         path = _accept(d, greedy[b], greedy[first:first + len(d)])
         tokens = [d.tokens[j] for j in path]
@@ -298,15 +300,11 @@ def run_speculative(engine, spec, steps=None, time_attention=False, on_step=None
 def run_cli(args, model):
     """python -m treeattn.engine --program spec:...: prints the drafts accepted per request
     at each step (stderr) and returns the report."""
-    import sys
-    workloads = os.environ.get("TREEATTN_WORKLOADS") or next(
-        (d for d in ("data/workloads", os.path.join(os.path.dirname(__file__), "../../../data/workloads"))
-         if os.path.isdir(d)), None)
-    spec = parse_spec_program(args.program, model.cfg.vocab_size, args.seed, workloads)
+    spec = parse_spec_program(args.program, model.cfg.vocab_size, args.seed, default_workloads())
     max_draft = len(load_topology(spec.tree))
     requests = len(spec.program.prompts)
     num_pages = args.num_pages or spec_pages_needed(spec, args.page_size, max_draft)
-    from . import build_engine
+    from . import build_engine   # the package's factory (the package imports this lazily)
     engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,
                           max_batch=requests, max_drafts=requests * max_draft,
                           graphs=args.graphs == "on")
