@@ -77,9 +77,9 @@ class Engine:
             seq.tail += self._alloc(need, what)
 
     def trim_tail(self, seq, num_pages):
-        """Free seq's tail pages past its first num_pages. Pages holding a token below
-        kv_len + 1 (the pending one) must stay: the forest cache relies on a tail's first
-        pages never changing while its sequence decodes."""
+        """Free seq's tail pages past its first num_pages. Callers keep every page holding
+        KV (tokens below kv_len): the forest cache relies on a tail's pages never changing
+        once a forest included them, as long as the sequence decodes."""
         if len(seq.tail) > num_pages:
             self.cache.free(seq.tail[num_pages:])
             del seq.tail[num_pages:]
