@@ -1,5 +1,5 @@
 """Draft token trees without a trained draft head: a topology (the recorded Medusa trees in
-data/workloads = shared/workloads, or a width x depth rule) filled with prompt-lookup / n-gram candidates
+data/workloads, or a width x depth rule) filled with prompt-lookup / n-gram candidates
 (continuations found in the request's own prompt and generated text).
 
 A topology is a list of paths: path [i0, i1, ...] is the i0-th ranked candidate after the
@@ -11,8 +11,6 @@ their final positions (speculative.py copies nothing for it)."""
 import json
 import os
 from dataclasses import dataclass
-
-import numpy as np
 
 
 @dataclass(frozen=True)
