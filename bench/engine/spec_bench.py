@@ -36,6 +36,7 @@ from engine_bench import commit, device_and_name, free_memory, sync  # noqa: E40
 
 from treeattn.engine import build_engine, load_model, run_program  # noqa: E402
 from treeattn.engine.drafting import default_workloads, load_topology  # noqa: E402
+from treeattn.engine.ops import choose_ops  # noqa: E402
 from treeattn.engine.speculative import (parse_spec_program, run_speculative,  # noqa: E402
                                          spec_pages_needed)
 
@@ -173,6 +174,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="torch.compile the model's elementwise ops (auto: on cuda with Triton)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
@@ -202,9 +205,11 @@ def main(argv=None):
                 json.dump(report, f, indent=2)
 
     model = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
+    model.use_ops(choose_ops(args.compile, device))
+    report["compiled_ops"] = model.ops.compiled
     sync(device)
-    print(f"[{time.perf_counter() - T0:6.1f}s] {name}, {args.model} {args.dtype}, commit "
-          f"{report['commit']}", flush=True)
+    print(f"[{time.perf_counter() - T0:6.1f}s] {name}, {args.model} {args.dtype}, compiled ops "
+          f"{model.ops.compiled}, commit {report['commit']}", flush=True)
     for attention in args.attentions:
         try:
             report["rows"] += run_attention(model, args, attention)
