@@ -415,3 +415,14 @@ def test_spec_bench_cpu_smoke(tmp_path):
     # fill=1: every step verifies the whole topology
     assert all(r["drafts_per_request_step"] == r["drafts"] and r["break_even_tokens"] > 0
                for r in spec)
+
+
+def test_cli_spec_program(capsys):
+    from treeattn.engine.__main__ import main
+    main(["--model", "random:tiny", "--dtype", "fp32", "--attention", "torch-ref", "--device",
+          "cpu", "--program", "spec:prompt=40,requests=2,repeat=5,gen=20,tree=2x3", "--json"])
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["tree_size"] == 6 and report["sequences"] == 2 and report["tokens_per_s"] > 0
+    steps = [line for line in captured.err.splitlines() if line.startswith("step ")]
+    assert len(steps) == report["steps"] and steps[0].startswith("step 1: accepted [")
