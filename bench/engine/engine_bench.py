@@ -385,6 +385,15 @@ def commit():
         return "unknown"
 
 
+def device_and_name(device):
+    """The torch device (cuda: the current one) and its name for the report."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        return device, torch.cuda.get_device_name(device)
+    return device, f"cpu ({platform.processor() or platform.machine()})"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -431,12 +440,7 @@ def main(argv=None):
     global T0, WEIGHTS, KV_TOKEN
     T0 = time.perf_counter()
     args = parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"cpu ({platform.processor() or platform.machine()})"
+    device, name = device_and_name(args.device)
     report = dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                       timespec="seconds"),
                   commit=commit(), command=" ".join(shlex.quote(a) for a in ["python3"] + (

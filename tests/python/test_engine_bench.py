@@ -11,14 +11,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def load_bench():
+def load_bench(name="engine_bench"):
+    """bench/engine/<name>.py as a module (skips without the extension)."""
     pytest.importorskip("treeattn.engine")
     try:
         from treeattn import TreeAttention  # noqa: F401
     except ImportError:
         pytest.skip("treeattn extension not built")
-    path = os.path.join(ROOT, "bench", "engine", "engine_bench.py")
-    spec = importlib.util.spec_from_file_location("engine_bench", path)
+    path = os.path.join(ROOT, "bench", "engine", name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

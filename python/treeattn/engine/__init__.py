@@ -12,16 +12,18 @@ from .weights import load_model, parse_dtype
 
 
 def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_pages=1024,
-                 max_batch=64, graphs=False):
+                 max_batch=64, graphs=False, max_drafts=0):
     """An Engine with a pool of num_pages pages (the last one is scratch), its cache and its
-    attention backend sized for max_batch queries."""
+    attention backend sized for max_batch queries plus max_drafts speculative draft tokens
+    per step (each one more query, node and page reference)."""
     w = model.model.embed_tokens.weight
     attn = make_attention(attention, model.cfg, page_size, num_pages, w.device, w.dtype,
-                          max_queries=max_batch, max_nodes=num_pages + max_batch + 1,
-                          max_page_refs=num_pages)
+                          max_queries=max_batch + max_drafts,
+                          max_nodes=num_pages + max_batch + 1 + max_drafts,
+                          max_page_refs=num_pages + max_drafts)
     kv_cache = make_cache(cache, num_pages - 1, page_size)
     return Engine(model, attn, kv_cache, num_pages, page_size, max_batch=max_batch,
-                  graphs=graphs)
+                  graphs=graphs, max_drafts=max_drafts)
 
 
 __all__ = ["CausalLM", "Engine", "ModelConfig", "Program", "PyRadixCache", "RunResult",

@@ -1,6 +1,7 @@
 """python -m treeattn.engine: run a tree program (shared prompt, two-level sharing, few-shot,
 parallel sampling, independent sequences) on a Llama-family model and report tokens/s, TPOT
-(median, p90) and the attention share of a decode step."""
+(median, p90) and the attention share of a decode step; or speculative decoding with token
+trees (spec:...), reporting the drafts accepted per step and tokens/s."""
 import argparse
 import json
 import sys
@@ -19,7 +20,8 @@ def parse_args(argv=None):
                    help="Hugging Face folder or random:NAME (tiny, llama3-8b, qwen2.5-7b)")
     p.add_argument("--program", default="shared:prompt=4000,branches=64,gen=256",
                    help=f"KIND:key=value,... with KIND in {sorted(KINDS)}; all take gen, "
-                        "temperature, top_p, top_k")
+                        "temperature, top_p, top_k; or speculative decoding: spec:prompt=4000,"
+                        "requests=8,question=16,repeat=0,gen=128,tree=FILE|WxD,ngram=3,fill=0")
     p.add_argument("--attention", default="auto",
                    help="torch-ref (PyTorch reference), auto, per-query or a treeattn planner")
     p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
@@ -76,6 +78,9 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     model.use_ops(choose_ops(args.compile, args.device))
+    if args.program.startswith("spec:"):
+        from .speculative import run_cli
+        return print_report(run_cli(args, model), args.json)
     program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
     num_pages = args.num_pages or pages_needed(program, args.page_size)
     max_batch = len(program.prompts) * program.samples
@@ -87,7 +92,11 @@ def main(argv=None):
     report = dict(model=args.model, program=args.program, attention=args.attention,
                   graphs=args.graphs, compiled=model.ops.compiled, device=str(engine.device), dtype=args.dtype,
                   page_size=args.page_size, num_pages=num_pages, **result.summary())
-    if args.json:
+    print_report(report, args.json)
+
+
+def print_report(report, as_json):
+    if as_json:
         print(json.dumps(report, indent=2))
     else:
         for key, value in report.items():

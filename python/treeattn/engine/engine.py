@@ -33,13 +33,16 @@ def _ceil_div(a, b):
 
 class Engine:
     """model: CausalLM; attention: TreeAttention-like (plan_tree + run); cache: RadixCache-like
-    built over num_pages - 1 pages: the pool's last page is scratch for padded queries."""
+    built over num_pages - 1 pages: the pool's last page is scratch for padded queries.
+    A step runs at most max_batch sequences and max_drafts speculative draft tokens
+    (speculative.py): max_tokens = max_batch + max_drafts sizes the inputs and graph buckets."""
 
     def __init__(self, model, attention, cache, num_pages, page_size, max_batch=256,
-                 graphs=False, prefill_chunk=1024):
+                 graphs=False, prefill_chunk=1024, max_drafts=0):
         cfg = model.cfg
         self.model, self.attention, self.cache = model, attention, cache
         self.page_size, self.max_batch, self.prefill_chunk = page_size, max_batch, prefill_chunk
+        self.max_tokens = max_batch + max_drafts
         self.capacity = num_pages - 1          # pages the cache may hand out
         self.scratch_page = num_pages - 1
         w = model.model.embed_tokens.weight
@@ -52,16 +55,34 @@ class Engine:
         self.graphs = None
         if graphs:
             from .graphs import GraphRunner
-            self.graphs = GraphRunner(self, max_batch)
+            self.graphs = GraphRunner(self, self.max_tokens)
 
     # -- rows and pages -----------------------------------------------------------------
-    def _rows(self, seq, start, stop):
-        """Pool rows of seq's tokens [start, stop)."""
+    def host_rows(self, seq, start, stop):
+        """Pool rows of seq's tokens [start, stop) as an int64 NumPy array."""
         pages = np.concatenate([seq.cached_pages.astype(np.int64),
                                 np.asarray(seq.tail, dtype=np.int64)])
         idx = np.arange(start, stop)
-        return torch.from_numpy(pages[idx // self.page_size] * self.page_size
-                                + idx % self.page_size).to(self.device)
+        return pages[idx // self.page_size] * self.page_size + idx % self.page_size
+
+    def _rows(self, seq, start, stop):
+        """Pool rows of seq's tokens [start, stop) on the device."""
+        return torch.from_numpy(self.host_rows(seq, start, stop)).to(self.device)
+
+    def reserve(self, seq, stop, what):
+        """Grow seq's tail until it has pages for tokens up to `stop` (exclusive); `what`
+        names the request in the error when the cache is full."""
+        need = _ceil_div(stop - seq.cached_len, self.page_size) - len(seq.tail)
+        if need > 0:
+            seq.tail += self._alloc(need, what)
+
+    def trim_tail(self, seq, num_pages):
+        """Free seq's tail pages past its first num_pages. Callers keep every page holding
+        KV (tokens below kv_len): the forest cache relies on a tail's pages never changing
+        once a forest included them, as long as the sequence decodes."""
+        if len(seq.tail) > num_pages:
+            self.cache.free(seq.tail[num_pages:])
+            del seq.tail[num_pages:]
 
     def _alloc(self, n, what):
         try:
@@ -263,17 +284,17 @@ class Engine:
         return logits
 
     def _inputs(self):
-        """The host staging [3, max_batch] int64 (ids, positions, slots) to fill for this
+        """The host staging [3, max_tokens] int64 (ids, positions, slots) to fill for this
         step, as a NumPy view. Two buffers (pinned on a GPU) used in turn; a buffer is
         refilled only once its previous upload has run (an event; the step's token read
         has synchronized long before in practice)."""
         if self._staging is None:
             cuda = self.device.type == "cuda"
-            self._staging = [torch.zeros((3, self.max_batch), dtype=torch.long, pin_memory=cuda)
+            self._staging = [torch.zeros((3, self.max_tokens), dtype=torch.long, pin_memory=cuda)
                              for _ in range(2)]
             self._staging_np = [t.numpy() for t in self._staging]
             self._staged = [torch.cuda.Event(), torch.cuda.Event()] if cuda else None
-            self._device_inputs = (torch.zeros((3, self.max_batch), dtype=torch.long,
+            self._device_inputs = (torch.zeros((3, self.max_tokens), dtype=torch.long,
                                                device=self.device) if cuda else None)
         self._turn ^= 1
         if self._staged is not None:

@@ -1,6 +1,7 @@
 """CUDA graphs per batch-size bucket for the decode step (embedding, every layer with its
-attention run(), final norm, LM head). Inputs live in static buffers; a batch is padded to
-its bucket with queries on a one-token scratch node. treeattn re-plans into the fixed
+attention run(), final norm, LM head); speculative verification steps (speculative.py) replay
+the same graphs, bucketed by their token count. Inputs live in static buffers; a batch is
+padded to its bucket with queries on a one-token scratch node. treeattn re-plans into the fixed
 device buffers it allocated at construction, so a graph captured once stays valid across
 re-plans: plan_tree() runs outside the graph before every replay."""
 import torch
@@ -8,26 +9,26 @@ import torch
 from .contexts import DecodeContext
 
 
-def buckets_up_to(max_batch):
+def buckets_up_to(max_tokens):
     sizes, b = [], 1
-    while b < max_batch:
+    while b < max_tokens:
         sizes.append(b)
         b *= 2
-    return sizes + [max_batch]
+    return sizes + [max_tokens]
 
 
 class GraphRunner:
-    def __init__(self, engine, max_batch):
+    def __init__(self, engine, max_tokens):
         if engine.device.type != "cuda":
             raise ValueError(f"graphs: CUDA graphs need a cuda device, got {engine.device}")
         if not torch.cuda.is_available():
             raise ValueError("graphs: torch reports no CUDA device")
         self.engine = engine
-        self.buckets = buckets_up_to(max_batch)
+        self.buckets = buckets_up_to(max_tokens)
         dev = engine.device
         self.scratch_row = engine.scratch_page * engine.page_size
         # ids, positions, slots: rows of one buffer, filled by one host-to-device copy
-        self.inputs = torch.zeros((3, max_batch), dtype=torch.long, device=dev)
+        self.inputs = torch.zeros((3, max_tokens), dtype=torch.long, device=dev)
         self.inputs[2] = self.scratch_row
         self.ids, self.positions, self.slots = self.inputs
 
@@ -36,11 +37,13 @@ class GraphRunner:
     def _bucket(self, n):
         return next(b for b in self.buckets if b >= n)
 
-    def _pad(self, start, stop):
-        # padded queries write their K/V into the scratch page, read only by themselves
-        self.ids[start:stop] = 0
-        self.positions[start:stop] = 0
-        self.slots[start:stop] = self.scratch_row
+    def pad(self, inputs, start, stop):
+        """Columns [start, stop) of inputs (ids, positions, slots; the static buffer or the
+        engine's host staging) as padded queries: they write their K/V into the scratch
+        page, read only by themselves."""
+        inputs[0, start:stop] = 0
+        inputs[1, start:stop] = 0
+        inputs[2, start:stop] = self.scratch_row
 
     def _forward(self, b):
         e = self.engine
@@ -51,7 +54,7 @@ class GraphRunner:
         """Capture bucket b (lazily, on first use; all inputs padded while capturing)."""
         e = self.engine
         e._ahead = None   # capturing re-plans: a plan prepared ahead is gone
-        self._pad(0, b)
+        self.pad(self.inputs, 0, b)
         e.attention.plan_tree(*e.forest([], num_queries=b))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -75,15 +78,19 @@ class GraphRunner:
 
     def decode(self, n, inputs):
         """Replay the bucket of n queries (captured and planned by the engine already);
-        inputs: the engine's host staging [3, max_batch] (ids, positions, slots), padded
+        inputs: the engine's host staging [3, max_tokens] (ids, positions, slots), padded
         here and uploaded in one copy."""
-        b, e = self._bucket(n), self.engine
-        inputs[0, n:b] = 0
-        inputs[1, n:b] = 0
-        inputs[2, n:b] = self.scratch_row
-        e._upload(self.inputs)
+        b = self._bucket(n)
+        self.pad(inputs, n, b)
+        return self.replay(b)[:n].clone()   # the static buffer is overwritten next replay
+
+    def replay(self, b):
+        """Upload the engine's host staging (its first b columns filled, padding included)
+        and replay bucket b (captured, planned for b queries). Returns the graph's static
+        logits [b, vocab]: valid until the next replay."""
+        self.engine._upload(self.inputs)
         self.graphs[b].replay()
-        return self.logits[b][:n].clone()   # the static buffer is overwritten next replay
+        return self.logits[b]
 
     def time_attention(self, n):
         """Seconds of the current plan's attention alone: one run() per layer, replayed

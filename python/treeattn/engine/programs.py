@@ -37,7 +37,15 @@ def parse_spec(spec: str) -> tuple:
     params = dict(KINDS[kind], **COMMON)
     if kind == "sample":
         params["temperature"] = 1.0
-    for item in filter(None, rest.split(",")):
+    parse_params(kind, rest, params)
+    if params["gen"] < 1:
+        raise ValueError(f"program: gen={params['gen']} must be >= 1")
+    return kind, params
+
+
+def parse_params(kind, text, params):
+    """Set params (a dict of defaults, whose types the values take) from "key=value,..."."""
+    for item in filter(None, text.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in params:
             raise ValueError(f"program: bad parameter {item!r} for {kind!r}; "
@@ -46,9 +54,7 @@ def parse_spec(spec: str) -> tuple:
             params[key] = type(params[key])(value)
         except ValueError as e:
             raise ValueError(f"program: {key}={value!r} is not a {type(params[key]).__name__}") from e
-    if params["gen"] < 1:
-        raise ValueError(f"program: gen={params['gen']} must be >= 1")
-    return kind, params
+    return params
 
 
 def make_program(spec: str, vocab_size: int, seed: int = 0) -> Program:

@@ -1,5 +1,5 @@
 """TorchTreeAttention: the pure-PyTorch reference backend with treeattn.TreeAttention's API.
-plan_tree / plan_block_tables turn the batch into each query's context rows; run() does
+plan_tree / plan_tree_queries / plan_block_tables turn the batch into each query's context rows; run() does
 per-query softmax attention in fp32 over the gathered K/V rows. Simple, obviously correct,
 slow: for tests and for checking the real backend."""
 import math
@@ -33,28 +33,60 @@ class TorchTreeAttention:
             raise ValueError(f"{name}: {value} exceeds the capacity {limit} fixed at construction")
 
     def plan_tree(self, parents, num_tokens, page_offsets, page_ids, query_nodes):
+        path_rows = self._tree(parents, num_tokens, page_offsets, page_ids, query_nodes, 0)
+        self.rows = [path_rows(q, node) for q, node in enumerate(self._queries)]
+
+    def plan_tree_queries(self, parents, num_tokens, page_offsets, page_ids, query_nodes,
+                          draft_nodes, draft_parents, draft_rows):
+        """Queries: query_nodes, then draft i: one token at pool row draft_rows[i] under
+        draft draft_parents[i] (an earlier one) or, when that is -1, tree node draft_nodes[i]."""
+        nodes = _int_array("draft_nodes", draft_nodes)
+        dparents = _int_array("draft_parents", draft_parents)
+        drows = _int_array("draft_rows", draft_rows)
+        k = len(nodes)
+        if len(dparents) != k or len(drows) != k:
+            raise ValueError(f"draft_nodes, draft_parents and draft_rows differ in length "
+                             f"({k}, {len(dparents)}, {len(drows)})")
+        path_rows = self._tree(parents, num_tokens, page_offsets, page_ids, query_nodes, k)
+        rows = [path_rows(q, node) for q, node in enumerate(self._queries)]
+        for i in range(k):
+            if not -1 <= dparents[i] < i:
+                raise ValueError(f"draft {i}: draft_parents = {dparents[i]} must be -1 or an "
+                                 f"earlier draft (< {i})")
+            if not 0 <= drows[i] < self.num_pages * self.page_size:
+                raise ValueError(f"draft {i}: draft_rows = {drows[i]} is out of range")
+            base = rows[len(self._queries) + dparents[i]] if dparents[i] >= 0 else \
+                path_rows(f"draft_nodes[{i}]", nodes[i])
+            rows.append(torch.cat([base, torch.tensor([drows[i]], device=self.device)]))
+        self.rows = rows
+
+    def _tree(self, parents, num_tokens, page_offsets, page_ids, query_nodes, num_drafts):
+        """Checks a tree and its queries (plus num_drafts more against max_queries); keeps the
+        queries in self._queries; returns path_rows(what, node): the rows root..node."""
         parents, num_tokens = _int_array("parents", parents), _int_array("num_tokens", num_tokens)
         offsets, pages = _int_array("page_offsets", page_offsets), _int_array("page_ids", page_ids)
-        queries = _int_array("query_nodes", query_nodes)
+        self._queries = _int_array("query_nodes", query_nodes)
         n = len(parents)
         if len(num_tokens) != n or len(offsets) != n + 1:
             raise ValueError(f"num_tokens/page_offsets: expected {n} / {n + 1} entries for "
                              f"{n} nodes, got {len(num_tokens)} / {len(offsets)}")
-        self._check_capacity("query_nodes", len(queries), self.max_queries)
-        self._check_capacity("parents", n, self.max_nodes)
-        self._check_capacity("page_ids", len(pages), self.max_page_refs)
+        self._check_capacity("query_nodes", len(self._queries) + num_drafts, self.max_queries)
+        self._check_capacity("parents", n + num_drafts, self.max_nodes)
+        self._check_capacity("page_ids", len(pages) + num_drafts, self.max_page_refs)
         node_rows = [self._node_rows(i, num_tokens, offsets, pages) for i in range(n)]
-        self.rows = []
-        for q, node in enumerate(queries):
+
+        def path_rows(what, node):
             if not 0 <= node < n:
-                raise ValueError(f"query_nodes[{q}]: node {node} out of range [0, {n})")
+                label = f"query_nodes[{what}]" if isinstance(what, int) else what
+                raise ValueError(f"{label}: node {node} out of range [0, {n})")
             path = []
             while node >= 0:   # walk to the root; a forest of depth <= n
                 path.append(node_rows[node])
                 node = parents[node]
                 if len(path) > n:
                     raise ValueError(f"parents: cycle through node {node}")
-            self.rows.append(torch.from_numpy(np.concatenate(path[::-1])).to(self.device))
+            return torch.from_numpy(np.concatenate(path[::-1])).to(self.device)
+        return path_rows
 
     def _node_rows(self, i, num_tokens, offsets, pages):
         ps, t = self.page_size, num_tokens[i]
