@@ -1,6 +1,6 @@
 """python -m treeattn.engine: run a tree program (shared prompt, two-level sharing, few-shot,
-parallel sampling, independent sequences) on a Llama-family model and report tokens/s, TPOT
-(median, p90) and the attention share of a decode step."""
+parallel sampling, independent sequences, tree-of-thoughts) on a Llama-family model and
+report tokens/s, TPOT (median, p90) and the attention share of a decode step."""
 import argparse
 import json
 import sys
@@ -10,6 +10,7 @@ import torch
 
 from . import build_engine, load_model, make_program
 from .programs import KINDS
+from .tot import TOT_KINDS, is_tot_spec, make_tot_program, run_tot
 
 
 def parse_args(argv=None):
@@ -18,7 +19,10 @@ def parse_args(argv=None):
                    help="Hugging Face folder or random:NAME (tiny, llama3-8b, qwen2.5-7b)")
     p.add_argument("--program", default="shared:prompt=4000,branches=64,gen=256",
                    help=f"KIND:key=value,... with KIND in {sorted(KINDS)}; all take gen, "
-                        "temperature, top_p, top_k")
+                        "temperature, top_p, top_k; or tree-of-thoughts, KIND in "
+                        f"{sorted(TOT_KINDS)}: tot:file=RECORDED.json,tasks=N,scale=S,"
+                        "max_steps=M (a recorded schedule) or tot-live:prompt=P,tasks=N,"
+                        "rounds=R,width=W,k=K,budget=B (prune by log-probability)")
     p.add_argument("--attention", default="auto",
                    help="torch-ref (PyTorch reference), auto, per-query or a treeattn planner")
     p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
@@ -71,17 +75,27 @@ def main(argv=None):
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
-    program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
-    num_pages = args.num_pages or pages_needed(program, args.page_size)
-    max_batch = len(program.prompts) * program.samples
+    if is_tot_spec(args.program):
+        program = make_tot_program(args.program, model.cfg.vocab_size, seed=args.seed)
+        num_pages = args.num_pages or program.pages_needed(args.page_size)
+        max_batch = program.max_batch
+    else:
+        program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
+        num_pages = args.num_pages or pages_needed(program, args.page_size)
+        max_batch = len(program.prompts) * program.samples
     engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,
                           max_batch=max_batch, graphs=args.graphs == "on")
-    from .programs import run_program
-    result = run_program(engine, program, seed=args.seed, steps=args.steps,
+    if is_tot_spec(args.program):
+        result = run_tot(engine, program, seed=args.seed, max_steps=args.steps,
                          time_attention=True, on_step=Progress())
+    else:
+        from .programs import run_program
+        result = run_program(engine, program, seed=args.seed, steps=args.steps,
+                             time_attention=True, on_step=Progress())
     report = dict(model=args.model, program=args.program, attention=args.attention,
                   graphs=args.graphs, device=str(engine.device), dtype=args.dtype,
-                  page_size=args.page_size, num_pages=num_pages, **result.summary())
+                  page_size=args.page_size, num_pages=num_pages, max_batch=max_batch,
+                  **result.summary())
     if args.json:
         print(json.dumps(report, indent=2))
     else:

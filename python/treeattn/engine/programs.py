@@ -37,6 +37,15 @@ def parse_spec(spec: str) -> tuple:
     params = dict(KINDS[kind], **COMMON)
     if kind == "sample":
         params["temperature"] = 1.0
+    params = parse_params(kind, rest, params)
+    if params["gen"] < 1:
+        raise ValueError(f"program: gen={params['gen']} must be >= 1")
+    return kind, params
+
+
+def parse_params(kind: str, rest: str, defaults: dict) -> dict:
+    """"key=value,..." over defaults: only their keys, each value of its default's type."""
+    params = dict(defaults)
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in params:
@@ -46,9 +55,7 @@ def parse_spec(spec: str) -> tuple:
             params[key] = type(params[key])(value)
         except ValueError as e:
             raise ValueError(f"program: {key}={value!r} is not a {type(params[key]).__name__}") from e
-    if params["gen"] < 1:
-        raise ValueError(f"program: gen={params['gen']} must be >= 1")
-    return kind, params
+    return params
 
 
 def make_program(spec: str, vocab_size: int, seed: int = 0) -> Program:
