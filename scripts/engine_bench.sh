@@ -5,6 +5,9 @@
 # Expects the built package on PYTHONPATH (scripts/device_runtime.sh sets it) and
 # TREEATTN_COMMIT in the environment (else git's HEAD). Extra arguments go to the bench.
 # Usage: scripts/engine_bench.sh OUTDIR [--programs shared,sample] [--steps N] [--hf-reference off]
+# BENCH=tot runs the tree-of-thoughts replay of issue 19 instead (bench/engine/tot_bench.py:
+# the recorded ToT files, all tasks batched, auto vs per-query), results in OUTDIR/tot_bench.json:
+#        BENCH=tot scripts/engine_bench.sh OUTDIR [--files docmergeToT.json] [--max-steps N]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=${1:?usage: scripts/engine_bench.sh OUTDIR [bench options]}
@@ -13,4 +16,5 @@ mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
 export TREEATTN_COMMIT=${TREEATTN_COMMIT:-$(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv,noheader || true
-exec python3 "$ROOT/bench/engine/engine_bench.py" --out "$OUTDIR/engine_bench.json" "$@"
+BENCH=${BENCH:-engine}
+exec python3 "$ROOT/bench/engine/${BENCH}_bench.py" --out "$OUTDIR/${BENCH}_bench.json" "$@"

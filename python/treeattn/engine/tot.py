@@ -99,22 +99,25 @@ class ReplayPolicy:
         return len(self._batches())
 
     def pages_needed(self, page_size):
-        """Peak of the pages the live part of the forest holds: a node from its start until
-        the last iteration of its subtree, with its tokens and one page of leftover (a
-        child's tokens start inside its parent's last page); plus the scratch page."""
-        events = {}
+        """Peak of the pages the forest holds, plus one per query (a step reserves its
+        pending token's page while the previous step runs) and the scratch page. A node
+        holds, from its start until the last iteration of its subtree, a page of leftover (a
+        child's tokens start inside its parent's last page) and a page per page_size of its
+        tokens, each from the iteration that writes the page's first token."""
+        times, deltas = [], []
         for task in self.tasks:
             last = _subtree_ends(task)
             for n in task.nodes.values():
-                pages = -(-n.value // page_size) + 1
-                first = max(n.start, 0)
-                events[first] = events.get(first, 0) + pages
-                events[last[n.id] + 1] = events.get(last[n.id] + 1, 0) - pages
-        held = peak = 0
-        for t in sorted(events):
-            held += events[t]
-            peak = max(peak, held)
-        return peak + 2
+                own = -(-n.value // page_size)
+                first = max(n.start, 0)            # the prompt's pages: all at iteration 0
+                grows = np.maximum(n.start + page_size * np.arange(own), first)
+                times += [first, last[n.id] + 1, *grows.tolist()]
+                deltas += [1, -(own + 1), *([1] * own)]
+        order = np.argsort(np.asarray(times), kind="stable")
+        held = np.cumsum(np.asarray(deltas)[order])
+        # events of one iteration apply together: the peak is over iteration ends
+        ends = np.r_[np.diff(np.asarray(times)[order]) != 0, True]
+        return int(held[ends].max()) + self.max_batch() + 2
 
 
 def _subtree_ends(task):
@@ -376,8 +379,9 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
     generating branch in one step, sample, finish the branches that reached their length
     (the policy gives their children). Stops when no branch is left or after max_steps
     decode steps (the program's own max_steps too); every sequence is released at the end.
-    A step's time covers the whole iteration (forks, decode, sampling, releases);
-    time_attention times the attention of one step in attention_every."""
+    A step's time covers the whole iteration (forks, decode, sampling, releases); the
+    end-to-end time is the prefill's and the iterations' (instrumentation left out: the
+    records, the attention timing of one step in attention_every, the cache checks)."""
     if program.max_steps is not None:
         max_steps = program.max_steps if max_steps is None else min(max_steps, program.max_steps)
     total_steps = program.num_steps if max_steps is None else min(program.num_steps, max_steps)
@@ -387,7 +391,7 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
         for b in graphs.buckets:      # capture every batch shape outside the timed loop
             graphs.prepare(b)
     _sync(engine.device)
-    started = time.perf_counter()
+    started, instrumentation = time.perf_counter(), 0.0
     result = ToTResult(seqs=[], prefill_seconds=0.0, branches=run.branches)
     try:
         run.prefill()
@@ -417,8 +421,6 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
             finished, rows = [], []
             for i, (b, tok, lp) in enumerate(zip(batch, tokens, logprobs)):
                 b.generated += 1
-                if run.record:
-                    b.logits.append(logits[i].float().cpu())
                 if done[i]:       # its sampled token would be a child's: children sample
                     finished.append(b)
                     rows.append(logits[i])
@@ -429,18 +431,24 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
             if finished:
                 run.generating = [b for b, d in zip(batch, done) if not d]
                 run.finish(finished, rows, iteration)
-            result.step_seconds.append(time.perf_counter() - step_started)
+            measured = time.perf_counter()
+            result.step_seconds.append(measured - step_started)
             result.batch_sizes.append(len(batch))
+            # instrumentation, left out of the end-to-end time
+            if run.record:
+                for b, row in zip(batch, logits.float().cpu()):
+                    b.logits.append(row)
             if timed:
                 result.attention_steps.append(len(result.step_seconds) - 1)
                 result.attention_seconds.append(engine.attention_seconds(len(batch)))
             run.note_pages()
             if on_step:
                 on_step(len(result.step_seconds), total_steps)
+            instrumentation += time.perf_counter() - measured
     finally:
         run.release_all()
     _sync(engine.device)
-    result.end_to_end_seconds = time.perf_counter() - started
+    result.end_to_end_seconds = time.perf_counter() - started - instrumentation
     run.note_pages()
     result.free_pages_min = run.free_min
     result.held_pages_peak = run.held_peak if run.evictable is not None else None

@@ -1,0 +1,212 @@
+"""The tree-of-thoughts benchmark of issue 19: the replay of each recorded ToT file
+(data/workloads/docmergeToT.json, sorting128ToT.json) with its tasks batched in one engine
+step (the forest of all their trees, planned as one), Llama-3-8B shapes with random weights
+(bf16), CUDA graphs on, --attention auto and per-query on the same engine sizes. The
+branching, lengths and pruning follow the recorded runs; the tokens are sampled from the
+model (temperature 1); each root is random token ids of the recorded root length.
+
+Per case: decode steps, mean and widest batch (decode queries), TPOT median / p90 (a step
+is a whole iteration: forks, decode, sampling, releases), end-to-end seconds (prefill +
+iterations), the attention share of a step (one step in --attention-every timed: its planned
+run()s replayed outside the graph). Per file: per-query / auto for end-to-end time and for
+TPOT (goal >= 1.5x end-to-end).
+
+    python3 bench/engine/tot_bench.py --out results.json            # all tasks, 1000 steps
+    # CPU smoke (seconds): --model random:tiny --device cpu --tasks 2 --scale 0.01
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import traceback
+
+import torch
+
+from engine_bench import commit, free_memory, sync   # same folder: the engine benchmark
+from treeattn.engine import build_engine, load_model
+from treeattn.engine.tot import make_tot_program, run_tot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKLOADS = os.path.join(ROOT, "data", "workloads")
+FILES = ["docmergeToT.json", "sorting128ToT.json"]
+GOAL = 1.5     # per-query / auto end-to-end time
+
+
+def spec_of(path, args):
+    spec = f"tot:file={path},scale={args.scale},temperature={args.temperature}"
+    if args.tasks:
+        spec += f",tasks={args.tasks}"
+    if args.max_steps:
+        spec += f",max_steps={args.max_steps}"
+    return spec
+
+
+def run_case(model, name, spec, attention, args):
+    """One file with one attention on a fresh engine sized by the schedule (the pool for
+    its peak, max_batch for its widest step); the engine is freed before returning."""
+    device = model.model.embed_tokens.weight.device
+    program = make_tot_program(spec, model.cfg.vocab_size, seed=args.seed)
+    num_pages = program.pages_needed(args.page_size)
+    row = dict(file=name, spec=spec, attention=attention, tasks=len(program.prompts),
+               num_pages=num_pages, max_batch=program.max_batch, page_size=args.page_size,
+               graphs=args.graphs)
+    log(f"{name} / {attention}: {row['tasks']} tasks, {program.num_steps} steps planned, "
+        f"widest step {program.max_batch} queries, {num_pages} pages")
+    engine = build_engine(model, attention, args.cache, args.page_size, num_pages,
+                          max_batch=program.max_batch, graphs=args.graphs == "on")
+    try:
+        result = run_tot(engine, program, seed=args.seed, time_attention=True,
+                         attention_every=args.attention_every)
+        row.update(result.summary())
+        if result.step_seconds:
+            row.update(decode_s=sum(result.step_seconds),
+                       tpot_ms_mean=1e3 * statistics.mean(result.step_seconds))
+        del result
+    finally:
+        del engine
+        free_memory(device)
+    log("  " + line_of(row))
+    return row
+
+
+def line_of(row):
+    if "tpot_ms_median" not in row:
+        return f"{row['file']} / {row['attention']}: {row.get('error', 'no decode steps')}"
+    return (f"{row['file']} / {row['attention']}: {row['steps']} steps, mean batch "
+            f"{row['mean_batch']:.0f} (widest {row['widest_batch']}), prefill "
+            f"{row['prefill_s']:.2f} s, end-to-end {row['end_to_end_s']:.2f} s, TPOT "
+            f"{row['tpot_ms_median']:.2f} ms (p90 {row['tpot_ms_p90']:.2f}), attention "
+            f"{100 * row.get('attention_share', 0):.1f} %")
+
+
+def ratios(rows, baseline="per-query"):
+    """file -> attention -> {end_to_end, tpot_median}: baseline's over this attention's."""
+    out = {}
+    for r in rows:
+        base = next((b for b in rows if b["file"] == r["file"] and b["attention"] == baseline
+                     and "tpot_ms_median" in b), None)
+        if base is None or "tpot_ms_median" not in r or r["attention"] == baseline:
+            continue
+        out.setdefault(r["file"], {})[r["attention"]] = dict(
+            end_to_end=base["end_to_end_s"] / r["end_to_end_s"],
+            tpot_median=base["tpot_ms_median"] / r["tpot_ms_median"])
+    return out
+
+
+def table(rows, ups):
+    lines = ["| file | attention | tasks | steps | mean batch | TPOT median (ms) | TPOT p90 (ms) "
+             "| end-to-end (s) | attention share | per-query / auto: end-to-end, TPOT |",
+             "|" + "---|" * 10]
+    for r in rows:
+        if "tpot_ms_median" not in r:
+            lines.append(f"| {r['file']} | {r['attention']} | {r.get('error', 'no steps')} "
+                         "| | | | | | | |")
+            continue
+        up = ups.get(r["file"], {}).get(r["attention"])
+        cell = (f"{up['end_to_end']:.2f}x ({'met' if up['end_to_end'] >= GOAL else 'NOT met'}"
+                f" >= {GOAL}x), {up['tpot_median']:.2f}x" if up else "")
+        lines.append(f"| {r['file']} | {r['attention']} | {r['tasks']} | {r['steps']} "
+                     f"| {r['mean_batch']:.0f} | {r['tpot_ms_median']:.2f} "
+                     f"| {r['tpot_ms_p90']:.2f} | {r['end_to_end_s']:.2f} "
+                     f"| {100 * r.get('attention_share', float('nan')):.1f} % | {cell} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument("--files", default=",".join(FILES),
+                   help="comma-separated ToT files (names in data/workloads, or paths)")
+    p.add_argument("--tasks", type=int, default=0, help="the first N tasks of a file (0: all)")
+    p.add_argument("--max-steps", type=int, default=1000,
+                   help="decode steps per case (0: the whole schedule)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply the recorded lengths")
+    p.add_argument("--attentions", default="auto,per-query")
+    p.add_argument("--attention-every", type=int, default=20,
+                   help="time the attention of one step in this many")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--model", default="random:llama3-8b")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--graphs", default=None, choices=["on", "off"],
+                   help="CUDA graphs (default: on for cuda, off otherwise)")
+    p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.files = [f for f in args.files.split(",") if f]
+    args.attentions = [a for a in args.attentions.split(",") if a]
+    if args.graphs is None:
+        args.graphs = "on" if torch.device(args.device).type == "cuda" else "off"
+    return args
+
+
+T0 = time.perf_counter()
+
+
+def log(text):
+    print(f"[{time.perf_counter() - T0:6.1f}s] {text}", flush=True)
+
+
+def main(argv=None):
+    global T0
+    T0 = time.perf_counter()
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()})"
+    command = ["python3", "bench/engine/tot_bench.py"] + list(sys.argv[1:] if argv is None
+                                                               else argv)
+    report = dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds"), commit=commit(),
+                  command=" ".join(shlex.quote(a) for a in command), args=vars(args),
+                  torch=torch.__version__, rows=[])
+
+    def save():
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+
+    model = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
+    sync(device)
+    log(f"{name}, commit {report['commit']}: {args.model} {args.dtype} loaded")
+    rows = report["rows"]
+    for file in args.files:
+        path = file if os.path.sep in file else os.path.join(WORKLOADS, file)
+        label = os.path.basename(path)
+        for attention in args.attentions:
+            spec = spec_of(path, args)
+            try:
+                rows.append(run_case(model, label, spec, attention, args))
+            except Exception as e:   # noqa: BLE001 (report the case, keep the others)
+                traceback.print_exc()
+                rows.append(dict(file=label, spec=spec, attention=attention,
+                                 error=f"{type(e).__name__}: {e}"))
+                free_memory(device)
+            save()
+    ups = ratios(rows)
+    report["ratios"] = ups
+    report["goal"] = {f: dict(min_end_to_end=GOAL, met=u["end_to_end"] >= GOAL)
+                      for f, per in ups.items() for a, u in per.items() if a == "auto"}
+    report["wall_s"] = time.perf_counter() - T0
+    save()
+    print()
+    print(f"{name}, {args.model} {args.dtype}, graphs {args.graphs}, page size "
+          f"{args.page_size}, max steps {args.max_steps or 'all'}, commit {report['commit']}")
+    print(table(rows, ups))
+    print(f"wall {report['wall_s']:.0f} s" + (f"; JSON: {args.out}" if args.out else ""))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
