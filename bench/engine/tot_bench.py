@@ -15,19 +15,16 @@ TPOT (goal >= 1.5x end-to-end).
     # CPU smoke (seconds): --model random:tiny --device cpu --tasks 2 --scale 0.01
 """
 import argparse
-import datetime
-import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 
-from engine_bench import commit, free_memory, sync   # same folder: the engine benchmark
+# the engine benchmark, in the same folder
+from engine_bench import (add_engine_args, append_case, free_memory, open_report, speedups,
+                          sync)
 from treeattn.engine import build_engine, load_model
 from treeattn.engine.tot import make_tot_program, run_tot
 
@@ -84,18 +81,12 @@ def line_of(row):
             f"{100 * row.get('attention_share', 0):.1f} %")
 
 
-def ratios(rows, baseline="per-query"):
-    """file -> attention -> {end_to_end, tpot_median}: baseline's over this attention's."""
-    out = {}
-    for r in rows:
-        base = next((b for b in rows if b["file"] == r["file"] and b["attention"] == baseline
-                     and "tpot_ms_median" in b), None)
-        if base is None or "tpot_ms_median" not in r or r["attention"] == baseline:
-            continue
-        out.setdefault(r["file"], {})[r["attention"]] = dict(
-            end_to_end=base["end_to_end_s"] / r["end_to_end_s"],
-            tpot_median=base["tpot_ms_median"] / r["tpot_ms_median"])
-    return out
+def ratios(rows):
+    """file -> attention -> {end_to_end, tpot_median}: per-query's over this attention's."""
+    end_to_end = speedups(rows, case="file", metric="end_to_end_s")
+    tpot = speedups(rows, case="file")
+    return {f: {a: dict(end_to_end=up, tpot_median=tpot[f][a]) for a, up in per.items()}
+            for f, per in end_to_end.items()}
 
 
 def table(rows, ups):
@@ -131,14 +122,7 @@ def parse_args(argv=None):
     p.add_argument("--attention-every", type=int, default=20,
                    help="time the attention of one step in this many")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--model", default="random:llama3-8b")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    p.add_argument("--graphs", default=None, choices=["on", "off"],
-                   help="CUDA graphs (default: on for cuda, off otherwise)")
-    p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_args(p)
     args = p.parse_args(argv)
     args.files = [f for f in args.files.split(",") if f]
     args.attentions = [a for a in args.attentions.split(",") if a]
@@ -158,25 +142,8 @@ def main(argv=None):
     global T0
     T0 = time.perf_counter()
     args = parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"cpu ({platform.processor() or platform.machine()})"
-    command = ["python3", "bench/engine/tot_bench.py"] + list(sys.argv[1:] if argv is None
-                                                               else argv)
-    report = dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
-                      timespec="seconds"), commit=commit(),
-                  command=" ".join(shlex.quote(a) for a in command), args=vars(args),
-                  torch=torch.__version__, rows=[])
-
-    def save():
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=2)
-
+    device, report, save = open_report(args, argv, "bench/engine/tot_bench.py", rows=[])
+    name = report["device"]
     model = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
     sync(device)
     log(f"{name}, commit {report['commit']}: {args.model} {args.dtype} loaded")
@@ -184,15 +151,10 @@ def main(argv=None):
     for file in args.files:
         path = file if os.path.sep in file else os.path.join(WORKLOADS, file)
         label = os.path.basename(path)
+        spec = spec_of(path, args)
         for attention in args.attentions:
-            spec = spec_of(path, args)
-            try:
-                rows.append(run_case(model, label, spec, attention, args))
-            except Exception as e:   # noqa: BLE001 (report the case, keep the others)
-                traceback.print_exc()
-                rows.append(dict(file=label, spec=spec, attention=attention,
-                                 error=f"{type(e).__name__}: {e}"))
-                free_memory(device)
+            append_case(rows, lambda: run_case(model, label, spec, attention, args), device,
+                        file=label, spec=spec, attention=attention)
             save()
     ups = ratios(rows)
     report["ratios"] = ups
