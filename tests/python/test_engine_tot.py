@@ -225,6 +225,32 @@ def test_pool_too_small_leaves_cache_consistent(models):
     assert engine.cache.num_free_pages() == free
 
 
+@pytest.mark.parametrize("failing_call", [1, 2])
+def test_failed_fork_releases_everything(models, monkeypatch, failing_call):
+    """A step failing between two forks of one wave (children of the first parent forked,
+    not yet decoding) still releases every sequence."""
+    _, folder = models
+    model = load_model(folder, dtype="fp32")
+    program = make_tot_program(f"tot:file={workload('sorting128ToT.json')},tasks=2,scale=0.01",
+                               model.cfg.vocab_size)
+    engine = build_engine(model, "torch-ref", "auto", page_size=4,
+                          num_pages=program.pages_needed(4), max_batch=program.max_batch)
+    free = engine.cache.num_free_pages()
+    calls, fork = [], engine.fork
+
+    def failing_fork(seq, n):
+        calls.append(n)
+        if len(calls) == failing_call:
+            raise ValueError("fork: injected failure")
+        return fork(seq, n)
+    monkeypatch.setattr(engine, "fork", failing_fork)
+    with pytest.raises(ValueError, match="injected"):
+        run_tot(engine, program, check_cache=True)
+    engine.cache.check()
+    engine.cache.evict(engine.capacity)
+    assert engine.cache.num_free_pages() == free
+
+
 def test_cli(capsys):
     spec = f"tot:file={workload('docmergeToT.json')},tasks=2,scale=0.005"
     engine_main(["--model", "random:tiny", "--device", "cpu", "--dtype", "fp32",

@@ -366,7 +366,9 @@ class _Run:
         return tokens.tolist(), lp.tolist()
 
     def release_all(self):
-        for b in self.generating + self.holding:
+        """Release every sequence still held (also those of children a failed step had
+        forked but not yet queued)."""
+        for b in self.branches:
             if b.seq is not None:
                 self.engine.release(b.seq, publish=False)
                 b.seq = None
