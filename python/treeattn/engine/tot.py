@@ -371,7 +371,7 @@ class _Run:
         for b in self.branches:
             if b.seq is not None:
                 self.engine.release(b.seq, publish=False)
-                b.seq = None
+            b.seq = b.next_logits = None
         self.generating, self.holding, self.pending = [], [], {}
 
 
@@ -420,19 +420,17 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
                 # the next step decodes the same sequences: plan it while this one runs
                 engine.prepare([b.seq for b in batch])
             tokens, logprobs = run.sample(logits)
-            finished, rows = [], []
-            for i, (b, tok, lp) in enumerate(zip(batch, tokens, logprobs)):
+            for b, tok, lp, d in zip(batch, tokens, logprobs, done):
                 b.generated += 1
-                if done[i]:       # its sampled token would be a child's: children sample
-                    finished.append(b)
-                    rows.append(logits[i])
-                else:
+                if not d:         # a done branch's sampled token would be a child's: dropped
                     b.seq.tokens.append(tok)
                     b.path_logprob += lp
                     b.path_tokens += 1
-            if finished:
+            if any(done):
                 run.generating = [b for b, d in zip(batch, done) if not d]
-                run.finish(finished, rows, iteration)
+                last = [i for i, d in enumerate(done) if d]
+                # their logits rows, copied out of the step's [batch, vocab] logits
+                run.finish([batch[i] for i in last], logits[last].unbind(0), iteration)
             measured = time.perf_counter()
             result.step_seconds.append(measured - step_started)
             result.batch_sizes.append(len(batch))
