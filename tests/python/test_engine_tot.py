@@ -60,13 +60,13 @@ def run_checked(model, spec, attention="torch-ref", page_size=4, graphs=False, *
 
 def check_logits(hf, result, atol=None, rtol=None):
     """Each branch's rows: the prompt's last (root) or one per decode step, the first at
-    first_position; they equal transformers' logits over the branch's full sequence, to
+    rows_from; they equal transformers' logits over the branch's full sequence, to
     atol in every entry or to rtol in the branch's norm (‖engine - hf‖ / ‖hf‖)."""
     checked = 0
     for b in result.branches:
         if not b.logits:
             continue
-        ref = hf_logits(hf, b.tokens)[b.first_position:]
+        ref = hf_logits(hf, b.tokens)[b.rows_from:]
         got = torch.stack(b.logits)
         assert got.shape == ref.shape, (b.task, b.node)
         where = f"task {b.task} node {b.node} ({len(b.tokens)} tokens)"
@@ -98,11 +98,11 @@ def check_replay_shape(program, result):
             assert len(b.tokens) == b.first_position + node.value
 
 
-@pytest.mark.parametrize("name,scale", [("docmergeToT.json", 0.01), ("sorting128ToT.json", 0.01)])
-def test_replay_logits(models, name, scale):
+@pytest.mark.parametrize("name", FILES)
+def test_replay_logits(models, name):
     hf, folder = models
     model = load_model(folder, dtype="fp32")
-    spec = f"tot:file={workload(name)},tasks=3,scale={scale}"
+    spec = f"tot:file={workload(name)},tasks=3,scale=0.01"
     program, result = run_checked(model, spec)
     check_replay_shape(program, result)
     assert check_logits(hf, result, ATOL) > 100
@@ -161,7 +161,7 @@ def test_leaves_cached_or_freed(models):
     them), leaves=free frees them at once: the same pages held, a lower free list."""
     _, folder = models
     model = load_model(folder, dtype="fp32")
-    spec = f"tot:file={workload('docmergeToT.json')},tasks=2,scale=0.01,temperature=0"
+    spec = f"tot:file={workload('docmergeToT.json')},tasks=2,scale=0.01"
     _, freed = run_checked(model, spec)
     _, cached = run_checked(model, spec + ",leaves=cache")
     assert [b.tokens for b in freed.branches] == [b.tokens for b in cached.branches]

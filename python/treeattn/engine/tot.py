@@ -55,7 +55,8 @@ class Branch:
     path_logprob: float = 0.0   # log-probability of the generated tokens from the root on
     path_tokens: int = 0
     tokens: list = None         # once done: its full token list (ancestors' and its own)
-    logits: list = field(default_factory=list)   # recorded rows (fp32, CPU), when asked
+    logits: list = field(default_factory=list)   # recorded rows (fp32, CPU), when asked:
+    rows_from: int = 0          # the logits at positions rows_from, rows_from + 1, ...
 
     @property
     def score(self):
@@ -298,7 +299,7 @@ class _Run:
             b.seq, logits = self.engine.add(prompt)
             b.generated = value
             if self.record:
-                b.first_position = value - 1      # the prompt's last position
+                b.rows_from = value - 1           # the prompt's last position
                 b.logits.append(logits.float().cpu())
             self.finish([b], [logits], iteration=0)
 
@@ -337,7 +338,8 @@ class _Run:
                 for plan, seq in zip(plans, seqs):
                     c = self._new(task=parent.task, node=plan.node, parent=parent,
                                   value=plan.value, start=plan.start, seq=seq,
-                                  first_position=seq.kv_len, path_logprob=parent.path_logprob,
+                                  first_position=seq.kv_len, rows_from=seq.kv_len,
+                                  path_logprob=parent.path_logprob,
                                   path_tokens=parent.path_tokens)
                     children.append(c)
                     rows.append(parent.next_logits)
