@@ -290,14 +290,38 @@ def test_bench_smoke(tmp_path, monkeypatch, capsys):
 def test_specs():
     with pytest.raises(ValueError, match="tot needs file=PATH"):
         make_tot_program("tot:tasks=2", 256)
+    with pytest.raises(ValueError, match="tot tasks and max_steps must be >= 0"):
+        make_tot_program("tot:file=x.json,max_steps=-1", 256)
     with pytest.raises(ValueError, match="bad parameter 'width=2'"):
         make_tot_program("tot:file=x.json,width=2", 256)
     with pytest.raises(ValueError, match="leaves='keep'"):
         make_tot_program("tot-live:leaves=keep", 256)
     with pytest.raises(ValueError, match="tot-live k=0"):
         make_tot_program("tot-live:k=0", 256)
+    with pytest.raises(ValueError, match="tot-live prompt and tasks must be >= 1"):
+        make_tot_program("tot-live:tasks=0", 256)
     live = make_tot_program("tot-live:prompt=7,tasks=4,rounds=3,width=2,k=5,budget=3", 256)
     assert live.max_batch == 4 * 2 * 5 and [len(p) for p in live.prompts] == [7] * 4
+
+
+def test_live_prompt_ids(models, tmp_path):
+    """tot-live on prompts tokenized outside (as for a real checkpoint): one task each."""
+    path = tmp_path / "ids.json"
+    for bad, message in (([], "non-empty JSON list"), ([[1, 2], [300]], "task 1: expected"),
+                         ([[1, True]], "task 0: expected")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            make_tot_program(f"tot-live:prompt_ids={path}", 256)
+    prompts = [[5, 6, 7, 8, 9], list(range(30, 51))]
+    path.write_text(json.dumps(prompts))
+    hf, folder = models
+    model = load_model(folder, dtype="fp32")
+    program, result = run_checked(model, f"tot-live:prompt_ids={path},rounds=2,width=1,k=2,"
+                                         f"budget=3")
+    assert program.prompts == prompts
+    assert [b.tokens for b in result.branches if b.parent is None] == prompts
+    assert result.batch_sizes == [4] * 6
+    check_logits(hf, result, ATOL)
 
 
 def test_scaled_keeps_order():

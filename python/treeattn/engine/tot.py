@@ -19,6 +19,7 @@ is a policy's decision:
 run_tot() is the loop; it releases every sequence it holds when it ends or fails, so the
 cache's free count returns to its start value once the unreferenced cached pages are
 evicted (the cache evicts them itself when it needs pages)."""
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -33,7 +34,8 @@ from .sampling import SamplingParams, sample
 # defaults to 1: greedy siblings would repeat each other's tokens
 TOT_KINDS = {
     "tot": dict(file="", tasks=0, scale=1.0, max_steps=0, leaves="free"),
-    "tot-live": dict(prompt=1000, tasks=1, rounds=3, width=3, k=3, budget=32, leaves="free"),
+    "tot-live": dict(prompt=1000, tasks=1, prompt_ids="", rounds=3, width=3, k=3, budget=32,
+                     leaves="free"),
 }
 SAMPLING_KEYS = ("temperature", "top_p", "top_k")
 
@@ -137,17 +139,16 @@ class LivePolicy:
     score) fork k children each, the others are pruned; after the last round all end."""
     needs_scores = True
 
-    def __init__(self, tasks, prompt, rounds, width, k, budget):
-        for name, v in dict(tasks=tasks, prompt=prompt, rounds=rounds, width=width, k=k,
-                            budget=budget).items():
+    def __init__(self, prompt_lengths, rounds, width, k, budget):
+        for name, v in dict(rounds=rounds, width=width, k=k, budget=budget).items():
             if v < 1:
                 raise ValueError(f"program: tot-live {name}={v} must be >= 1")
-        self.tasks, self.prompt, self.rounds = tasks, prompt, rounds
-        self.width, self.k, self.budget = width, k, budget
-        self.created = [1] * tasks            # branches made per task (node ids)
+        self.prompt_lengths, self.tasks = prompt_lengths, len(prompt_lengths)
+        self.rounds, self.width, self.k, self.budget = rounds, width, k, budget
+        self.created = [1] * self.tasks       # branches made per task (node ids)
 
     def roots(self):
-        return [(i, 0, self.prompt) for i in range(self.tasks)]
+        return [(i, 0, n) for i, n in enumerate(self.prompt_lengths)]
 
     def children(self, done, iteration):
         round_ = iteration // self.budget     # the round the done branches finished
@@ -182,9 +183,9 @@ class LivePolicy:
     def pages_needed(self, page_size):
         """Every round's branches at once (an upper bound), each with a page of leftover,
         plus the prompts and the scratch page."""
-        per_task = -(-self.prompt // page_size) + sum(
-            w * (-(-self.budget // page_size) + 1) for w in self._widths())
-        return self.tasks * per_task + 2
+        prompts = sum(-(-n // page_size) for n in self.prompt_lengths)
+        per_task = sum(w * (-(-self.budget // page_size) + 1) for w in self._widths())
+        return prompts + self.tasks * per_task + 2
 
 
 @dataclass
@@ -217,13 +218,17 @@ def is_tot_spec(spec):
 def make_tot_program(spec, vocab_size, seed=0):
     """A ToTProgram from "tot:file=F,tasks=N,scale=S,max_steps=M,leaves=free|cache" or
     "tot-live:prompt=P,tasks=N,rounds=R,width=W,k=K,budget=B"; both take temperature
-    (default 1), top_p, top_k. Prompts are random token ids (seeded)."""
+    (default 1), top_p, top_k. Prompts are random token ids (seeded) of the recorded root
+    lengths (tot) or of length P (tot-live), or for tot-live prompt_ids=PATH: a JSON list of
+    token id lists (one task each, tokenized outside, e.g. for a real checkpoint)."""
     kind, _, rest = spec.partition(":")
     defaults = dict(TOT_KINDS[kind], **{k: COMMON[k] for k in SAMPLING_KEYS})
     defaults["temperature"] = 1.0
     p = parse_params(kind, rest, defaults)
     if p["leaves"] not in ("free", "cache"):
         raise ValueError(f"program: leaves={p['leaves']!r}: expected free or cache")
+    rng = np.random.default_rng(seed)
+    random_ids = lambda n: rng.integers(0, vocab_size, n).tolist()
     if kind == "tot":
         if not p["file"]:
             raise ValueError("program: tot needs file=PATH (a recorded ToT file)")
@@ -231,14 +236,36 @@ def make_tot_program(spec, vocab_size, seed=0):
             raise ValueError("program: tot tasks and max_steps must be >= 0 (0: all)")
         tasks = load_tot_file(p["file"], p["tasks"] or None)
         policy = ReplayPolicy([scaled(t, p["scale"]) for t in tasks])
+        prompts = [random_ids(length) for _, _, length in policy.roots()]
     else:
-        policy = LivePolicy(p["tasks"], p["prompt"], p["rounds"], p["width"], p["k"],
+        if p["prompt_ids"]:
+            prompts = _load_prompt_ids(p["prompt_ids"], vocab_size)
+        elif p["prompt"] < 1 or p["tasks"] < 1:
+            raise ValueError("program: tot-live prompt and tasks must be >= 1")
+        else:
+            prompts = [random_ids(p["prompt"]) for _ in range(p["tasks"])]
+        policy = LivePolicy([len(t) for t in prompts], p["rounds"], p["width"], p["k"],
                             p["budget"])
-    rng = np.random.default_rng(seed)
-    prompts = [rng.integers(0, vocab_size, length).tolist() for _, _, length in policy.roots()]
     sampling = SamplingParams(p["temperature"], p["top_p"], p["top_k"])
     return ToTProgram(kind, prompts, policy, sampling, p.get("max_steps") or None,
                       p["leaves"] == "cache")
+
+
+def _load_prompt_ids(path, vocab_size):
+    try:
+        with open(path) as f:
+            prompts = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read prompt_ids ({e})") from e
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError(f"{path}: expected a non-empty JSON list of token id lists")
+    for i, ids in enumerate(prompts):
+        if (not isinstance(ids, list) or not ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+                for t in ids)):
+            raise ValueError(f"{path}: task {i}: expected a non-empty list of token ids in "
+                             f"[0, {vocab_size})")
+    return prompts
 
 
 @dataclass
