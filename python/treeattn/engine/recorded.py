@@ -1,8 +1,8 @@
-"""Recorded tree-of-thoughts schedules: the ToT files of shared/workloads (docmergeToT.json,
+"""Recorded tree-of-thoughts schedules: the ToT files of data/workloads (docmergeToT.json,
 sorting128ToT.json, and any file of that format), parsed and checked into ToTTask objects,
 and shrunk for tests by scaled().
 
-The format (shared/workloads/README.md): a JSON list of tasks, each an object with `data`
+The format (data/workloads/README.md): a JSON list of tasks, each an object with `data`
 (node id string -> node), `prompt` (text) and `incompleted` (bool). A node has `id`,
 `children` (node ids), `value` (its length in tokens; the root's is the prompt length),
 `start` and `end` (the decoding iterations during which its tokens are generated,
@@ -47,7 +47,7 @@ class ToTTask:
         return counts
 
 
-def _is_int(x):
+def is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -132,10 +132,10 @@ def _node_fields(node, key, where):
         if name not in node:
             raise ValueError(f"{where}: missing field '{name}'")
     for name in ("id", "value", "start", "end"):
-        if not _is_int(node[name]):
+        if not is_int(node[name]):
             raise ValueError(f"{where}: field '{name}' must be an integer, got {node[name]!r}")
     children = node["children"]
-    if not isinstance(children, list) or not all(_is_int(c) for c in children):
+    if not isinstance(children, list) or not all(is_int(c) for c in children):
         raise ValueError(f"{where}: field 'children' must be a list of integer node ids, "
                          f"got {children!r}")
     if str(node["id"]) != key:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .programs import COMMON, RunResult, _sync, parse_params
-from .recorded import load_tot_file, scaled
+from .recorded import is_int, load_tot_file, scaled
 from .sampling import SamplingParams, sample
 
 # kind -> default parameters (each also takes COMMON's gen-less sampling keys); temperature
@@ -78,6 +78,10 @@ class ReplayPolicy:
 
     def __init__(self, tasks):
         self.tasks = tasks
+        self.batches = {}     # iteration -> decode queries of all tasks (none: left out)
+        for task in tasks:
+            for t, n in task.generating_counts().items():
+                self.batches[t] = self.batches.get(t, 0) + n
 
     def roots(self):
         return [(i, t.root, t.nodes[t.root].value) for i, t in enumerate(self.tasks)]
@@ -87,19 +91,11 @@ class ReplayPolicy:
         return [[ChildPlan(c, n[c].value, n[c].start) for c in n[b.node].children]
                 for b, n in zip(done, nodes)]
 
-    def _batches(self):
-        """{iteration: decode queries} over all tasks, iterations with none left out."""
-        total = {}
-        for task in self.tasks:
-            for t, n in task.generating_counts().items():
-                total[t] = total.get(t, 0) + n
-        return total
-
     def max_batch(self):
-        return max(self._batches().values(), default=1)
+        return max(self.batches.values(), default=1)
 
     def num_steps(self):
-        return len(self._batches())
+        return len(self.batches)
 
     def pages_needed(self, page_size):
         """Peak of the pages the forest holds, plus one per query (a step reserves its
@@ -260,9 +256,8 @@ def _load_prompt_ids(path, vocab_size):
     if not isinstance(prompts, list) or not prompts:
         raise ValueError(f"{path}: expected a non-empty JSON list of token id lists")
     for i, ids in enumerate(prompts):
-        if (not isinstance(ids, list) or not ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
-                for t in ids)):
+        if not isinstance(ids, list) or not ids or not all(
+                is_int(t) and 0 <= t < vocab_size for t in ids):
             raise ValueError(f"{path}: task {i}: expected a non-empty list of token ids in "
                              f"[0, {vocab_size})")
     return prompts
