@@ -178,15 +178,15 @@ def line_of(row):
             f"floor {row['floor_ms_median']:.2f} ms, step/floor {row['step_over_floor']:.2f}")
 
 
-def speedups(rows, baseline="per-query"):
-    """program -> attention -> baseline TPOT / TPOT (medians)."""
+def speedups(rows, baseline="per-query", case="program", metric="tpot_ms_median"):
+    """row[case] -> attention -> baseline's metric / the attention's (a time: TPOT median
+    by default), for the rows that have the metric."""
     out = {}
     for r in rows:
-        base = next((b for b in rows if b["program"] == r["program"]
-                     and b["attention"] == baseline and "tpot_ms_median" in b), None)
-        if base is not None and "tpot_ms_median" in r and r["attention"] != baseline:
-            out.setdefault(r["program"], {})[r["attention"]] = (
-                base["tpot_ms_median"] / r["tpot_ms_median"])
+        base = next((b for b in rows if b[case] == r[case]
+                     and b["attention"] == baseline and metric in b), None)
+        if base is not None and metric in r and r["attention"] != baseline:
+            out.setdefault(r[case], {})[r["attention"]] = base[metric] / r[metric]
     return out
 
 
@@ -405,16 +405,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=None,
                    help="at most this many decode steps per case (default: gen - 1 = 255)")
     p.add_argument("--hf-reference", default="on", choices=["on", "off"])
-    p.add_argument("--model", default="random:llama3-8b")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    p.add_argument("--graphs", default=None, choices=["on", "off"],
-                   help="CUDA graphs (default: on for cuda, off otherwise)")
-    p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
-    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
-                   help="torch.compile the model's elementwise ops (auto: on cuda with Triton)")
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_args(p)
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply the programs' long lengths (prompt, system, doc) by this")
     p.add_argument("--count-scale", type=float, default=1.0,
@@ -432,6 +423,52 @@ def parse_args(argv=None):
     return args
 
 
+def append_case(rows, run, device, **what):
+    """rows.append(run()); when it fails, a row of what and the error instead (the traceback
+    printed, the device's memory freed), so that one case's failure keeps the others."""
+    try:
+        rows.append(run())
+    except Exception as e:   # noqa: BLE001
+        traceback.print_exc()
+        rows.append(dict(what, error=f"{type(e).__name__}: {e}"))
+        free_memory(device)
+
+
+def add_engine_args(p):
+    """The model and engine options every engine benchmark takes (--graphs None: on for
+    cuda, off otherwise; the caller settles it after parsing)."""
+    p.add_argument("--model", default="random:llama3-8b")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--graphs", default=None, choices=["on", "off"],
+                   help="CUDA graphs (default: on for cuda, off otherwise)")
+    p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="torch.compile the model's elementwise ops (auto: on cuda with Triton)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def open_report(args, argv, script, **fields):
+    """(device, report, save): the device args.device names (cuda: the current one), the
+    report's head (device name, date, commit, the command as typed, args, torch version,
+    then fields), and save(), which writes the report to args.out (if given) as JSON."""
+    device, name = device_and_name(args.device)
+    typed = sys.argv if argv is None else [
+        sys.argv[0] if sys.argv[0].endswith(os.path.basename(script)) else script] + list(argv)
+    report = dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                      timespec="seconds"),
+                  commit=commit(), command=" ".join(shlex.quote(a) for a in ["python3"] + typed),
+                  args=dict(vars(args)), torch=torch.__version__, **fields)
+
+    def save():
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=2)
+    return device, report, save
+
+
 T0 = time.perf_counter()
 WEIGHTS = KV_TOKEN = 0
 
@@ -440,21 +477,9 @@ def main(argv=None):
     global T0, WEIGHTS, KV_TOKEN
     T0 = time.perf_counter()
     args = parse_args(argv)
-    device, name = device_and_name(args.device)
-    report = dict(device=name, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
-                      timespec="seconds"),
-                  commit=commit(), command=" ".join(shlex.quote(a) for a in ["python3"] + (
-                      sys.argv if argv is None else [sys.argv[0] if sys.argv[0].endswith(
-                          "engine_bench.py") else "bench/engine/engine_bench.py"] + list(argv))),
-                  args={k: v for k, v in vars(args).items()},
-                  torch=torch.__version__, rows=[], hf_reference=[])
-
-    def save():
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=2)
-
+    device, report, save = open_report(args, argv, "bench/engine/engine_bench.py", rows=[],
+                                       hf_reference=[])
+    name = report["device"]
     nbytes = args.bandwidth_bytes or (2 << 30 if device.type == "cuda" else 64 << 20)
     bandwidth = measure_bandwidth(device, nbytes)
     report.update(bandwidth_bytes_per_s=bandwidth, bandwidth_copy_bytes=nbytes)
@@ -476,13 +501,8 @@ def main(argv=None):
     for name_ in args.programs:
         spec = spec_of(name_, args)
         for attention in args.attentions:
-            try:
-                rows.append(run_case(model, name_, spec, attention, args, bandwidth))
-            except Exception as e:   # noqa: BLE001 (report the case, keep the others)
-                traceback.print_exc()
-                rows.append(dict(program=name_, spec=spec, attention=attention,
-                                 error=f"{type(e).__name__}: {e}"))
-                free_memory(device)
+            append_case(rows, lambda: run_case(model, name_, spec, attention, args, bandwidth),
+                        device, program=name_, spec=spec, attention=attention)
             save()
     ups = speedups(rows)
     report["speedups"] = ups

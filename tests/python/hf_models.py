@@ -37,3 +37,10 @@ def save(model, folder, shards=False):
     # ~40 KB shards: the tiny models split into several files plus an index
     model.save_pretrained(folder, max_shard_size="300KB" if shards else "10GB")
     return str(folder)
+
+
+def hf_logits(hf, tokens):
+    """transformers' logits at every position of one sequence, [len(tokens), vocab] fp32."""
+    device = next(hf.parameters()).device
+    with torch.no_grad():
+        return hf(input_ids=torch.tensor([tokens], device=device)).logits[0].float().cpu()

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from hf_models import save, tiny_hf_model
+from hf_models import hf_logits, save, tiny_hf_model
 from treeattn.engine import build_engine, load_model, make_program, run_program
 
 # fp32 engine vs fp32 transformers: the same math in a different order (paged gathers,
@@ -26,11 +26,6 @@ def models(request, tmp_path_factory):
     model = load_model(folder, dtype="fp32")
     model.source = folder
     return hf, model
-
-
-def hf_logits(hf, tokens):
-    with torch.no_grad():
-        return hf(input_ids=torch.tensor([tokens])).logits[0].float()
 
 
 def check_against_hf(hf, model, spec, page_size=4, attention="torch-ref", cache="py", atol=ATOL, graphs=False):

@@ -8,6 +8,7 @@ from .programs import Program, RunResult, make_program, parse_spec, run_program
 from .py_radix import PyRadixCache
 from .sampling import SamplingParams, sample
 from .torch_attention import TorchTreeAttention
+from .tot import ToTProgram, ToTResult, make_tot_program, run_tot
 from .weights import load_model, parse_dtype
 
 
@@ -27,6 +28,7 @@ def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_p
 
 
 __all__ = ["CausalLM", "Engine", "ModelConfig", "Program", "PyRadixCache", "RunResult",
-           "SamplingParams", "Sequence", "TorchTreeAttention", "build_engine",
-           "config_from_dict", "load_model", "make_attention", "make_cache", "make_program",
-           "named_config", "parse_dtype", "parse_spec", "read_config", "run_program", "sample"]
+           "SamplingParams", "Sequence", "ToTProgram", "ToTResult", "TorchTreeAttention",
+           "build_engine", "config_from_dict", "load_model", "make_attention", "make_cache",
+           "make_program", "make_tot_program", "named_config", "parse_dtype", "parse_spec",
+           "read_config", "run_program", "run_tot", "sample"]

@@ -1,7 +1,7 @@
 """python -m treeattn.engine: run a tree program (shared prompt, two-level sharing, few-shot,
-parallel sampling, independent sequences) on a Llama-family model and report tokens/s, TPOT
-(median, p90) and the attention share of a decode step; or speculative decoding with token
-trees (spec:...), reporting the drafts accepted per step and tokens/s."""
+parallel sampling, independent sequences, tree-of-thoughts) on a Llama-family model and
+report tokens/s, TPOT (median, p90) and the attention share of a decode step; or speculative
+decoding with token trees (spec:...), reporting the drafts accepted per step and tokens/s."""
 import argparse
 import json
 import sys
@@ -12,6 +12,7 @@ import torch
 from . import build_engine, load_model, make_program
 from .ops import choose_ops
 from .programs import KINDS
+from .tot import TOT_KINDS, is_tot_spec, make_tot_program, run_tot
 
 
 def parse_args(argv=None):
@@ -20,8 +21,12 @@ def parse_args(argv=None):
                    help="Hugging Face folder or random:NAME (tiny, llama3-8b, qwen2.5-7b)")
     p.add_argument("--program", default="shared:prompt=4000,branches=64,gen=256",
                    help=f"KIND:key=value,... with KIND in {sorted(KINDS)}; all take gen, "
-                        "temperature, top_p, top_k; or speculative decoding: spec:prompt=4000,"
-                        "requests=8,question=16,repeat=0,gen=128,tree=FILE|WxD,ngram=3,fill=0")
+                        "temperature, top_p, top_k; or tree-of-thoughts, KIND in "
+                        f"{sorted(TOT_KINDS)}: tot:file=RECORDED.json,tasks=N,scale=S,"
+                        "max_steps=M (a recorded schedule) or tot-live:prompt=P,tasks=N,"
+                        "rounds=R,width=W,k=K,budget=B (prune by log-probability); or "
+                        "speculative decoding: spec:prompt=4000,requests=8,question=16,"
+                        "repeat=0,gen=128,tree=FILE|WxD,ngram=3,fill=0")
     p.add_argument("--attention", default="auto",
                    help="torch-ref (PyTorch reference), auto, per-query or a treeattn planner")
     p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
@@ -81,17 +86,27 @@ def main(argv=None):
     if args.program.startswith("spec:"):
         from .speculative import run_cli
         return print_report(run_cli(args, model), args.json)
-    program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
-    num_pages = args.num_pages or pages_needed(program, args.page_size)
-    max_batch = len(program.prompts) * program.samples
+    if is_tot_spec(args.program):
+        program = make_tot_program(args.program, model.cfg.vocab_size, seed=args.seed)
+        num_pages = args.num_pages or program.pages_needed(args.page_size)
+        max_batch = program.max_batch
+    else:
+        program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
+        num_pages = args.num_pages or pages_needed(program, args.page_size)
+        max_batch = len(program.prompts) * program.samples
     engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,
                           max_batch=max_batch, graphs=args.graphs == "on")
-    from .programs import run_program
-    result = run_program(engine, program, seed=args.seed, steps=args.steps,
+    if is_tot_spec(args.program):
+        result = run_tot(engine, program, seed=args.seed, max_steps=args.steps,
                          time_attention=True, on_step=Progress())
+    else:
+        from .programs import run_program
+        result = run_program(engine, program, seed=args.seed, steps=args.steps,
+                             time_attention=True, on_step=Progress())
     report = dict(model=args.model, program=args.program, attention=args.attention,
-                  graphs=args.graphs, compiled=model.ops.compiled, device=str(engine.device), dtype=args.dtype,
-                  page_size=args.page_size, num_pages=num_pages, **result.summary())
+                  graphs=args.graphs, compiled=model.ops.compiled, device=str(engine.device),
+                  dtype=args.dtype, page_size=args.page_size, num_pages=num_pages,
+                  max_batch=max_batch, **result.summary())
     print_report(report, args.json)
 
 

@@ -37,15 +37,16 @@ def parse_spec(spec: str) -> tuple:
     params = dict(KINDS[kind], **COMMON)
     if kind == "sample":
         params["temperature"] = 1.0
-    parse_params(kind, rest, params)
+    params = parse_params(kind, rest, params)
     if params["gen"] < 1:
         raise ValueError(f"program: gen={params['gen']} must be >= 1")
     return kind, params
 
 
-def parse_params(kind, text, params):
-    """Set params (a dict of defaults, whose types the values take) from "key=value,..."."""
-    for item in filter(None, text.split(",")):
+def parse_params(kind: str, rest: str, defaults: dict) -> dict:
+    """"key=value,..." over defaults: only their keys, each value of its default's type."""
+    params = dict(defaults)
+    for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in params:
             raise ValueError(f"program: bad parameter {item!r} for {kind!r}; "
