@@ -240,3 +240,15 @@ def test_choose_ops():
         choose_ops("maybe", "cpu")
     with pytest.raises(ValueError, match="compile: on needs a cuda device"):
         choose_ops("on", "cpu")
+
+
+def test_graph_buckets_pad_at_most_a_quarter():
+    from treeattn.engine.graphs import buckets_up_to
+    assert buckets_up_to(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert buckets_up_to(1) == [1]
+    for n in range(1, 3000):
+        sizes = buckets_up_to(n)
+        assert sizes == sorted(set(sizes)) and sizes[-1] == n
+        for m in (n, n // 2 + 1):
+            b = next(s for s in sizes if s >= m)
+            assert m <= 32 or b <= 1.25 * m, (n, m, b)

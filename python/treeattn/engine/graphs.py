@@ -10,10 +10,15 @@ from .contexts import DecodeContext
 
 
 def buckets_up_to(max_tokens):
+    """The step sizes captured: 1, 2, 4, 8, then multiples of a quarter of the power of two
+    below (at least 8): 16, 24, ..., 64, 80, ..., 128, 160, ..., 256, 320, ..., and max_tokens.
+    A step runs on the smallest bucket that holds it, so its dense layers compute at most
+    1/4 padding rows past 32 (powers of two alone waste up to half a large batch)."""
     sizes, b = [], 1
     while b < max_tokens:
         sizes.append(b)
-        b *= 2
+        step = max(8, (1 << (b.bit_length() - 1)) // 4) if b >= 8 else b
+        b += step
     return sizes + [max_tokens]
 
 
