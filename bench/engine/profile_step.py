@@ -21,7 +21,7 @@ from treeattn.engine.__main__ import pages_needed
 from treeattn.engine.ops import choose_ops
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from engine_bench import measure_bandwidth, weights_read_bytes  # noqa: E402
+from engine_bench import commit, measure_bandwidth, weights_read_bytes  # noqa: E402
 
 CATEGORIES = [   # first match wins; lower-case substrings of the kernel name
     ("gemm", ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas")),
@@ -89,7 +89,8 @@ def main(argv=None):
     bandwidth = measure_bandwidth(device, 1 << 30)
     weights = weights_read_bytes(model)
     out = dict(model=args.model, program=args.program, compiled_ops=model.ops.compiled, device=torch.cuda.get_device_name(),
-               date=time.strftime("%Y-%m-%d"), bandwidth_gbs=bandwidth / 1e9,
+               date=time.strftime("%Y-%m-%d"), commit=commit(),
+               command=" ".join(["python3"] + sys.argv), bandwidth_gbs=bandwidth / 1e9,
                weights_floor_ms=weights / bandwidth * 1e3, rows=[])
     print(f"bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e9:.2f} GB, "
           f"weights floor {weights / bandwidth * 1e3:.2f} ms", flush=True)
