@@ -57,7 +57,12 @@ class DecodeContext:
 
 class PrefillContext:
     """One sequence's chunk: rows [start + T] are the pool rows of its tokens 0..start+T-1
-    (the chunk's own K/V already written there); query i sits at position start + i."""
+    (the chunk's own K/V already written there); query i sits at position start + i.
+
+    Inputs go to scaled_dot_product_attention as [1, H, len, D] with the GQA heads repeated
+    and, for a chunk with no prefix, is_causal instead of a mask: the shapes its fused
+    (flash / memory-efficient) kernels take; 3-D inputs with a mask fall back to its
+    unfused math path (a dozen kernels per layer, fp32 intermediates)."""
 
     def __init__(self, rows, start):
         self.rows, self.start = rows, start
@@ -67,10 +72,14 @@ class PrefillContext:
         hkv = k_pool.shape[2]
         k = k_pool.reshape(-1, hkv, d)[self.rows].repeat_interleave(hq // hkv, dim=1)
         v = v_pool.reshape(-1, hkv, d)[self.rows].repeat_interleave(hq // hkv, dim=1)
-        key_pos = torch.arange(len(self.rows), device=q.device)
-        query_pos = torch.arange(t, device=q.device) + self.start
-        mask = key_pos[None, :] <= query_pos[:, None]            # [T, L] causal over the path
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
-                                             v.transpose(0, 1), attn_mask=mask,
+        heads_first = lambda x: x.transpose(0, 1)[None]          # [1, H, len, D]
+        if self.start == 0:
+            mask, causal = None, True
+        else:   # query i (position start + i) sees keys 0..start + i: causal, bottom-aligned
+            key_pos = torch.arange(len(self.rows), device=q.device)
+            query_pos = torch.arange(t, device=q.device) + self.start
+            mask, causal = (key_pos[None, :] <= query_pos[:, None])[None, None], False
+        out = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v),
+                                             attn_mask=mask, is_causal=causal,
                                              scale=1.0 / math.sqrt(d))
-        return out.transpose(0, 1)
+        return out[0].transpose(0, 1)
