@@ -8,9 +8,9 @@
 #include <malloc.h>
 #endif
 
-#include <random>
 #include <string>
 
+#include "bench/planning/bench_tree.hpp"
 #include "treeattn/pat_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/runtime.hpp"
@@ -22,32 +22,8 @@ using namespace treeattn;
 
 namespace {
 
-// A serving-like radix tree: internal nodes form a random recursive tree
-// (depth ~ ln n), then up to 256 leaves hang under random internal nodes;
-// the 256 queries go round-robin over the leaves (several per leaf when there
-// are fewer leaves than queries).
-Workload bench_tree(int nodes, int queries, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const auto uniform = [&](int lo, int hi) { return lo + int(rng() % uint64_t(hi - lo + 1)); };
-  Workload w;
-  w.name = "bench:nodes=" + std::to_string(nodes);
-  w.heads = {32, 8, 128};
-  w.layout.page_size = 16;
-  w.layout.dtype = DType::fp16;
-  PageAllocator alloc(16, seed);
-  const int leaves = std::min(queries, nodes - std::max(1, nodes / 4));
-  const int internal = nodes - leaves;
-  for (int v = 0; v < internal; ++v) alloc.add_node(w.tree, v == 0 ? -1 : uniform(0, v - 1), uniform(16, 512));
-  std::vector<int32_t> leaf_ids;
-  for (int i = 0; i < leaves; ++i) leaf_ids.push_back(alloc.add_node(w.tree, uniform(0, internal - 1), uniform(1, 256)));
-  for (int q = 0; q < queries; ++q) w.query_nodes.push_back(leaf_ids[q % leaves]);
-  w.layout.num_pages = alloc.finish(w.tree);
-  w.validate();
-  return w;
-}
-
 void plan_once(benchmark::State& state, const std::string& planner, int nodes) {
-  const Workload w = bench_tree(nodes, 256, 42);
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   const PlanOptions opt;
   for (auto _ : state) {
     Plan p = make_plan(planner, w, opt);
@@ -59,7 +35,7 @@ void plan_once(benchmark::State& state, const std::string& planner, int nodes) {
 // PAT's lazy update: an unchanged batch (cache hit) and decode steps where
 // only the leaves grew (incremental path).
 void pat_cached(benchmark::State& state, int nodes, bool grow) {
-  Workload a = bench_tree(nodes, 256, 42), b = a;
+  Workload a = bench::planning_bench_tree(nodes, 256, 42), b = a;
   std::vector<int> children(b.tree.nodes.size(), 0);
   for (const Node& n : b.tree.nodes)
     if (n.parent >= 0) ++children[n.parent];
@@ -83,7 +59,7 @@ void pat_cached(benchmark::State& state, int nodes, bool grow) {
 // Workload built and validated, planned ("auto"), plan validated, and (on the
 // GPU) packed into pinned memory with its copies enqueued.
 void runtime_plan(benchmark::State& state, int nodes, Device device) {
-  const Workload w = bench_tree(nodes, 256, 42);
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   std::vector<int32_t> parents, num_tokens, offsets{0}, pages;
   for (const Node& n : w.tree.nodes) {
     parents.push_back(n.parent);
