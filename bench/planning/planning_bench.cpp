@@ -86,6 +86,21 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
   state.counters["pages"] = double(pages.size());
 }
 
+// The parts of a runtime plan step, each on its own: the tree's validation
+// (with the scratch a runtime keeps), the plan (auto), the plan's validation.
+void step_validate_tree(benchmark::State& state, int nodes) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  ValidateScratch scratch;
+  for (auto _ : state) w.validate(&scratch);
+}
+
+void step_validate_plan(benchmark::State& state, int nodes) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  const Plan p = make_plan("auto", w);
+  ValidatePlanScratch scratch;
+  for (auto _ : state) validate_plan(w, p, &scratch);
+}
+
 #if defined(TREEATTN_HAVE_CUDA)
 // Host time of one run() of the C++ runtime (checks + launches, no GPU wait):
 // the baseline of the Python binding's overhead. A one-query, 16-token tree so
@@ -140,6 +155,12 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("plan/pat-cache-hit/" + std::to_string(nodes)).c_str(), pat_cached, nodes, false)
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("plan/pat-incremental/" + std::to_string(nodes)).c_str(), pat_cached, nodes, true)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (const int nodes : {100, 1000, 10000}) {
+    benchmark::RegisterBenchmark(("step/validate_tree/" + std::to_string(nodes)).c_str(), step_validate_tree, nodes)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("step/validate_plan/" + std::to_string(nodes)).c_str(), step_validate_plan, nodes)
         ->Unit(benchmark::kMicrosecond);
   }
   for (const int nodes : {100, 1000, 10000})

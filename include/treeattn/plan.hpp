@@ -130,8 +130,20 @@ struct PlanSummary {
 };
 PlanSummary summarize(const Workload& w, const Plan& p);
 
+// Reusable memory of validate_plan: per query its unit count, the last unit
+// it was seen in and its visible ranges (CSR), per slot its writes, reads
+// and owner.
+struct ValidatePlanScratch {
+  std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, slot_writes, slot_reads,
+      slot_owner, path;
+  std::vector<Segment> ranges;
+};
+
 // Checks DESIGN.md's invariants (coverage, capacity, segments <= 64, masks,
-// merge slots); throws Error describing the first violation found.
-void validate_plan(const Workload& w, const Plan& p);
+// merge slots); throws Error describing the first violation found. O(units +
+// entries x segments per unit + path lengths); scratch: memory a caller that
+// validates every decode step keeps between calls (no allocation once it has
+// grown to the largest plan).
+void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratch = nullptr);
 
 }  // namespace treeattn

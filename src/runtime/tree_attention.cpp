@@ -31,6 +31,7 @@ struct TreeAttention::Impl {
   Plan plan;
   Workload scratch;  // the tree being planned; swapped in once the plan is accepted
   ValidateScratch validate_scratch;
+  ValidatePlanScratch validate_plan_scratch;
   bool planned = false;
 #if defined(TREEATTN_HAVE_CUDA)
   std::unique_ptr<CudaStepExecutor> cuda;
@@ -40,11 +41,14 @@ struct TreeAttention::Impl {
   void commit(void* stream) {
     scratch.validate(&validate_scratch);
     Plan p = planner(scratch, cfg.plan_options);
-    validate_plan(scratch, p);
 #if defined(TREEATTN_HAVE_CUDA)
-    if (cuda) cuda->set_plan(scratch, p, static_cast<cudaStream_t>(stream));
+    if (cuda)
+      cuda->set_plan(scratch, p, static_cast<cudaStream_t>(stream));  // validates the plan before it packs it
+    else
+      validate_plan(scratch, p, &validate_plan_scratch);
 #else
     (void)stream;
+    validate_plan(scratch, p, &validate_plan_scratch);
 #endif
     std::swap(w, scratch);
     plan = std::move(p);
