@@ -12,7 +12,7 @@ Plan plan_auto(const Workload& w, const PlanOptions& opt) {
   bool shared = false;
   for (size_t v = 0; v < w.tree.nodes.size() && !shared; ++v)
     shared = w.tree.nodes[v].num_tokens > 0 && ix.subtree_queries[v] > 1;
-  Plan p = shared ? plan_node(w, opt) : plan_per_query(w, opt);
+  Plan p = shared ? plan_node_indexed(w, ix, opt) : plan_per_query(w, opt);
   p.planner = "auto";
   return p;
 }

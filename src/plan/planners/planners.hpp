@@ -2,6 +2,7 @@
 // planner is a pure function; src/plan/registry.cpp lists them by name.
 #pragma once
 
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@ namespace treeattn {
 Plan plan_auto(const Workload& w, const PlanOptions& opt);
 Plan plan_per_query(const Workload& w, const PlanOptions& opt);
 Plan plan_node(const Workload& w, const PlanOptions& opt);
+Plan plan_node_indexed(const Workload& w, const TreeIndex& ix, const PlanOptions& opt);  // ix: w's, already built
 Plan plan_node_chunk(const Workload& w, const PlanOptions& opt);
 Plan plan_flatten(const Workload& w, const PlanOptions& opt);
 Plan plan_fasttree(const Workload& w, const PlanOptions& opt);
@@ -54,13 +56,58 @@ std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens);
 // unset); throws Error naming the planner, the knob and the value otherwise.
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min);
 
-// A unit before it is handed to PlanBuilder: its segments and queries, query
-// i seeing the segments whose bits are set in masks[i].
-struct ProtoUnit {
-  std::vector<Segment> segs;
+// Units before they are handed to PlanBuilder, in flat arrays reused from
+// call to call: unit i has its segments, and its queries each with a mask of
+// the segments it sees (bit k: segment k of the unit). Units are built at the
+// end: add_segment / add_query extend the open unit, close() ends it.
+class ProtoUnits {
+ public:
+  size_t size() const { return seg_end_.size(); }  // closed units
+  void clear();
+  std::span<const Segment> segs(size_t i) const {
+    return {segs_.data() + first(seg_end_, i), segs_.data() + seg_end_[i]};
+  }
+  std::span<const int32_t> queries(size_t i) const {
+    return {queries_.data() + first(query_end_, i), queries_.data() + query_end_[i]};
+  }
+  std::span<const uint64_t> masks(size_t i) const {
+    return {masks_.data() + first(query_end_, i), masks_.data() + query_end_[i]};
+  }
+  int64_t tokens(size_t i) const;
+
+  // The open unit.
+  std::span<const Segment> open_segs() const {
+    return {segs_.data() + (seg_end_.empty() ? 0 : seg_end_.back()), segs_.data() + segs_.size()};
+  }
+  size_t open_queries() const { return queries_.size() - (query_end_.empty() ? 0 : query_end_.back()); }
+  void add_segment(const Segment& s) { segs_.push_back(s); }
+  void add_query(int32_t q, uint64_t mask) {
+    queries_.push_back(q);
+    masks_.push_back(mask);
+  }
+  void close();
+  void discard_open();
+  // Appends unit i of `from` as a closed unit.
+  void append(const ProtoUnits& from, size_t i);
+
+ private:
+  static size_t first(const std::vector<int32_t>& end, size_t i) { return i == 0 ? 0 : size_t(end[i - 1]); }
+  std::vector<Segment> segs_;
+  std::vector<int32_t> queries_;
+  std::vector<uint64_t> masks_;
+  std::vector<int32_t> seg_end_, query_end_;  // per closed unit: one past its last segment, query
+};
+
+// Each node's subtree queries in depth-first order (so groups of consecutive
+// queries share paths): a node's own queries by id, then each child's list in
+// child order. One array; sub[v] is v's range of it.
+struct SubtreeQueries {
   std::vector<int32_t> queries;
-  std::vector<uint64_t> masks;
-  int64_t tokens() const;
+  std::vector<int32_t> begin, end;  // per node
+  std::span<const int32_t> operator[](int32_t v) const {
+    return {queries.data() + begin[v], queries.data() + end[v]};
+  }
+  void build(const Workload& w, const TreeIndex& ix);
 };
 
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
@@ -73,9 +120,9 @@ struct ProtoUnit {
 // 4 four-row leaves at 32/8 were slower (C=256,32 37.6 -> 38.4 us, C=256,64
 // 52.5 -> 56.1 us), and so were 32- and 64-row packs. Packs stay small
 // enough that the units x kv heads still fill the resident CTA slots; units
-// that share a query are not packed.
-std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t max_tokens, const Workload& w,
-                                        const PlanOptions& opt);
+// that share a query are not packed. `out`: the units, packed.
+void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
+                      ProtoUnits& out);
 // Units for a tree's compact subtrees: the highest subtrees (of more than one
 // node with queries) in which every query's path is at most `max_tokens`
 // tokens and 64 segments, whose leaves (nodes without queries below) are at
@@ -88,16 +135,11 @@ std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t ma
 // per unit (mostly from L2, being short) instead of once per node and query
 // tile into partial slots that a merge must fold: a query whose whole path is
 // in one compact subtree is written directly. covered[v] is set for the
-// subtrees' nodes (the caller plans the rest).
-std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
-                                             const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
-                                             int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
-                                             std::vector<char>& covered);
-void emit_units(PlanBuilder& b, const std::vector<ProtoUnit>& units);
-
-// Queries grouped by the node they attach to, and each node's subtree
-// queries in depth-first order (so groups of consecutive queries share paths).
-std::vector<std::vector<int32_t>> subtree_queries(const Workload& w, const TreeIndex& ix);
+// subtrees' nodes (the caller plans the rest). `out`: the units (replaced).
+void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, int64_t max_tokens,
+                           int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt, std::vector<char>& covered,
+                           ProtoUnits& out);
+void emit_units(PlanBuilder& b, const ProtoUnits& units);
 
 }  // namespace planning
 }  // namespace treeattn
