@@ -17,8 +17,15 @@ std::string node_field(int32_t v, const char* field) {
 }  // namespace
 
 TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_nodes) {
-  const int32_t n = static_cast<int32_t>(tree.nodes.size());
   TreeIndex ix;
+  ix.rebuild(tree, query_nodes);
+  return ix;
+}
+
+void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_nodes) {
+  const int32_t n = static_cast<int32_t>(tree.nodes.size());
+  TreeIndex& ix = *this;
+  ix.roots.clear();
   ix.child_offset.assign(n + 1, 0);
   for (int32_t v = 0; v < n; ++v) {
     int32_t p = tree.nodes[v].parent;
@@ -35,13 +42,16 @@ TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_n
   }
   std::partial_sum(ix.child_offset.begin(), ix.child_offset.end(), ix.child_offset.begin());
   ix.children.resize(ix.child_offset[n]);
-  std::vector<int32_t> fill(ix.child_offset.begin(), ix.child_offset.end() - 1);
+  // depth doubles as the fill position of each node's children until the BFS.
+  std::vector<int32_t>& fill = ix.depth;
+  fill.assign(ix.child_offset.begin(), ix.child_offset.end() - 1);
   for (int32_t v = 0; v < n; ++v)
     if (tree.nodes[v].parent >= 0) ix.children[fill[tree.nodes[v].parent]++] = v;
 
   // BFS from the roots; nodes never reached lie on a cycle.
   ix.depth.assign(n, -1);
   ix.path_tokens.assign(n, 0);
+  ix.bfs_order.clear();
   ix.bfs_order.reserve(n);
   for (int32_t r : ix.roots) {
     ix.depth[r] = 0;
@@ -74,7 +84,6 @@ TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_n
   }
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it)
     if (int32_t p = tree.nodes[*it].parent; p >= 0) ix.subtree_queries[p] += ix.subtree_queries[*it];
-  return ix;
 }
 
 std::vector<int32_t> Workload::path(int32_t node) const {
@@ -125,10 +134,7 @@ void Workload::validate(ValidateScratch* scratch) const {
   // inside one) are few and sorted by (page, first slot) to find overlaps.
   // Otherwise every use is sorted: memory follows the pages the tree uses,
   // not num_pages (which may be up to 2^46 / row size).
-  struct PageUse {
-    int32_t page, begin, end, node;
-    bool operator<(const PageUse& o) const { return page != o.page ? page < o.page : begin < o.begin; }
-  };
+  using PageUse = ValidateScratch::PageUse;
   int64_t refs = 0;
   for (const Node& n : tree.nodes) refs += int64_t(n.pages.size());
   ValidateScratch local;
@@ -150,7 +156,10 @@ void Workload::validate(ValidateScratch* scratch) const {
     throw Error(node_field(node, "pages") + ": page id " + std::to_string(page) + " slots [" + std::to_string(begin) +
                 ", " + std::to_string(end) + ") are also used by node " + std::to_string(other));
   };
-  std::vector<PageUse> uses;  // partial uses only when stamping, else all
+  std::vector<PageUse> local_uses;
+  std::vector<PageUse>& uses = sc ? sc->partial_uses : local_uses;  // partial uses only when stamping, else all
+  uses.clear();
+  bool shared_partial_page = !sc;  // some page is used by two partial uses: they are sorted to find overlaps
   int64_t total = 0;
   for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v) {
     const Node& n = tree.nodes[v];
@@ -182,17 +191,24 @@ void Workload::validate(ValidateScratch* scratch) const {
       uint32_t& st = sc->page_stamp[size_t(pg)];
       int32_t& owner = sc->page_owner[size_t(pg)];
       if (st == sc->stamp && (whole || owner >= 0)) conflict(v, pg, u.begin, u.end, owner >= 0 ? owner : -owner - 1);
+      if (st == sc->stamp) shared_partial_page = true;
       if (st != sc->stamp) st = sc->stamp, owner = whole ? v : -(v + 1);
       if (!whole) uses.push_back(u);
     }
     total += n.num_tokens;
   }
   if (total > (int64_t(1) << 40)) throw Error("tree: " + std::to_string(total) + " tokens is absurd");
-  std::sort(uses.begin(), uses.end());
-  for (size_t i = 1; i < uses.size(); ++i)
-    if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
-      conflict(uses[i].node, uses[i].page, uses[i].begin, uses[i].end, uses[i - 1].node);
-  const TreeIndex ix = TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
+  if (shared_partial_page) {
+    std::sort(uses.begin(), uses.end(), [](const PageUse& a, const PageUse& b) {
+      return a.page != b.page ? a.page < b.page : a.begin < b.begin;
+    });
+    for (size_t i = 1; i < uses.size(); ++i)
+      if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
+        conflict(uses[i].node, uses[i].page, uses[i].begin, uses[i].end, uses[i - 1].node);
+  }
+  TreeIndex local_index;
+  TreeIndex& ix = scratch ? scratch->index : local_index;
+  ix.rebuild(tree, query_nodes);  // parents, cycles, query nodes
   for (size_t q = 0; q < query_nodes.size(); ++q)
     if (ix.path_tokens[query_nodes[q]] > kMaxPathTokens)
       throw Error("query " + std::to_string(q) + ": its path (root to node " + std::to_string(query_nodes[q]) +
