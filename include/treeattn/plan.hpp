@@ -99,7 +99,8 @@ inline uint64_t full_mask(int num_segments) {
 // planners only say which segments and queries go together.
 class PlanBuilder {
  public:
-  PlanBuilder(const Workload& w, std::string planner_name);
+  // reuse: a plan whose arrays are cleared and refilled (their capacity kept).
+  PlanBuilder(const Workload& w, std::string planner_name, Plan&& reuse = Plan{});
   // Starts a unit; tile < 0 picks the smallest tile that holds its rows at end.
   void begin_unit(int tile = -1);
   void add_segment(int32_t node, int32_t begin, int32_t end);

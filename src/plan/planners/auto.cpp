@@ -9,12 +9,22 @@ namespace treeattn {
 
 Plan plan_auto(const Workload& w, const PlanOptions& opt) {
   const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  PlanScratch scratch;
+  Plan p;
+  plan_auto_reusing(w, ix, opt, scratch, p);
+  return p;
+}
+
+void plan_auto_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
+                       Plan& out) {
   bool shared = false;
   for (size_t v = 0; v < w.tree.nodes.size() && !shared; ++v)
     shared = w.tree.nodes[v].num_tokens > 0 && ix.subtree_queries[v] > 1;
-  Plan p = shared ? plan_node_indexed(w, ix, opt) : plan_per_query(w, opt);
-  p.planner = "auto";
-  return p;
+  if (shared)
+    plan_node_reusing(w, ix, opt, scratch, out);
+  else
+    plan_per_query_reusing(w, ix, opt, scratch, out);
+  out.planner = "auto";
 }
 
 }  // namespace treeattn

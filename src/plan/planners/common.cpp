@@ -2,34 +2,11 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <queue>
 
 #include "plan/planners/planners.hpp"
 #include "plan/planners/tree_walk.hpp"
 
 namespace treeattn::planning {
-
-std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& segs, int64_t max_tokens) {
-  max_tokens = std::max<int64_t>(max_tokens, 1);
-  std::vector<std::vector<Segment>> pieces;
-  std::vector<Segment> cur;
-  int64_t cur_tokens = 0;
-  for (Segment s : segs) {
-    while (s.size() > 0) {
-      if (cur_tokens == max_tokens || cur.size() == size_t(kMaxSegmentsPerUnit)) {
-        pieces.push_back(std::move(cur));
-        cur.clear();
-        cur_tokens = 0;
-      }
-      const int32_t take = static_cast<int32_t>(std::min<int64_t>(s.size(), max_tokens - cur_tokens));
-      cur.push_back({s.node, s.begin, s.begin + take});
-      cur_tokens += take;
-      s.begin += take;
-    }
-  }
-  if (!cur.empty()) pieces.push_back(std::move(cur));
-  return pieces;
-}
 
 int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt) {
   const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
@@ -38,7 +15,8 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 }
 
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
-                              const PlanOptions& opt) {
+                              const PlanOptions& opt, std::vector<int64_t>& piece_lengths,
+                              std::vector<int64_t>& slot_loads) {
   const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
   constexpr int64_t kPieceCost = 64;  // fixed cost of a CTA, in tokens
   int64_t work = 0, longest = 0;
@@ -52,21 +30,23 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
     return n;
   };
   // Longest-first list scheduling onto `slots` equal slots: the latest finish.
+  // slot_loads is a min-heap: the next piece goes to the least loaded slot.
   auto makespan = [&](int64_t p) {
-    std::vector<int64_t> len;
+    std::vector<int64_t>& len = piece_lengths;
+    len.clear();
     for (const auto& [tokens, copies] : jobs) {
       const int64_t k = (tokens + p - 1) / p;
       for (int64_t c = 0; c < copies; ++c)
         for (int64_t i = 0; i < k; ++i) len.push_back(tokens / k + (i < tokens % k ? 1 : 0) + kPieceCost);
     }
     std::sort(len.begin(), len.end(), std::greater<>());
-    std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> load;
-    for (int64_t i = 0; i < slots; ++i) load.push(0);
+    slot_loads.assign(size_t(slots), 0);
     int64_t end = 0;
     for (const int64_t l : len) {
-      const int64_t at = load.top() + l;
-      load.pop();
-      load.push(at);
+      std::pop_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
+      const int64_t at = slot_loads.back() + l;
+      slot_loads.back() = at;
+      std::push_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
       end = std::max(end, at);
     }
     return end;
@@ -85,16 +65,15 @@ bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
   return 4 * int64_t(units) * w.heads.num_kv_heads >= 3 * opt.target_ctas(w.heads);
 }
 
-std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens) {
+void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out) {
   const int64_t n = seg.size(), k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
-  std::vector<Segment> out;
+  out.clear();
   int32_t at = seg.begin;
   for (int64_t i = 0; i < k; ++i) {
     const int32_t take = int32_t(n / k + (i < n % k ? 1 : 0));
     out.push_back({seg.node, at, at + take});
     at += take;
   }
-  return out;
 }
 
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min) {
@@ -141,7 +120,7 @@ void ProtoUnits::append(const ProtoUnits& from, size_t i) {
 }
 
 void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
-                      ProtoUnits& out) {
+                      ProtoUnits& out, PackScratch& scratch) {
   constexpr int kPackRows = 16;      // the decode tile (32- and 64-row packs measured slower)
   constexpr int kMinPerPack = 8;     // packs of 4 measured slower, of 16 faster
   const int64_t G = w.heads.group_size();
@@ -165,10 +144,10 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 
   // The pack being filled is `pack`'s open unit; units that are not packed
   // go to `out` as they come, a pack when it is full.
-  thread_local ProtoUnits pack;
+  ProtoUnits& pack = scratch.pack;
   pack.clear();
   int64_t pack_rows = 0;
-  thread_local std::vector<int32_t> pack_queries;  // sorted
+  std::vector<int32_t>& pack_queries = scratch.queries;
   pack_queries.clear();
   const auto flush = [&] {
     pack.close();
@@ -203,7 +182,7 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, int64_t max_tokens,
                            int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt, std::vector<char>& covered,
-                           ProtoUnits& out) {
+                           ProtoUnits& out, CompactScratch& scratch) {
   const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
   const int64_t G = w.heads.group_size();
   covered.assign(n, 0);
@@ -211,8 +190,9 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   if (max_tokens <= 0) return;
   // The longest path (tokens and non-empty segments) from v down to a query
   // of its subtree, and whether v has a child with queries.
-  thread_local std::vector<int64_t> tok, segs, leaf;  // leaf: its longest node without queries below
-  thread_local std::vector<char> branches;
+  std::vector<int64_t>&tok = scratch.tokens, &segs = scratch.segments;
+  std::vector<int64_t>& leaf = scratch.leaf;  // leaf: its longest node without queries below
+  std::vector<char>& branches = scratch.branches;
   tok.assign(n, 0);
   segs.assign(n, 0);
   leaf.assign(n, 0);
@@ -240,7 +220,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   };
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
-  thread_local std::vector<int32_t> path;
+  std::vector<int32_t>& path = scratch.path;
   const auto group = [&](const std::vector<int32_t>& roots, int64_t cap, ProtoUnits& units) {
     units.clear();
     const auto flush = [&] {
@@ -298,8 +278,8 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   // the one with the most units (a lower cut splits a subtree that is too
   // small to fill the GPU into its compact children, for more CTAs). `out`
   // holds the best cut's units.
-  thread_local std::vector<int32_t> roots, best_roots, next;
-  thread_local ProtoUnits units;
+  std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
+  ProtoUnits& units = scratch.units;
   roots.clear();
   best_roots.clear();
   for (const int32_t v : ix.bfs_order)
@@ -339,35 +319,33 @@ void emit_units(PlanBuilder& b, const ProtoUnits& units) {
 
 void SubtreeQueries::build(const Workload& w, const TreeIndex& ix) {
   const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
-  // Depth-first: a node's range opens with its own queries (by id) and
-  // closes after its last descendant's.
-  thread_local std::vector<int32_t> own_offset, stack;
-  own_offset.assign(size_t(n) + 1, 0);
-  for (const int32_t v : w.query_nodes) ++own_offset[size_t(v) + 1];
-  for (int32_t v = 0; v < n; ++v) own_offset[size_t(v) + 1] += own_offset[v];
+  // The queries grouped by node, by id within a node: node v's own are
+  // by_node_[own_begin_[v] .. own_begin_[v + 1]).
+  own_begin_.assign(size_t(n) + 1, 0);
+  for (const int32_t v : w.query_nodes) ++own_begin_[size_t(v) + 1];
+  for (int32_t v = 0; v < n; ++v) own_begin_[size_t(v) + 1] += own_begin_[v];
+  by_node_.resize(w.query_nodes.size());
+  begin.assign(own_begin_.begin(), own_begin_.end() - 1);  // used as fill positions first
+  for (int32_t q = 0; q < w.num_queries(); ++q) by_node_[size_t(begin[w.query_nodes[q]]++)] = q;
+
+  // Depth first, children in child order: a node's range opens with its own
+  // queries and closes after its last descendant's. The stack holds nodes to
+  // visit, and ~v for a node whose subtree is being listed.
   queries.resize(w.query_nodes.size());
-  begin.assign(n, 0);
   end.assign(n, 0);
-  // Visit order: preorder, children in child order; end[] set on the way back up.
   int32_t at = 0;
-  thread_local std::vector<int32_t> fill;
-  fill.assign(own_offset.begin(), own_offset.end() - 1);
-  thread_local std::vector<int32_t> by_node;  // queries grouped by node, by id within
-  by_node.resize(w.query_nodes.size());
-  for (int32_t q = 0; q < w.num_queries(); ++q) by_node[size_t(fill[w.query_nodes[q]]++)] = q;
-  stack.clear();
-  for (auto r = ix.roots.rbegin(); r != ix.roots.rend(); ++r) stack.push_back(*r);
-  while (!stack.empty()) {
-    const int32_t v = stack.back();
-    if (v < 0) {  // ~v's subtree is done
+  stack_.assign(ix.roots.rbegin(), ix.roots.rend());
+  while (!stack_.empty()) {
+    const int32_t v = stack_.back();
+    if (v < 0) {
       end[~v] = at;
-      stack.pop_back();
+      stack_.pop_back();
       continue;
     }
-    stack.back() = ~v;
+    stack_.back() = ~v;
     begin[v] = at;
-    for (int32_t i = own_offset[v]; i < own_offset[v + 1]; ++i) queries[size_t(at++)] = by_node[size_t(i)];
-    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) stack.push_back(ix.children[k]);
+    for (int32_t i = own_begin_[v]; i < own_begin_[v + 1]; ++i) queries[size_t(at++)] = by_node_[size_t(i)];
+    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) stack_.push_back(ix.children[k]);
   }
 }
 

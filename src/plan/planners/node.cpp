@@ -60,17 +60,9 @@ constexpr int64_t kMaxCompactStretch = 5;
 // unit and read back by the merge.
 int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4; }
 
-// prefix[v]: the segments of v's folded ancestors, which open v's first KV
-// piece; folded[v]: v has no units of its own. Only uncovered nodes with
-// tokens are folded into or receive a prefix, so every query still sees each
-// token of its path exactly once.
-struct FoldPlan {
-  std::vector<std::vector<Segment>> prefix;
-  std::vector<char> folded;
-};
-
+// The folds (planning::FoldPlan) into f.
 void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQueries& sub,
-               const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens, FoldPlan& f) {
+               const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens, planning::FoldPlan& f) {
   const size_t n = w.tree.nodes.size();
   const auto no_folds = [&] {
     f.prefix.resize(n);
@@ -114,16 +106,18 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
 // Appends node's units for the nodes that compact subtrees do not cover
 // (covered[v]) to `units`: one per KV piece and Q tile of each node, a folded
 // node's segment opening its children's first pieces.
-void add_node_units(const Workload& w, const TreeIndex& ix, const planning::SubtreeQueries& sub,
-                    const PlanOptions& opt, const std::vector<char>& covered, planning::ProtoUnits& units) {
+void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
+                    planning::ProtoUnits& units) {
+  const planning::SubtreeQueries& sub = m.sub;
+  const std::vector<char>& covered = m.covered;
   const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
-  thread_local FoldPlan fold;
+  planning::FoldPlan& fold = m.fold;
   fold_plan(w, ix, sub, covered, per_tile,
             planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), fold);
   const auto planned = [&](int32_t v) {
     return w.tree.nodes[v].num_tokens > 0 && !sub[v].empty() && !covered[v] && !fold.folded[v];
   };
-  thread_local std::vector<std::pair<int64_t, int64_t>> jobs;  // (tokens, query tiles) of each node
+  std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each node
   jobs.clear();
   for (size_t u = 0; u < units.size(); ++u) jobs.emplace_back(units.tokens(u), 1);
   for (const int32_t v : ix.bfs_order) {
@@ -133,12 +127,13 @@ void add_node_units(const Workload& w, const TreeIndex& ix, const planning::Subt
     jobs.emplace_back(tokens, planning::ceil_div(int64_t(sub[v].size()), int64_t(per_tile)));
   }
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
-  const int64_t piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt);
+  const int64_t piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
 
   for (const int32_t v : ix.bfs_order) {
     if (!planned(v)) continue;
     const auto queries = sub[v];
-    const auto chunks = planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece);
+    std::vector<Segment>& chunks = m.segments;
+    planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece, chunks);
     for (size_t q0 = 0; q0 < queries.size(); q0 += per_tile) {
       const size_t q1 = std::min(queries.size(), q0 + per_tile);
       for (const Segment& chunk : chunks) {
@@ -163,8 +158,7 @@ int64_t longest_unit(const planning::ProtoUnits& units) {
 struct UnitBytes {
   int64_t kv = 0, partials = 0;
 };
-UnitBytes unit_bytes(const Workload& w, const planning::ProtoUnits& units) {
-  thread_local std::vector<int32_t> per_query;
+UnitBytes unit_bytes(const Workload& w, const planning::ProtoUnits& units, std::vector<int32_t>& per_query) {
   per_query.assign(size_t(w.num_queries()), 0);
   UnitBytes b;
   for (size_t u = 0; u < units.size(); ++u) {
@@ -179,12 +173,16 @@ UnitBytes unit_bytes(const Workload& w, const planning::ProtoUnits& units) {
 
 Plan plan_node(const Workload& w, const PlanOptions& opt) {
   const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
-  return plan_node_indexed(w, ix, opt);
+  PlanScratch scratch;
+  Plan p;
+  plan_node_reusing(w, ix, opt, scratch, p);
+  return p;
 }
 
-Plan plan_node_indexed(const Workload& w, const TreeIndex& ix, const PlanOptions& opt) {
-  thread_local planning::SubtreeQueries sub;
-  sub.build(w, ix);
+void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
+                       Plan& out) {
+  PlanScratch::Buffers& m = scratch.buffers();
+  m.sub.build(w, ix);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
   const int64_t flat_rows = planning::integer_option(opt, "node", "flat_rows", 0, 0);
@@ -192,15 +190,14 @@ Plan plan_node_indexed(const Workload& w, const TreeIndex& ix, const PlanOptions
   // `flat_tokens` tokens per path (0: none) and leaves of at most
   // `leaf_tokens`: the compact-subtree units first (`*compact` of them), then
   // the nodes they leave.
-  thread_local std::vector<char> covered;
-  thread_local planning::ProtoUnits raw, units, alternative;
+  planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
   const auto compact_units = [&](int64_t flat_tokens, int64_t leaf_tokens) {
-    planning::compact_subtree_units(w, ix, sub, flat_tokens, leaf_tokens, flat_rows, opt, covered, raw);
+    planning::compact_subtree_units(w, ix, m.sub, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw, m.compact);
     return raw.size();
   };
-  const auto packed_with_nodes = [&](planning::ProtoUnits& out) {
-    add_node_units(w, ix, sub, opt, covered, raw);
-    planning::pack_short_units(raw, pack, w, opt, out);
+  const auto packed_with_nodes = [&](planning::ProtoUnits& packed) {
+    add_node_units(w, ix, opt, m, raw);
+    planning::pack_short_units(raw, pack, w, opt, packed, m.pack);
   };
   size_t compact = compact_units(flat, kShortLeafTokens);
   packed_with_nodes(units);
@@ -217,7 +214,7 @@ Plan plan_node_indexed(const Workload& w, const TreeIndex& ix, const PlanOptions
     const size_t long_compact = compact_units(flat, flat);
     if (long_compact > 0 && long_compact != compact) {
       packed_with_nodes(alternative);
-      const UnitBytes a = unit_bytes(w, units), b = unit_bytes(w, alternative);
+      const UnitBytes a = unit_bytes(w, units, m.units_of_query), b = unit_bytes(w, alternative, m.units_of_query);
       if ((b.kv - a.kv) * 2 <= kMaxRereadPerSlotByte * (a.partials - b.partials)) {
         std::swap(units, alternative);
         compact = long_compact;
@@ -237,9 +234,9 @@ Plan plan_node_indexed(const Workload& w, const TreeIndex& ix, const PlanOptions
     packed_with_nodes(alternative);
     if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) std::swap(units, alternative);
   }
-  PlanBuilder b(w, "node");
+  PlanBuilder b(w, "node", std::move(out));
   planning::emit_units(b, units);
-  return b.finish();
+  out = b.finish();
 }
 
 }  // namespace treeattn

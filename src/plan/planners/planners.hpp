@@ -1,5 +1,6 @@
 // Declarations of the built-in planners and the helpers they share. Each
-// planner is a pure function; src/plan/registry.cpp lists them by name.
+// planner is a pure function; src/plan/registry.cpp lists them by name. The
+// helpers take the memory they reuse (PlanScratch::Buffers) as arguments.
 #pragma once
 
 #include <span>
@@ -13,7 +14,11 @@ namespace treeattn {
 Plan plan_auto(const Workload& w, const PlanOptions& opt);
 Plan plan_per_query(const Workload& w, const PlanOptions& opt);
 Plan plan_node(const Workload& w, const PlanOptions& opt);
-Plan plan_node_indexed(const Workload& w, const TreeIndex& ix, const PlanOptions& opt);  // ix: w's, already built
+// The same into reused memory (ReusingPlannerFn).
+void plan_auto_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch, Plan& out);
+void plan_per_query_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
+                            Plan& out);
+void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch, Plan& out);
 Plan plan_node_chunk(const Workload& w, const PlanOptions& opt);
 Plan plan_flatten(const Workload& w, const PlanOptions& opt);
 Plan plan_fasttree(const Workload& w, const PlanOptions& opt);
@@ -21,11 +26,6 @@ Plan plan_pat(const Workload& w, const PlanOptions& opt);
 Plan plan_forge(const Workload& w, const PlanOptions& opt);
 
 namespace planning {
-
-// Cuts an ordered list of segments into pieces of at most `max_tokens` tokens
-// (cuts may fall inside a segment) and at most kMaxSegmentsPerUnit segments.
-// Empty segments are dropped; an all-empty list gives no piece.
-std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& segs, int64_t max_tokens);
 
 // The longest unit (in tokens) that keeps the GPU evenly busy: the even share
 // of `work_tokens` over the resident CTA slots per kv head, never below
@@ -41,16 +41,17 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 // piece waits for a slot). A second, partial wave costs a whole piece; one
 // long unsplit job in one wave costs more (a 4000-token prompt beside 32
 // leaves).
+// pieces: memory for the pieces' lengths and the slots' loads.
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
-                              const PlanOptions& opt);
+                              const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads);
 
 // Whether `units` units (each run once per kv head) fill three quarters of
 // the resident CTA slots.
 bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt);
 
 // [begin, end) of `seg` cut into ceil(size / max_tokens) pieces whose sizes
-// differ by at most one token.
-std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens);
+// differ by at most one token, into `out` (replaced).
+void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out);
 
 // The planner knob `key` of opt.extra as an integer >= `min` (`fallback` when
 // unset); throws Error naming the planner, the knob and the value otherwise.
@@ -108,6 +109,9 @@ struct SubtreeQueries {
     return {queries.data() + begin[v], queries.data() + end[v]};
   }
   void build(const Workload& w, const TreeIndex& ix);
+
+ private:
+  std::vector<int32_t> own_begin_, by_node_, stack_;  // memory of build()
 };
 
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
@@ -121,8 +125,13 @@ struct SubtreeQueries {
 // 52.5 -> 56.1 us), and so were 32- and 64-row packs. Packs stay small
 // enough that the units x kv heads still fill the resident CTA slots; units
 // that share a query are not packed. `out`: the units, packed.
+// pack: memory for the pack being filled.
+struct PackScratch {
+  ProtoUnits pack;
+  std::vector<int32_t> queries;  // the pack's, sorted
+};
 void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
-                      ProtoUnits& out);
+                      ProtoUnits& out, PackScratch& pack);
 // Units for a tree's compact subtrees: the highest subtrees (of more than one
 // node with queries) in which every query's path is at most `max_tokens`
 // tokens and 64 segments, whose leaves (nodes without queries below) are at
@@ -136,10 +145,40 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 // tile into partial slots that a merge must fold: a query whose whole path is
 // in one compact subtree is written directly. covered[v] is set for the
 // subtrees' nodes (the caller plans the rest). `out`: the units (replaced).
+struct CompactScratch {
+  std::vector<int64_t> tokens, segments, leaf;  // per node, its longest path down to a query
+  std::vector<char> branches;
+  std::vector<int32_t> path, roots, best_roots, next;
+  ProtoUnits units;
+};
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, int64_t max_tokens,
                            int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt, std::vector<char>& covered,
-                           ProtoUnits& out);
+                           ProtoUnits& out, CompactScratch& scratch);
 void emit_units(PlanBuilder& b, const ProtoUnits& units);
 
+// node's folds (plan_node): prefix[v]: the segments of v's folded
+// ancestors, which open v's first KV piece; folded[v]: v has no units of its
+// own. Only uncovered nodes with tokens are folded into or receive a prefix,
+// so every query still sees each token of its path exactly once.
+struct FoldPlan {
+  std::vector<std::vector<Segment>> prefix;
+  std::vector<char> folded;
+};
+
 }  // namespace planning
+
+// Everything the reusing planners keep between calls.
+struct PlanScratch::Buffers {
+  planning::SubtreeQueries sub;
+  planning::ProtoUnits raw, units, alternative;
+  planning::CompactScratch compact;
+  planning::PackScratch pack;
+  planning::FoldPlan fold;
+  std::vector<char> covered;
+  std::vector<std::pair<int64_t, int64_t>> jobs;
+  std::vector<int64_t> piece_lengths, slot_loads;
+  std::vector<int32_t> units_of_query, path;
+  std::vector<Segment> segments;
+};
+
 }  // namespace treeattn
