@@ -86,12 +86,25 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
   state.counters["pages"] = double(pages.size());
 }
 
-// The parts of a runtime plan step, each on its own: the tree's validation
-// (with the scratch a runtime keeps), the plan (auto), the plan's validation.
+// The parts of a runtime plan step, each on its own with the memory a
+// runtime keeps: the tree's validation, the plan (auto, into reused
+// buffers), the plan's validation.
 void step_validate_tree(benchmark::State& state, int nodes) {
   const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   ValidateScratch scratch;
   for (auto _ : state) w.validate(&scratch);
+}
+
+void step_plan(benchmark::State& state, int nodes) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  const PlannerInfo& info = find_planner("auto");
+  PlanScratch scratch;
+  Plan p;
+  for (auto _ : state) {
+    plan_reusing(info, w, ix, PlanOptions{}, scratch, p);
+    benchmark::DoNotOptimize(p.unit_tile.data());
+  }
 }
 
 void step_validate_plan(benchmark::State& state, int nodes) {
@@ -159,6 +172,8 @@ int main(int argc, char** argv) {
   }
   for (const int nodes : {100, 1000, 10000}) {
     benchmark::RegisterBenchmark(("step/validate_tree/" + std::to_string(nodes)).c_str(), step_validate_tree, nodes)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("step/plan/" + std::to_string(nodes)).c_str(), step_plan, nodes)
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("step/validate_plan/" + std::to_string(nodes)).c_str(), step_validate_plan, nodes)
         ->Unit(benchmark::kMicrosecond);

@@ -132,11 +132,12 @@ struct PlanSummary {
 PlanSummary summarize(const Workload& w, const Plan& p);
 
 // Reusable memory of validate_plan: per query its unit count, the last unit
-// it was seen in and its visible ranges (CSR), per slot its writes, reads
+// it was seen in and its visible ranges (CSR); per node the last query whose
+// path holds it and the last that saw it whole; per slot its writes, reads
 // and owner.
 struct ValidatePlanScratch {
-  std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, slot_writes, slot_reads,
-      slot_owner, path;
+  std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, seen_whole_by,
+      slot_writes, slot_reads, slot_owner, path;
   std::vector<Segment> ranges;
 };
 
