@@ -180,19 +180,9 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
   flush();
 }
 
-void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, int64_t max_tokens,
-                           int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt, std::vector<char>& covered,
-                           ProtoUnits& out, CompactScratch& scratch) {
-  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
-  const int64_t G = w.heads.group_size();
-  covered.assign(n, 0);
-  out.clear();
-  if (max_tokens <= 0) return;
-  // The longest path (tokens and non-empty segments) from v down to a query
-  // of its subtree, and whether v has a child with queries.
-  std::vector<int64_t>&tok = scratch.tokens, &segs = scratch.segments;
-  std::vector<int64_t>& leaf = scratch.leaf;  // leaf: its longest node without queries below
-  std::vector<char>& branches = scratch.branches;
+void DownPaths::build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub) {
+  const size_t n = w.tree.nodes.size();
+  std::vector<int64_t>&tok = tokens, &segs = segments;
   tok.assign(n, 0);
   segs.assign(n, 0);
   leaf.assign(n, 0);
@@ -214,6 +204,18 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     segs[v] = s + (own > 0 ? 1 : 0);
     if (!branches[v]) leaf[v] = own;
   }
+}
+
+void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
+                           int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
+                           std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch) {
+  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
+  const int64_t G = w.heads.group_size();
+  covered.assign(n, 0);
+  out.clear();
+  if (max_tokens <= 0) return;
+  const std::vector<int64_t>&tok = down.tokens, &segs = down.segments, &leaf = down.leaf;
+  const std::vector<char>& branches = down.branches;
   const auto compact = [&](int32_t v) {
     return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit &&
            leaf[v] <= max_leaf_tokens;

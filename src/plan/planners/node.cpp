@@ -183,6 +183,7 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
                        Plan& out) {
   PlanScratch::Buffers& m = scratch.buffers();
   m.sub.build(w, ix);
+  m.down.build(w, ix, m.sub);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
   const int64_t flat_rows = planning::integer_option(opt, "node", "flat_rows", 0, 0);
@@ -192,7 +193,7 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   // the nodes they leave.
   planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
   const auto compact_units = [&](int64_t flat_tokens, int64_t leaf_tokens) {
-    planning::compact_subtree_units(w, ix, m.sub, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw, m.compact);
+    planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw, m.compact);
     return raw.size();
   };
   const auto packed_with_nodes = [&](planning::ProtoUnits& packed) {

@@ -114,6 +114,15 @@ struct SubtreeQueries {
   std::vector<int32_t> own_begin_, by_node_, stack_;  // memory of build()
 };
 
+// Per node v with queries below it: the longest path from v down to one of
+// them, in tokens and in non-empty segments, the longest leaf (node without
+// queries below) under v, and whether v has a child with queries.
+struct DownPaths {
+  std::vector<int64_t> tokens, segments, leaf;
+  std::vector<char> branches;
+  void build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub);
+};
+
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
 // tree's leaves at GQA ratio 1 or 2) into shared 16-row units, each query
 // masked to its own segments. The rows were padded to 16 anyway, so the
@@ -145,15 +154,14 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 // tile into partial slots that a merge must fold: a query whose whole path is
 // in one compact subtree is written directly. covered[v] is set for the
 // subtrees' nodes (the caller plans the rest). `out`: the units (replaced).
+// down: the tree's DownPaths (the same for every max_tokens).
 struct CompactScratch {
-  std::vector<int64_t> tokens, segments, leaf;  // per node, its longest path down to a query
-  std::vector<char> branches;
   std::vector<int32_t> path, roots, best_roots, next;
   ProtoUnits units;
 };
-void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, int64_t max_tokens,
-                           int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt, std::vector<char>& covered,
-                           ProtoUnits& out, CompactScratch& scratch);
+void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
+                           int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
+                           std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch);
 void emit_units(PlanBuilder& b, const ProtoUnits& units);
 
 // node's folds (plan_node): prefix[v]: the segments of v's folded
@@ -170,6 +178,7 @@ struct FoldPlan {
 // Everything the reusing planners keep between calls.
 struct PlanScratch::Buffers {
   planning::SubtreeQueries sub;
+  planning::DownPaths down;
   planning::ProtoUnits raw, units, alternative;
   planning::CompactScratch compact;
   planning::PackScratch pack;
