@@ -42,6 +42,14 @@ PlanScratch::~PlanScratch() = default;
 PlanScratch::PlanScratch(PlanScratch&&) noexcept = default;
 PlanScratch& PlanScratch::operator=(PlanScratch&&) noexcept = default;
 
+Plan planning::plan_once(ReusingPlannerFn fn, const Workload& w, const PlanOptions& opt) {
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  PlanScratch scratch;
+  Plan p;
+  fn(w, ix, opt, scratch, p);
+  return p;
+}
+
 void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
                   PlanScratch& scratch, Plan& out) {
   if (info.fn_reusing)

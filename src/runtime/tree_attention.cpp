@@ -65,7 +65,8 @@ struct TreeAttention::Impl {
   void resize_nodes(size_t n) {
     std::vector<Node>& nodes = scratch.tree.nodes;
     for (; nodes.size() > n; nodes.pop_back()) spare_nodes.push_back(std::move(nodes.back()));
-    for (; nodes.size() < n && !spare_nodes.empty(); spare_nodes.pop_back()) nodes.push_back(std::move(spare_nodes.back()));
+    for (; nodes.size() < n && !spare_nodes.empty(); spare_nodes.pop_back())
+      nodes.push_back(std::move(spare_nodes.back()));
     nodes.resize(n);
   }
 

@@ -7,13 +7,7 @@
 
 namespace treeattn {
 
-Plan plan_auto(const Workload& w, const PlanOptions& opt) {
-  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
-  PlanScratch scratch;
-  Plan p;
-  plan_auto_reusing(w, ix, opt, scratch, p);
-  return p;
-}
+Plan plan_auto(const Workload& w, const PlanOptions& opt) { return planning::plan_once(plan_auto_reusing, w, opt); }
 
 void plan_auto_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
                        Plan& out) {

@@ -167,7 +167,8 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
     const bool shares = std::any_of(queries.begin(), queries.end(), [&](int32_t q) {
       return std::binary_search(pack_queries.begin(), pack_queries.end(), q);
     });
-    if (shares || pack_rows + rows(u) > row_budget || pack.open_segs().size() + segs.size() > size_t(kMaxSegmentsPerUnit))
+    if (shares || pack_rows + rows(u) > row_budget ||
+        pack.open_segs().size() + segs.size() > size_t(kMaxSegmentsPerUnit))
       flush();
     const int shift = int(pack.open_segs().size());
     for (const Segment& s : segs) pack.add_segment(s);

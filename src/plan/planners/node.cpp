@@ -127,7 +127,8 @@ void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& o
     jobs.emplace_back(tokens, planning::ceil_div(int64_t(sub[v].size()), int64_t(per_tile)));
   }
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
-  const int64_t piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
+  const int64_t piece =
+      forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
 
   for (const int32_t v : ix.bfs_order) {
     if (!planned(v)) continue;
@@ -171,13 +172,7 @@ UnitBytes unit_bytes(const Workload& w, const planning::ProtoUnits& units, std::
 }
 }  // namespace
 
-Plan plan_node(const Workload& w, const PlanOptions& opt) {
-  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
-  PlanScratch scratch;
-  Plan p;
-  plan_node_reusing(w, ix, opt, scratch, p);
-  return p;
-}
+Plan plan_node(const Workload& w, const PlanOptions& opt) { return planning::plan_once(plan_node_reusing, w, opt); }
 
 void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
                        Plan& out) {
@@ -193,7 +188,8 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   // the nodes they leave.
   planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
   const auto compact_units = [&](int64_t flat_tokens, int64_t leaf_tokens) {
-    planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw, m.compact);
+    planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw,
+                                    m.compact);
     return raw.size();
   };
   const auto packed_with_nodes = [&](planning::ProtoUnits& packed) {

@@ -11,11 +11,7 @@
 namespace treeattn {
 
 Plan plan_per_query(const Workload& w, const PlanOptions& opt) {
-  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
-  PlanScratch scratch;
-  Plan p;
-  plan_per_query_reusing(w, ix, opt, scratch, p);
-  return p;
+  return planning::plan_once(plan_per_query_reusing, w, opt);
 }
 
 void plan_per_query_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,

@@ -27,6 +27,9 @@ Plan plan_forge(const Workload& w, const PlanOptions& opt);
 
 namespace planning {
 
+// A reusing planner run as a pure function: the index and memory made for this call.
+Plan plan_once(ReusingPlannerFn fn, const Workload& w, const PlanOptions& opt);
+
 // The longest unit (in tokens) that keeps the GPU evenly busy: the even share
 // of `work_tokens` over the resident CTA slots per kv head, never below
 // opt.min_split_tokens. Longer units are split along KV (flash-decoding), so
