@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,9 @@ class PlanBuilder {
   void add_segment(int32_t node, int32_t begin, int32_t end);
   // mask defaults to "sees every segment of this unit".
   void add_query(int32_t query, uint64_t mask = ~0ull);
+  // Many at once: segments; queries with their masks (same length).
+  void add_segments(std::span<const Segment> segs);
+  void add_queries(std::span<const int32_t> queries, std::span<const uint64_t> masks);
   void end_unit();
   // Assigns partial slots (only queries in more than one unit get them).
   Plan finish();

@@ -50,6 +50,21 @@ void PlanBuilder::add_query(int32_t query, uint64_t mask) {
   plan_.entry_slot.push_back(-1);
 }
 
+void PlanBuilder::add_segments(std::span<const Segment> segs) {
+  if (!open_) throw Error("PlanBuilder: add_segments outside a unit");
+  plan_.segments.insert(plan_.segments.end(), segs.begin(), segs.end());
+}
+
+void PlanBuilder::add_queries(std::span<const int32_t> queries, std::span<const uint64_t> masks) {
+  if (!open_) throw Error("PlanBuilder: add_queries outside a unit");
+  if (queries.size() != masks.size())
+    throw Error("PlanBuilder: " + std::to_string(queries.size()) + " queries, " + std::to_string(masks.size()) +
+                " masks");
+  plan_.entry_query.insert(plan_.entry_query.end(), queries.begin(), queries.end());
+  plan_.entry_mask.insert(plan_.entry_mask.end(), masks.begin(), masks.end());
+  plan_.entry_slot.resize(plan_.entry_query.size(), -1);
+}
+
 void PlanBuilder::end_unit() {
   if (!open_) throw Error("PlanBuilder: end_unit without begin_unit");
   open_ = false;

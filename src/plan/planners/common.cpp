@@ -312,10 +312,8 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
 void emit_units(PlanBuilder& b, const ProtoUnits& units) {
   for (size_t u = 0; u < units.size(); ++u) {
     b.begin_unit();
-    for (const Segment& s : units.segs(u)) b.add_segment(s.node, s.begin, s.end);
-    const auto queries = units.queries(u);
-    const auto masks = units.masks(u);
-    for (size_t i = 0; i < queries.size(); ++i) b.add_query(queries[i], masks[i]);
+    b.add_segments(units.segs(u));
+    b.add_queries(units.queries(u), units.masks(u));
     b.end_unit();
   }
 }
