@@ -15,7 +15,8 @@ double PlanOptions::get(const std::string& key, double fallback) const {
 
 const std::vector<PlannerInfo>& planners() {
   static const std::vector<PlannerInfo> table = {
-      {"auto", "the default: node where queries share KV, per-query where none do (a first rule; a calibrated cost model replaces it)", plan_auto, plan_auto_reusing},
+      {"auto", "the default: node where queries share KV, per-query where none do (a first rule; a calibrated cost model replaces it)", plan_auto,
+       plan_auto_reusing},
       {"per-query", "query-centric baseline: one unit per query over its whole path, KV split to fill the GPU (FlashAttention/FlashInfer decode)", plan_per_query,
        plan_per_query_reusing},
       {"node", "KV-guided grouping (DeFT-Node): one unit per node per Q tile of the queries below it; long nodes split only when the GPU would not fill", plan_node,

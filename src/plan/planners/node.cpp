@@ -182,10 +182,10 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
   const int64_t flat_rows = planning::integer_option(opt, "node", "flat_rows", 0, 0);
-  // node's units (before packing) with compact subtrees of at most
-  // `flat_tokens` tokens per path (0: none) and leaves of at most
-  // `leaf_tokens`: the compact-subtree units first (`*compact` of them), then
-  // the nodes they leave.
+  // node's units are built in two steps: compact_units puts the units of the
+  // compact subtrees of at most `flat_tokens` tokens per path (0: none) and
+  // leaves of at most `leaf_tokens` into raw (and says how many);
+  // packed_with_nodes adds the nodes they leave and packs the short units.
   planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
   const auto compact_units = [&](int64_t flat_tokens, int64_t leaf_tokens) {
     planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw,
