@@ -68,7 +68,7 @@ if has bench && [[ ${STATUS[build]:-ok} == ok ]]; then
                "all|fasttree:N=1,256:C=256,32 fasttree:N=1,10:C=4000,400 pat:B=1,8,512:L=32,2048,256"; do
       planners=${set%%|*}; specs=${set#*|}
       args=(); for s in $specs; do args+=(-w "$s"); done
-      [[ $planners != all ]] && args+=(-p "$planners")
+      args+=(-p "$planners")
       i=$((i + 1))
       timeout 200 "$CLI" bench "${args[@]}" --heads "$heads" --head-dim 128 --dtype fp16 --page-size 16 \
         --iters 50 --warmup 5 --verify 4 >>"$OUT/bench.log" 2>&1 || STATUS[bench]=FAIL

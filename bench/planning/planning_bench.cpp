@@ -8,9 +8,9 @@
 #include <malloc.h>
 #endif
 
-#include <random>
 #include <string>
 
+#include "bench/planning/bench_tree.hpp"
 #include "treeattn/pat_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/runtime.hpp"
@@ -22,32 +22,8 @@ using namespace treeattn;
 
 namespace {
 
-// A serving-like radix tree: internal nodes form a random recursive tree
-// (depth ~ ln n), then up to 256 leaves hang under random internal nodes;
-// the 256 queries go round-robin over the leaves (several per leaf when there
-// are fewer leaves than queries).
-Workload bench_tree(int nodes, int queries, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const auto uniform = [&](int lo, int hi) { return lo + int(rng() % uint64_t(hi - lo + 1)); };
-  Workload w;
-  w.name = "bench:nodes=" + std::to_string(nodes);
-  w.heads = {32, 8, 128};
-  w.layout.page_size = 16;
-  w.layout.dtype = DType::fp16;
-  PageAllocator alloc(16, seed);
-  const int leaves = std::min(queries, nodes - std::max(1, nodes / 4));
-  const int internal = nodes - leaves;
-  for (int v = 0; v < internal; ++v) alloc.add_node(w.tree, v == 0 ? -1 : uniform(0, v - 1), uniform(16, 512));
-  std::vector<int32_t> leaf_ids;
-  for (int i = 0; i < leaves; ++i) leaf_ids.push_back(alloc.add_node(w.tree, uniform(0, internal - 1), uniform(1, 256)));
-  for (int q = 0; q < queries; ++q) w.query_nodes.push_back(leaf_ids[q % leaves]);
-  w.layout.num_pages = alloc.finish(w.tree);
-  w.validate();
-  return w;
-}
-
 void plan_once(benchmark::State& state, const std::string& planner, int nodes) {
-  const Workload w = bench_tree(nodes, 256, 42);
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   const PlanOptions opt;
   for (auto _ : state) {
     Plan p = make_plan(planner, w, opt);
@@ -59,7 +35,7 @@ void plan_once(benchmark::State& state, const std::string& planner, int nodes) {
 // PAT's lazy update: an unchanged batch (cache hit) and decode steps where
 // only the leaves grew (incremental path).
 void pat_cached(benchmark::State& state, int nodes, bool grow) {
-  Workload a = bench_tree(nodes, 256, 42), b = a;
+  Workload a = bench::planning_bench_tree(nodes, 256, 42), b = a;
   std::vector<int> children(b.tree.nodes.size(), 0);
   for (const Node& n : b.tree.nodes)
     if (n.parent >= 0) ++children[n.parent];
@@ -83,7 +59,7 @@ void pat_cached(benchmark::State& state, int nodes, bool grow) {
 // Workload built and validated, planned ("auto"), plan validated, and (on the
 // GPU) packed into pinned memory with its copies enqueued.
 void runtime_plan(benchmark::State& state, int nodes, Device device) {
-  const Workload w = bench_tree(nodes, 256, 42);
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   std::vector<int32_t> parents, num_tokens, offsets{0}, pages;
   for (const Node& n : w.tree.nodes) {
     parents.push_back(n.parent);
@@ -108,6 +84,34 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
 #endif
   state.counters["units"] = double(ta.plan().num_units());
   state.counters["pages"] = double(pages.size());
+}
+
+// The parts of a runtime plan step, each on its own with the memory a
+// runtime keeps: the tree's validation, the plan (auto, into reused
+// buffers), the plan's validation.
+void step_validate_tree(benchmark::State& state, int nodes) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  ValidateScratch scratch;
+  for (auto _ : state) w.validate(&scratch);
+}
+
+void step_plan(benchmark::State& state, int nodes) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  const PlannerInfo& info = find_planner("auto");
+  PlanScratch scratch;
+  Plan p;
+  for (auto _ : state) {
+    plan_reusing(info, w, ix, PlanOptions{}, scratch, p);
+    benchmark::DoNotOptimize(p.unit_tile.data());
+  }
+}
+
+void step_validate_plan(benchmark::State& state, int nodes) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  const Plan p = make_plan("auto", w);
+  ValidatePlanScratch scratch;
+  for (auto _ : state) validate_plan(w, p, &scratch);
 }
 
 #if defined(TREEATTN_HAVE_CUDA)
@@ -164,6 +168,14 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("plan/pat-cache-hit/" + std::to_string(nodes)).c_str(), pat_cached, nodes, false)
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("plan/pat-incremental/" + std::to_string(nodes)).c_str(), pat_cached, nodes, true)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (const int nodes : {100, 1000, 10000}) {
+    benchmark::RegisterBenchmark(("step/validate_tree/" + std::to_string(nodes)).c_str(), step_validate_tree, nodes)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("step/plan/" + std::to_string(nodes)).c_str(), step_plan, nodes)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("step/validate_plan/" + std::to_string(nodes)).c_str(), step_validate_plan, nodes)
         ->Unit(benchmark::kMicrosecond);
   }
   for (const int nodes : {100, 1000, 10000})

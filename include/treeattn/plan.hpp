@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -99,12 +100,16 @@ inline uint64_t full_mask(int num_segments) {
 // planners only say which segments and queries go together.
 class PlanBuilder {
  public:
-  PlanBuilder(const Workload& w, std::string planner_name);
+  // reuse: a plan whose arrays are cleared and refilled (their capacity kept).
+  PlanBuilder(const Workload& w, std::string planner_name, Plan&& reuse = Plan{});
   // Starts a unit; tile < 0 picks the smallest tile that holds its rows at end.
   void begin_unit(int tile = -1);
   void add_segment(int32_t node, int32_t begin, int32_t end);
   // mask defaults to "sees every segment of this unit".
   void add_query(int32_t query, uint64_t mask = ~0ull);
+  // Many at once: segments; queries with their masks (same length).
+  void add_segments(std::span<const Segment> segs);
+  void add_queries(std::span<const int32_t> queries, std::span<const uint64_t> masks);
   void end_unit();
   // Assigns partial slots (only queries in more than one unit get them).
   Plan finish();
@@ -130,8 +135,21 @@ struct PlanSummary {
 };
 PlanSummary summarize(const Workload& w, const Plan& p);
 
+// Reusable memory of validate_plan: per query its unit count, the last unit
+// it was seen in and its visible ranges (CSR); per node the last query whose
+// path holds it and the last that saw it whole; per slot its writes, reads
+// and owner.
+struct ValidatePlanScratch {
+  std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, seen_whole_by,
+      slot_writes, slot_reads, slot_owner, path;
+  std::vector<Segment> ranges;
+};
+
 // Checks DESIGN.md's invariants (coverage, capacity, segments <= 64, masks,
-// merge slots); throws Error describing the first violation found.
-void validate_plan(const Workload& w, const Plan& p);
+// merge slots); throws Error describing the first violation found. O(units +
+// entries x segments per unit + path lengths); scratch: memory a caller that
+// validates every decode step keeps between calls (no allocation once it has
+// grown to the largest plan).
+void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratch = nullptr);
 
 }  // namespace treeattn

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,11 +25,40 @@ struct PlanOptions {
 
 using PlannerFn = std::function<Plan(const Workload&, const PlanOptions&)>;
 
+// Memory planners reuse from call to call: the tree's query lists, unit lists
+// and the like. A caller that plans every decode step keeps one (TreeAttention
+// does); once it has grown to the largest tree, auto, node and per-query plan
+// without allocating. Not shared between threads.
+class PlanScratch {
+ public:
+  PlanScratch();
+  ~PlanScratch();
+  PlanScratch(PlanScratch&&) noexcept;
+  PlanScratch& operator=(PlanScratch&&) noexcept;
+  struct Buffers;  // src/plan/planners/planners.hpp
+  Buffers& buffers() { return *buffers_; }
+
+ private:
+  std::unique_ptr<Buffers> buffers_;
+};
+
+// A planner that plans into reused memory: ix is w's index, already built
+// (Workload::validate keeps one in its scratch); `out` is refilled, its
+// arrays keep their capacity. Same plan as the planner's PlannerFn.
+using ReusingPlannerFn = void (*)(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                                  PlanScratch& scratch, Plan& out);
+
 struct PlannerInfo {
   std::string name;
   std::string description;
   PlannerFn fn;
+  ReusingPlannerFn fn_reusing = nullptr;  // the planners a decode loop uses: auto, node, per-query
 };
+
+// Plans w with `info` into `out`: by fn_reusing where the planner has one,
+// else by fn. ix: w's index.
+void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                  PlanScratch& scratch, Plan& out);
 
 // The built-in planners, in the order reports list them (src/plan/registry.cpp).
 const std::vector<PlannerInfo>& planners();

@@ -49,15 +49,22 @@ struct TreeIndex {
 
   // Throws Error on a parent out of range or a cycle.
   static TreeIndex build(const Tree& tree, const std::vector<int32_t>& query_nodes);
+  // The same into this index's arrays (no allocation once they have grown).
+  void rebuild(const Tree& tree, const std::vector<int32_t>& query_nodes);
   int num_children(int32_t v) const { return child_offset[v + 1] - child_offset[v]; }
 };
 
-// Reusable memory of Workload::validate's page check: per pool page, the step
-// that last used it and its user.
+// Reusable memory of Workload::validate: a bit per pool page, set while a
+// call checks the tree's pages (clear between calls), and one more for the
+// pages used in part; the uses of partial pages; and the tree's index, which
+// holds the index of the last tree validated (a planner may reuse it).
 struct ValidateScratch {
-  std::vector<uint32_t> page_stamp;
-  std::vector<int32_t> page_owner;
-  uint32_t stamp = 0;
+  std::vector<uint64_t> page_used, page_partial;
+  struct PageUse {
+    int32_t page, begin, end, node;  // slots [begin, end) of the page
+  };
+  std::vector<PageUse> partial_uses;
+  TreeIndex index;
 };
 
 // The longest root-to-query path a Workload accepts: 2^30 tokens (far past

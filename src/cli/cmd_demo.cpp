@@ -56,7 +56,7 @@ void add_demo_command(CLI::App& app) {
       double per_query_bytes = 0, best_bytes = 0;
       std::string best;
       bool ok = true;
-      for (const std::string& name : selected_planners(*o)) {
+      for (const std::string& name : selected_planners(*o, "all")) {
         const Plan p = make_plan(name, w, opt);
         validate_plan(w, p);
         const PlanSummary s = summarize(w, p);
@@ -80,7 +80,7 @@ void add_demo_command(CLI::App& app) {
       std::printf("\n  all plans validated; CPU results %s the fp64 reference (tolerance %.0e)\n",
                   ok ? "match" : "DO NOT match", tol);
       if (!ok) throw CLI::RuntimeError("verification failed", 1);
-      if (gpu_available()) time_on_gpu(w, selected_planners(*o), opt, o->seed);
+      if (gpu_available()) time_on_gpu(w, selected_planners(*o, "all"), opt, o->seed);
       else std::printf("  no GPU here: the CUDA path is not timed (treeattn bench times it on a GPU)\n");
     }
   });

@@ -1,4 +1,5 @@
-// `treeattn verify`: every planner's plan, run by the CPU executor on random
+// `treeattn verify`: each selected planner's plan (default auto; --planner
+// all: every planner), run by the CPU executor on random
 // inputs, against the fp64 reference. Exit code 1 when any error exceeds the
 // dtype's tolerance.
 #include <chrono>

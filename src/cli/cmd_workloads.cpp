@@ -12,7 +12,7 @@ void add_workloads_command(CLI::App& app) {
     std::printf("Workload families (use with --workload SPEC):\n");
     for (const WorkloadFamily& f : workload_families())
       std::printf("  %-52s %s\n", f.syntax.c_str(), f.description.c_str());
-    std::printf("\nPlanners (use with --planner NAME, or all):\n");
+    std::printf("\nPlanners (use with --planner NAME, or all; default auto):\n");
     for (const PlannerInfo& p : planners()) std::printf("  %-12s %s\n", p.name.c_str(), p.description.c_str());
   });
 }

@@ -32,7 +32,9 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("--page-size", o.page_size, "tokens per KV page, 1..65536")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
-  cmd->add_option("-p,--planner", o.planners, "planner name, repeatable, or `all` (default: all)");
+  cmd->add_option("-p,--planner", o.planners,
+                  "planner name, repeatable, or `all` (default: auto; demo and bench --suite: all, they compare "
+                  "planners)");
   cmd->add_flag("--json", o.json, "print JSON instead of a table");
   cmd->add_option("--seed", o.seed, "seed for page shuffling, random trees and inputs")->capture_default_str();
   // 1024: several times any GPU's SM count (H100 132, B200 148); planners size
@@ -153,14 +155,13 @@ std::vector<Workload> load_workloads(const CommonOptions& o, const std::vector<s
   return out;
 }
 
-std::vector<std::string> selected_planners(const CommonOptions& o) {
+std::vector<std::string> selected_planners(const CommonOptions& o, const std::string& when_none) {
+  const std::vector<std::string> asked = o.planners.empty() ? std::vector<std::string>{when_none} : o.planners;
   std::vector<std::string> names;
-  const bool all = o.planners.empty() ||
-                   std::find(o.planners.begin(), o.planners.end(), "all") != o.planners.end();
-  if (all) {
+  if (std::find(asked.begin(), asked.end(), "all") != asked.end()) {
     for (const PlannerInfo& p : planners()) names.push_back(p.name);
   } else {
-    for (const std::string& n : o.planners) names.push_back(find_planner(n).name);
+    for (const std::string& n : asked) names.push_back(find_planner(n).name);
   }
   return names;
 }

@@ -18,7 +18,7 @@ struct CommonOptions {
   int head_dim = 128;
   std::string dtype = "fp16";
   int page_size = 16;
-  std::vector<std::string> planners;  // empty or "all": every registered planner
+  std::vector<std::string> planners;  // --planner; "all": every registered planner
   bool json = false;
   uint64_t seed = 1;
   int num_sms = 132;
@@ -38,7 +38,10 @@ PlanOptions plan_options(const CommonOptions& o);
 // Builds every --workload (or `fallback` when none was given). A relative FILE
 // that does not exist is also looked up in the repository's data/workloads/.
 std::vector<Workload> load_workloads(const CommonOptions& o, const std::vector<std::string>& fallback);
-std::vector<std::string> selected_planners(const CommonOptions& o);
+// The --planner names, "all" expanded; without --planner `when_none`: "auto"
+// (the library's default) where one plan per workload is meant, "all" in the
+// commands that exist to compare planners (demo, bench --suite).
+std::vector<std::string> selected_planners(const CommonOptions& o, const std::string& when_none = "auto");
 // The error tolerance of DESIGN.md for a dtype (relative L2).
 double tolerance(DType t);
 

@@ -110,7 +110,7 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
   o.head_dim = suite.head_dim;
   o.dtype = std::string(to_string(suite.dtype));
   o.page_size = suite.page_size;
-  std::vector<std::string> names = selected_planners(o);
+  std::vector<std::string> names = selected_planners(o, "all");
   std::stable_partition(names.begin(), names.end(), [](const std::string& n) { return n == "per-query"; });
   const PlanOptions opt = plan_options(o);
 

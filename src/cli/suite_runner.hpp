@@ -22,7 +22,7 @@ struct SuiteRun {
   std::string suite;         // built-in name or a suite file
   bool quick = false;        // the '+' entries at quick_heads only
   std::string out_dir;       // default: <source>/bench/results/<device>/<suite>
-  std::vector<std::string> planners;  // empty: all
+  std::vector<std::string> planners;  // --planner; empty: all
 };
 
 // (Re)writes report.md and the plots of DIR/results.json; returns the markdown.

@@ -16,8 +16,20 @@ int smallest_tile_for_rows(int rows) {
               std::to_string(kMaxTileRows) + " rows)");
 }
 
-PlanBuilder::PlanBuilder(const Workload& w, std::string planner_name) : w_(w) {
+PlanBuilder::PlanBuilder(const Workload& w, std::string planner_name, Plan&& reuse)
+    : w_(w), plan_(std::move(reuse)) {
   plan_.planner = std::move(planner_name);
+  plan_.unit_segment_offset.assign(1, 0);
+  plan_.segments.clear();
+  plan_.unit_query_offset.assign(1, 0);
+  plan_.entry_query.clear();
+  plan_.entry_mask.clear();
+  plan_.entry_slot.clear();
+  plan_.unit_tile.clear();
+  plan_.unit_masked.clear();
+  plan_.query_slot_offset.assign(1, 0);
+  plan_.query_slots.clear();
+  plan_.num_slots = 0;
 }
 
 void PlanBuilder::begin_unit(int tile) {
@@ -36,6 +48,21 @@ void PlanBuilder::add_query(int32_t query, uint64_t mask) {
   plan_.entry_query.push_back(query);
   plan_.entry_mask.push_back(mask);
   plan_.entry_slot.push_back(-1);
+}
+
+void PlanBuilder::add_segments(std::span<const Segment> segs) {
+  if (!open_) throw Error("PlanBuilder: add_segments outside a unit");
+  plan_.segments.insert(plan_.segments.end(), segs.begin(), segs.end());
+}
+
+void PlanBuilder::add_queries(std::span<const int32_t> queries, std::span<const uint64_t> masks) {
+  if (!open_) throw Error("PlanBuilder: add_queries outside a unit");
+  if (queries.size() != masks.size())
+    throw Error("PlanBuilder: " + std::to_string(queries.size()) + " queries, " + std::to_string(masks.size()) +
+                " masks");
+  plan_.entry_query.insert(plan_.entry_query.end(), queries.begin(), queries.end());
+  plan_.entry_mask.insert(plan_.entry_mask.end(), masks.begin(), masks.end());
+  plan_.entry_slot.resize(plan_.entry_query.size(), -1);
 }
 
 void PlanBuilder::end_unit() {
@@ -62,43 +89,46 @@ void PlanBuilder::end_unit() {
 Plan PlanBuilder::finish() {
   if (open_) throw Error("PlanBuilder: finish with an open unit");
   const int32_t nq = w_.num_queries();
-  std::vector<int32_t> count(nq, 0);
+  // off[q + 1] first counts q's entries, then becomes the CSR end of q's
+  // merge list: no memory beyond the plan's own arrays.
+  std::vector<int32_t>& off = plan_.query_slot_offset;
+  off.assign(size_t(nq) + 1, 0);
   for (int32_t q : plan_.entry_query)
-    if (q >= 0 && q < nq) ++count[q];
+    if (q >= 0 && q < nq) ++off[size_t(q) + 1];
 
-  // A query whose whole path is empty still needs a unit to write its zeros.
-  std::vector<int32_t> uncovered;
+  // A query whose whole path is empty still needs a unit to write its zeros;
+  // such queries go to units in id order, per_unit to a unit.
+  const int per_unit = std::max(1, kMaxTileRows / w_.heads.group_size());
+  int in_unit = 0;
   for (int32_t q = 0; q < nq; ++q) {
-    if (count[q] != 0) continue;
+    if (off[size_t(q) + 1] != 0) continue;
     int64_t tokens = 0;
     for (int32_t v = w_.query_nodes[q]; v >= 0; v = w_.tree.nodes[v].parent) tokens += w_.tree.nodes[v].num_tokens;
-    if (tokens == 0) uncovered.push_back(q);
+    if (tokens != 0) continue;
+    if (in_unit == per_unit) end_unit(), in_unit = 0;
+    if (in_unit == 0) begin_unit();
+    add_query(q);
+    ++in_unit;
+    ++off[size_t(q) + 1];
   }
-  const int per_unit = std::max(1, kMaxTileRows / w_.heads.group_size());
-  for (size_t i = 0; i < uncovered.size(); i += per_unit) {
-    begin_unit();
-    for (size_t j = i; j < std::min(uncovered.size(), i + per_unit); ++j) {
-      add_query(uncovered[j]);
-      ++count[uncovered[j]];
-    }
-    end_unit();
-  }
+  if (in_unit > 0) end_unit();
 
   // Only queries covered by more than one unit get partial slots; slots of a
-  // query are consecutive, so its merge list is a range.
-  plan_.query_slot_offset.assign(nq + 1, 0);
-  for (int32_t q = 0; q < nq; ++q)
-    plan_.query_slot_offset[q + 1] = plan_.query_slot_offset[q] + (count[q] > 1 ? count[q] : 0);
-  plan_.num_slots = plan_.query_slot_offset[nq];
-  plan_.query_slots.resize(plan_.num_slots);
-  std::vector<int32_t> next(plan_.query_slot_offset.begin(), plan_.query_slot_offset.end() - 1);
+  // query are consecutive, so its merge list is a range, and slot s is
+  // query_slots[s] = s.
+  for (int32_t q = 0; q < nq; ++q) {
+    const int32_t count = off[size_t(q) + 1];
+    off[size_t(q) + 1] = off[q] + (count > 1 ? count : 0);
+  }
+  plan_.num_slots = off[nq];
+  // While slots are handed out, query_slots[off[q]] counts those q has got.
+  plan_.query_slots.assign(size_t(plan_.num_slots), 0);
   for (size_t e = 0; e < plan_.entry_query.size(); ++e) {
     const int32_t q = plan_.entry_query[e];
-    if (q < 0 || q >= nq || count[q] <= 1) continue;
-    const int32_t slot = next[q]++;
-    plan_.entry_slot[e] = slot;
-    plan_.query_slots[slot] = slot;
+    if (q < 0 || q >= nq || off[size_t(q) + 1] == off[q]) continue;
+    plan_.entry_slot[e] = off[q] + plan_.query_slots[size_t(off[q])]++;
   }
+  for (int32_t s = 0; s < plan_.num_slots; ++s) plan_.query_slots[size_t(s)] = s;
   return std::move(plan_);
 }
 

@@ -15,9 +15,12 @@ double PlanOptions::get(const std::string& key, double fallback) const {
 
 const std::vector<PlannerInfo>& planners() {
   static const std::vector<PlannerInfo> table = {
-      {"auto", "the default: node where queries share KV, per-query where none do (a first rule; a calibrated cost model replaces it)", plan_auto},
-      {"per-query", "query-centric baseline: one unit per query over its whole path, KV split to fill the GPU (FlashAttention/FlashInfer decode)", plan_per_query},
-      {"node", "KV-guided grouping (DeFT-Node): one unit per node per Q tile of the queries below it; long nodes split only when the GPU would not fill", plan_node},
+      {"auto", "the default: node where queries share KV, per-query where none do (a first rule; a calibrated cost model replaces it)", plan_auto,
+       plan_auto_reusing},
+      {"per-query", "query-centric baseline: one unit per query over its whole path, KV split to fill the GPU (FlashAttention/FlashInfer decode)", plan_per_query,
+       plan_per_query_reusing},
+      {"node", "KV-guided grouping (DeFT-Node): one unit per node per Q tile of the queries below it; long nodes split only when the GPU would not fill", plan_node,
+       plan_node_reusing},
       {"node-chunk", "DeFT-Node-Chunk: one unit per node per Q tile of the queries below it, nodes cut into fixed chunks of chunk_tokens (128)", plan_node_chunk},
       {"flatten", "DeFT-Flatten: depth-first flattened KV cut into even blocks, a block's queries masked per segment (tree-structured queries too)", plan_flatten},
       {"fasttree", "FastTree: greedy edge concatenation by the alpha/beta/gamma padding + reduction cost model, two Q-tile phases, long-context KV split", plan_fasttree},
@@ -33,6 +36,27 @@ const PlannerInfo& find_planner(const std::string& name) {
   std::string known;
   for (const PlannerInfo& p : planners()) known += (known.empty() ? "" : ", ") + p.name;
   throw Error("planner: unknown planner '" + name + "' (known: " + known + ")");
+}
+
+PlanScratch::PlanScratch() : buffers_(std::make_unique<Buffers>()) {}
+PlanScratch::~PlanScratch() = default;
+PlanScratch::PlanScratch(PlanScratch&&) noexcept = default;
+PlanScratch& PlanScratch::operator=(PlanScratch&&) noexcept = default;
+
+Plan planning::plan_once(ReusingPlannerFn fn, const Workload& w, const PlanOptions& opt) {
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  PlanScratch scratch;
+  Plan p;
+  fn(w, ix, opt, scratch, p);
+  return p;
+}
+
+void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                  PlanScratch& scratch, Plan& out) {
+  if (info.fn_reusing)
+    info.fn_reusing(w, ix, opt, scratch, out);
+  else
+    out = info.fn(w, opt);
 }
 
 Plan make_plan(const std::string& name, const Workload& w, const PlanOptions& opt) {

@@ -1,5 +1,6 @@
 // The plan validator: DESIGN.md's invariants, checked for any planner's output.
 #include <algorithm>
+#include <bit>
 #include <string>
 #include <tuple>
 
@@ -24,7 +25,7 @@ void check_csr(const Plan& p, const std::vector<int32_t>& off, size_t rows, size
 }
 }  // namespace
 
-void validate_plan(const Workload& w, const Plan& p) {
+void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratch) {
   const int32_t U = p.num_units();
   const int32_t Q = w.num_queries();
   const int32_t N = static_cast<int32_t>(w.tree.nodes.size());
@@ -40,10 +41,15 @@ void validate_plan(const Workload& w, const Plan& p) {
   if (p.num_slots != int32_t(p.query_slots.size()))
     fail(p.planner, "num_slots = " + str(p.num_slots) + " but query_slots has " + str(p.query_slots.size()));
 
-  // Per-unit capacity, segments and masks; gather each query's visible ranges.
-  std::vector<std::vector<std::tuple<int32_t, int32_t, int32_t>>> seen(Q);
-  std::vector<int32_t> units_of_query(Q, 0);
-  std::vector<int32_t> slot_writes(p.num_slots, 0);
+  ValidatePlanScratch local;
+  ValidatePlanScratch& sc = scratch ? *scratch : local;
+
+  // Per-unit capacity, segments and masks; count each query's units and
+  // visible (non-empty) ranges.
+  sc.units_of_query.assign(Q, 0);
+  sc.last_unit_of_query.assign(Q, -1);
+  sc.range_offset.assign(size_t(Q) + 1, 0);
+  sc.slot_writes.assign(size_t(p.num_slots), 0);
   const int g = w.heads.group_size();
   for (int32_t u = 0; u < U; ++u) {
     // Labels are built only on failure: this runs every decode step.
@@ -59,58 +65,99 @@ void validate_plan(const Workload& w, const Plan& p) {
       fail(p.planner, unit() + str(nq) + " queries x " + str(g) + " heads exceed the tile's " +
                           str(kTileConfigs[p.unit_tile[u]].m) + " rows");
     const int32_t s0 = p.unit_segment_offset[u];
+    uint64_t non_empty = 0;  // bit k: segment k has tokens
     for (int32_t k = 0; k < nseg; ++k) {
       const Segment& s = p.segments[s0 + k];
       if (s.node < 0 || s.node >= N) fail(p.planner, unit() + "segment node " + str(s.node) + " out of range");
       if (s.begin < 0 || s.begin > s.end || s.end > w.tree.nodes[s.node].num_tokens)
         fail(p.planner, unit() + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
                             str(s.node) + " of " + str(w.tree.nodes[s.node].num_tokens) + " tokens");
+      if (s.end > s.begin) non_empty |= 1ull << k;
     }
     const uint64_t full = full_mask(nseg);
     bool any_partial_mask = false;
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
       const int32_t q = p.entry_query[e];
       if (q < 0 || q >= Q) fail(p.planner, unit() + "query " + str(q) + " out of range");
-      for (int32_t e2 = p.unit_query_offset[u]; e2 < e; ++e2)
-        if (p.entry_query[e2] == q) fail(p.planner, unit() + "query " + str(q) + " appears twice");
+      if (sc.last_unit_of_query[q] == u) fail(p.planner, unit() + "query " + str(q) + " appears twice");
+      sc.last_unit_of_query[q] = u;
       const uint64_t mask = p.entry_mask[e];
       if (mask & ~full) fail(p.planner, unit() + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
       any_partial_mask |= mask != full;
-      for (int32_t k = 0; k < nseg; ++k)
-        if (mask >> k & 1) {
-          const Segment& s = p.segments[s0 + k];
-          if (s.end > s.begin) seen[q].emplace_back(s.node, s.begin, s.end);
-        }
-      ++units_of_query[q];
+      sc.range_offset[size_t(q) + 1] += std::popcount(mask & non_empty);
+      ++sc.units_of_query[q];
       const int32_t slot = p.entry_slot[e];
       if (slot != -1) {
         if (slot < 0 || slot >= p.num_slots) fail(p.planner, unit() + "slot " + str(slot) + " out of range");
-        ++slot_writes[slot];
+        ++sc.slot_writes[slot];
       }
     }
     if (any_partial_mask != bool(p.unit_masked[u]))
       fail(p.planner, unit() + "unit_masked = " + str(p.unit_masked[u]) + " disagrees with its masks");
   }
 
+  // Each query's visible ranges, gathered by query (CSR over range_offset).
+  for (int32_t q = 0; q < Q; ++q) sc.range_offset[size_t(q) + 1] += sc.range_offset[q];
+  sc.ranges.resize(size_t(sc.range_offset[Q]));
+  sc.range_fill.assign(sc.range_offset.begin(), sc.range_offset.end() - 1);
+  for (int32_t u = 0; u < U; ++u) {
+    const Segment* segs = p.segments.data() + p.unit_segment_offset[u];
+    uint64_t non_empty = 0;
+    for (int32_t k = 0; k < p.unit_num_segments(u); ++k)
+      if (segs[k].end > segs[k].begin) non_empty |= 1ull << k;
+    for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
+      int32_t& fill = sc.range_fill[p.entry_query[e]];
+      for (uint64_t seen = p.entry_mask[e] & non_empty; seen != 0; seen &= seen - 1)
+        sc.ranges[size_t(fill++)] = segs[std::countr_zero(seen)];
+    }
+  }
+
   // Coverage: a query's visible ranges tile its path exactly, each token once.
+  // Most queries see each node of their path whole, in one range: that is
+  // checked in O(path + ranges) with per-node stamps. Any other query's
+  // ranges are sorted by node and checked token by token, which also names
+  // the first violation.
+  sc.on_path_of.assign(size_t(N), -1);
+  sc.seen_whole_by.assign(size_t(N), -1);
+  const auto sees_whole_nodes = [&](int32_t q, const Segment* r, size_t nr) {
+    int32_t with_tokens = 0;  // path nodes that have tokens
+    for (int32_t v = w.query_nodes[q]; v >= 0; v = w.tree.nodes[v].parent) {
+      sc.on_path_of[v] = q;
+      with_tokens += w.tree.nodes[v].num_tokens > 0;
+    }
+    for (size_t i = 0; i < nr; ++i) {
+      const int32_t v = r[i].node;
+      if (sc.on_path_of[v] != q || sc.seen_whole_by[v] == q || r[i].begin != 0 ||
+          r[i].end != w.tree.nodes[v].num_tokens)
+        return false;
+      sc.seen_whole_by[v] = q;
+    }
+    return size_t(with_tokens) == nr;
+  };
+  const auto by_node_then_tokens = [](const Segment& a, const Segment& b) {
+    return std::tie(a.node, a.begin, a.end) < std::tie(b.node, b.begin, b.end);
+  };
   for (int32_t q = 0; q < Q; ++q) {
     const auto query = [&] { return "query " + str(q) + ": "; };
-    if (units_of_query[q] == 0) fail(p.planner, query() + "is in no unit");
-    auto& r = seen[q];
-    std::sort(r.begin(), r.end());
-    std::vector<int32_t> path = w.path(w.query_nodes[q]);
-    std::sort(path.begin(), path.end());
-    for (const auto& [node, b, e] : r)
-      if (!std::binary_search(path.begin(), path.end(), node))
-        fail(p.planner, query() + "sees node " + str(node) + " which is not on its path");
+    if (sc.units_of_query[q] == 0) fail(p.planner, query() + "is in no unit");
+    Segment* const r = sc.ranges.data() + sc.range_offset[q];
+    const size_t nr = size_t(sc.range_offset[q + 1] - sc.range_offset[q]);
+    if (sees_whole_nodes(q, r, nr)) continue;
+    std::sort(r, r + nr, by_node_then_tokens);
+    sc.path.clear();
+    for (int32_t v = w.query_nodes[q]; v >= 0; v = w.tree.nodes[v].parent) sc.path.push_back(v);
+    std::sort(sc.path.begin(), sc.path.end());
+    for (size_t i = 0; i < nr; ++i)
+      if (!std::binary_search(sc.path.begin(), sc.path.end(), r[i].node))
+        fail(p.planner, query() + "sees node " + str(r[i].node) + " which is not on its path");
     size_t i = 0;
-    for (int32_t v : path) {
+    for (int32_t v : sc.path) {
       int32_t at = 0;
-      for (; i < r.size() && std::get<0>(r[i]) == v; ++i) {
-        if (std::get<1>(r[i]) != at)
-          fail(p.planner, query() + "node " + str(v) + " tokens " + (std::get<1>(r[i]) < at ? "overlap" : "missing") +
-                              " at " + str(std::min(at, std::get<1>(r[i]))));
-        at = std::get<2>(r[i]);
+      for (; i < nr && r[i].node == v; ++i) {
+        if (r[i].begin != at)
+          fail(p.planner, query() + "node " + str(v) + " tokens " + (r[i].begin < at ? "overlap" : "missing") +
+                              " at " + str(std::min(at, r[i].begin)));
+        at = r[i].end;
       }
       if (at != w.tree.nodes[v].num_tokens)
         fail(p.planner, query() + "node " + str(v) + " covered up to " + str(at) + " of " +
@@ -120,14 +167,18 @@ void validate_plan(const Workload& w, const Plan& p) {
 
   // Merge: a query in one unit has no slot; otherwise every entry of it has a
   // slot, written once, and its merge list holds exactly those slots.
-  std::vector<int32_t> slot_reads(p.num_slots, 0);
+  std::vector<int32_t>& slot_reads = sc.slot_reads;
+  slot_reads.assign(size_t(p.num_slots), 0);
   for (int32_t q = 0; q < Q; ++q)
     for (int32_t k = p.query_slot_offset[q]; k < p.query_slot_offset[q + 1]; ++k) {
       const int32_t slot = p.query_slots[k];
       if (slot < 0 || slot >= p.num_slots) fail(p.planner, "query " + str(q) + ": merge slot " + str(slot) + " out of range");
       ++slot_reads[slot];
     }
-  std::vector<int32_t> slot_owner(p.num_slots, -1);
+  std::vector<int32_t>& slot_owner = sc.slot_owner;
+  slot_owner.assign(size_t(p.num_slots), -1);
+  const std::vector<int32_t>& units_of_query = sc.units_of_query;
+  const std::vector<int32_t>& slot_writes = sc.slot_writes;
   for (size_t e = 0; e < E; ++e) {
     const int32_t q = p.entry_query[e], slot = p.entry_slot[e];
     const int32_t listed = p.query_slot_offset[q + 1] - p.query_slot_offset[q];

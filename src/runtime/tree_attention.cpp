@@ -26,11 +26,16 @@ void check_capacity(const char* name, int64_t value, int64_t cap) {
 
 struct TreeAttention::Impl {
   TreeAttentionConfig cfg;
-  PlannerFn planner;
-  Workload w;        // the last plan's tree (nodes reused step to step: their page vectors keep their capacity)
+  const PlannerInfo* planner = nullptr;
+  // Memory reused step to step (no allocation once grown to the largest step):
+  Workload w;        // the last plan's tree (its nodes' page vectors keep their capacity)
   Plan plan;
-  Workload scratch;  // the tree being planned; swapped in once the plan is accepted
-  ValidateScratch validate_scratch;
+  Workload scratch;  // the tree being planned; swapped with w once its plan is accepted
+  Plan next_plan;    // the plan being made; swapped with plan once accepted
+  std::vector<Node> spare_nodes;     // nodes a smaller tree left over, page vectors and all
+  ValidateScratch validate_scratch;  // also holds the index of the tree validated last
+  PlanScratch plan_scratch;
+  ValidatePlanScratch validate_plan_scratch;
   bool planned = false;
 #if defined(TREEATTN_HAVE_CUDA)
   std::unique_ptr<CudaStepExecutor> cuda;
@@ -39,16 +44,30 @@ struct TreeAttention::Impl {
   // Plans `scratch`, hands the plan to the executor, then makes it current.
   void commit(void* stream) {
     scratch.validate(&validate_scratch);
-    Plan p = planner(scratch, cfg.plan_options);
-    validate_plan(scratch, p);
+    Plan& p = next_plan;
+    plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, p);
 #if defined(TREEATTN_HAVE_CUDA)
-    if (cuda) cuda->set_plan(scratch, p, static_cast<cudaStream_t>(stream));
+    if (cuda)
+      cuda->set_plan(scratch, p, static_cast<cudaStream_t>(stream));  // validates the plan before it packs it
+    else
+      validate_plan(scratch, p, &validate_plan_scratch);
 #else
     (void)stream;
+    validate_plan(scratch, p, &validate_plan_scratch);
 #endif
     std::swap(w, scratch);
-    plan = std::move(p);
+    std::swap(plan, next_plan);
     planned = true;
+  }
+
+  // Sets scratch's node count to n; nodes beyond it wait in spare_nodes, so
+  // that trees of varying size reuse the same page vectors.
+  void resize_nodes(size_t n) {
+    std::vector<Node>& nodes = scratch.tree.nodes;
+    for (; nodes.size() > n; nodes.pop_back()) spare_nodes.push_back(std::move(nodes.back()));
+    for (; nodes.size() < n && !spare_nodes.empty(); spare_nodes.pop_back())
+      nodes.push_back(std::move(spare_nodes.back()));
+    nodes.resize(n);
   }
 
   // scratch <- the tree of `t` (sizes checked against each other and the capacities).
@@ -68,7 +87,7 @@ struct TreeAttention::Impl {
     if (t.page_offsets[0] != 0 || size_t(t.page_offsets[n]) != t.page_ids.size())
       fail("page_offsets must run from 0 to len(page_ids) = " + std::to_string(t.page_ids.size()) + ", got " +
            std::to_string(t.page_offsets[0]) + " .. " + std::to_string(t.page_offsets[n]));
-    scratch.tree.nodes.resize(n);
+    resize_nodes(n);
     for (size_t v = 0; v < n; ++v) {
       const int32_t b = t.page_offsets[v], e = t.page_offsets[v + 1];
       if (e < b) fail("page_offsets decreases at node " + std::to_string(v) + " (" + std::to_string(b) + " > " +
@@ -100,7 +119,7 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
   range("max_queries", c.max_queries, 1 << 20);
   range("max_nodes", c.max_nodes, 1 << 24);
   range("max_page_refs", c.max_page_refs, int64_t(1) << 30);
-  m.planner = find_planner(c.planner).fn;
+  m.planner = &find_planner(c.planner);
   if (c.plan_options.num_sms <= 0) c.plan_options.num_sms = 132;
 
   // Plan capacities a planner stays within for trees inside the capacities
@@ -187,7 +206,7 @@ void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays&
          std::to_string(d.draft_parents.size()) + ", " + std::to_string(d.draft_rows.size()) + ")");
   m.load_tree(tree, k, k);
   const int32_t n = int32_t(tree.parents.size()), ps = m.cfg.page_size;
-  m.scratch.tree.nodes.resize(size_t(n) + k);
+  m.resize_nodes(size_t(n) + k);
   for (size_t i = 0; i < k; ++i) {
     const std::string at = "draft " + std::to_string(i) + ": ";
     const int32_t par = d.draft_parents[i];

@@ -17,8 +17,15 @@ std::string node_field(int32_t v, const char* field) {
 }  // namespace
 
 TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_nodes) {
-  const int32_t n = static_cast<int32_t>(tree.nodes.size());
   TreeIndex ix;
+  ix.rebuild(tree, query_nodes);
+  return ix;
+}
+
+void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_nodes) {
+  const int32_t n = static_cast<int32_t>(tree.nodes.size());
+  TreeIndex& ix = *this;
+  ix.roots.clear();
   ix.child_offset.assign(n + 1, 0);
   for (int32_t v = 0; v < n; ++v) {
     int32_t p = tree.nodes[v].parent;
@@ -35,13 +42,16 @@ TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_n
   }
   std::partial_sum(ix.child_offset.begin(), ix.child_offset.end(), ix.child_offset.begin());
   ix.children.resize(ix.child_offset[n]);
-  std::vector<int32_t> fill(ix.child_offset.begin(), ix.child_offset.end() - 1);
+  // depth doubles as the fill position of each node's children until the BFS.
+  std::vector<int32_t>& fill = ix.depth;
+  fill.assign(ix.child_offset.begin(), ix.child_offset.end() - 1);
   for (int32_t v = 0; v < n; ++v)
     if (tree.nodes[v].parent >= 0) ix.children[fill[tree.nodes[v].parent]++] = v;
 
   // BFS from the roots; nodes never reached lie on a cycle.
   ix.depth.assign(n, -1);
   ix.path_tokens.assign(n, 0);
+  ix.bfs_order.clear();
   ix.bfs_order.reserve(n);
   for (int32_t r : ix.roots) {
     ix.depth[r] = 0;
@@ -74,7 +84,6 @@ TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_n
   }
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it)
     if (int32_t p = tree.nodes[*it].parent; p >= 0) ix.subtree_queries[p] += ix.subtree_queries[*it];
-  return ix;
 }
 
 std::vector<int32_t> Workload::path(int32_t node) const {
@@ -119,38 +128,59 @@ void Workload::validate(ValidateScratch* scratch) const {
                 " overflow 32-bit row indexing");
 
   // Page uses: every slot of the pool is used by at most one node. Whole-page
-  // uses are checked with a stamp per page when the pool is not much larger
-  // than the tree (or the caller keeps a scratch), so that a decode loop pays
-  // O(pages); partial pages (a node's last page, or its first when it starts
-  // inside one) are few and sorted by (page, first slot) to find overlaps.
-  // Otherwise every use is sorted: memory follows the pages the tree uses,
-  // not num_pages (which may be up to 2^46 / row size).
-  struct PageUse {
-    int32_t page, begin, end, node;
-    bool operator<(const PageUse& o) const { return page != o.page ? page < o.page : begin < o.begin; }
-  };
+  // uses are checked with a bit per pool page when the pool is not much
+  // larger than the tree (or the caller keeps a scratch), so that a decode
+  // loop pays O(pages); partial pages (a node's last page, or its first when
+  // it starts inside one) are sorted by (page, first slot) to find overlaps
+  // when two share a page. Otherwise every use is sorted: memory follows the
+  // pages the tree uses, not num_pages (which may be up to 2^46 / row size).
+  using PageUse = ValidateScratch::PageUse;
   int64_t refs = 0;
   for (const Node& n : tree.nodes) refs += int64_t(n.pages.size());
   ValidateScratch local;
   ValidateScratch* sc = scratch;
   if (!sc && layout.num_pages <= 4 * refs + 65536) sc = &local;
   if (sc && layout.num_pages > (int64_t(1) << 30)) sc = nullptr;
-  if (sc) {
-    if (int64_t(sc->page_stamp.size()) < layout.num_pages) {
-      sc->page_stamp.assign(size_t(layout.num_pages), 0);
-      sc->page_owner.resize(size_t(layout.num_pages));
-      sc->stamp = 0;
-    }
-    if (++sc->stamp == 0) {  // wrapped: no page may look used by this call
-      std::fill(sc->page_stamp.begin(), sc->page_stamp.end(), 0u);
-      sc->stamp = 1;
-    }
+  const size_t words = size_t((layout.num_pages + 63) / 64);
+  if (sc && sc->page_used.size() < words) {
+    sc->page_used.assign(words, 0);
+    sc->page_partial.assign(words, 0);
   }
+  // The bits are clear between calls: cleared on the way out, thrown or not.
+  struct ClearBits {
+    ValidateScratch* sc;
+    const Tree& tree;
+    size_t words;
+    int64_t refs;
+    ~ClearBits() {
+      if (!sc) return;
+      if (int64_t(words) <= refs) {
+        std::fill_n(sc->page_used.begin(), words, 0);
+        std::fill_n(sc->page_partial.begin(), words, 0);
+        return;
+      }
+      for (const Node& n : tree.nodes)
+        for (const int32_t pg : n.pages)
+          if (pg >= 0 && size_t(pg) / 64 < words) {
+            sc->page_used[size_t(pg) / 64] = 0;
+            sc->page_partial[size_t(pg) / 64] = 0;
+          }
+    }
+  } clear_bits{sc, tree, words, refs};
+  // The first node (in node order) that uses page pg: the owner a conflict names.
+  const auto first_user = [&](int32_t pg) {
+    for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v)
+      if (std::find(tree.nodes[v].pages.begin(), tree.nodes[v].pages.end(), pg) != tree.nodes[v].pages.end()) return v;
+    return int32_t(-1);
+  };
   auto conflict = [&](int32_t node, int32_t page, int32_t begin, int32_t end, int32_t other) {
     throw Error(node_field(node, "pages") + ": page id " + std::to_string(page) + " slots [" + std::to_string(begin) +
                 ", " + std::to_string(end) + ") are also used by node " + std::to_string(other));
   };
-  std::vector<PageUse> uses;  // partial uses only when stamping, else all
+  std::vector<PageUse> local_uses;
+  std::vector<PageUse>& uses = sc ? sc->partial_uses : local_uses;  // partial uses only with the bits, else all
+  uses.clear();
+  bool shared_partial_page = !sc;  // some page is used by two partial uses: they are sorted to find overlaps
   int64_t total = 0;
   for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v) {
     const Node& n = tree.nodes[v];
@@ -165,34 +195,53 @@ void Workload::validate(ValidateScratch* scratch) const {
       throw Error(node_field(v, "pages") + ": " + std::to_string(n.pages.size()) + " pages for " +
                   std::to_string(n.num_tokens) + " tokens from slot " + std::to_string(n.first_slot) +
                   " with page_size " + std::to_string(ps) + " (expected " + std::to_string(need) + ")");
+    // Page i holds slots [begin, end): only the first page can start late,
+    // only the last end early.
+    const size_t last = n.pages.size() - 1;
     for (size_t i = 0; i < n.pages.size(); ++i) {
       const int32_t pg = n.pages[i];
       if (pg < 0 || pg >= layout.num_pages)
         throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) +
                     " is out of range [0, " + std::to_string(layout.num_pages) + ")");
-      const int64_t lo = int64_t(i) * ps;
-      const PageUse u{pg, int32_t(std::max<int64_t>(lo, n.first_slot) - lo),
-                      int32_t(std::min<int64_t>(lo + ps, end_slot) - lo), v};
+      if (sc && i != 0 && i != last) {  // an inner page: used whole
+        uint64_t& used = sc->page_used[size_t(pg) / 64];
+        const uint64_t bit = uint64_t(1) << (pg % 64);
+        if (used & bit) conflict(v, pg, 0, ps, first_user(pg));
+        used |= bit;
+        continue;
+      }
+      const PageUse u{pg, i == 0 ? n.first_slot : 0, i == last ? int32_t(end_slot - int64_t(i) * ps) : ps, v};
       if (!sc) {
         uses.push_back(u);
         continue;
       }
-      // page_owner: the node of a whole-page use, -(node + 1) of a partial one.
       const bool whole = u.begin == 0 && u.end == ps;
-      uint32_t& st = sc->page_stamp[size_t(pg)];
-      int32_t& owner = sc->page_owner[size_t(pg)];
-      if (st == sc->stamp && (whole || owner >= 0)) conflict(v, pg, u.begin, u.end, owner >= 0 ? owner : -owner - 1);
-      if (st != sc->stamp) st = sc->stamp, owner = whole ? v : -(v + 1);
-      if (!whole) uses.push_back(u);
+      uint64_t &used = sc->page_used[size_t(pg) / 64], &partial = sc->page_partial[size_t(pg) / 64];
+      const uint64_t bit = uint64_t(1) << (pg % 64);
+      if (used & bit) {
+        if (whole || !(partial & bit)) conflict(v, pg, u.begin, u.end, first_user(pg));
+        shared_partial_page = true;
+      }
+      used |= bit;
+      if (!whole) {
+        partial |= bit;
+        uses.push_back(u);
+      }
     }
     total += n.num_tokens;
   }
   if (total > (int64_t(1) << 40)) throw Error("tree: " + std::to_string(total) + " tokens is absurd");
-  std::sort(uses.begin(), uses.end());
-  for (size_t i = 1; i < uses.size(); ++i)
-    if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
-      conflict(uses[i].node, uses[i].page, uses[i].begin, uses[i].end, uses[i - 1].node);
-  const TreeIndex ix = TreeIndex::build(tree, query_nodes);  // parents, cycles, query nodes
+  if (shared_partial_page) {
+    std::sort(uses.begin(), uses.end(), [](const PageUse& a, const PageUse& b) {
+      return a.page != b.page ? a.page < b.page : a.begin < b.begin;
+    });
+    for (size_t i = 1; i < uses.size(); ++i)
+      if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
+        conflict(uses[i].node, uses[i].page, uses[i].begin, uses[i].end, uses[i - 1].node);
+  }
+  TreeIndex local_index;
+  TreeIndex& ix = scratch ? scratch->index : local_index;
+  ix.rebuild(tree, query_nodes);  // parents, cycles, query nodes
   for (size_t q = 0; q < query_nodes.size(); ++q)
     if (ix.path_tokens[query_nodes[q]] > kMaxPathTokens)
       throw Error("query " + std::to_string(q) + ": its path (root to node " + std::to_string(query_nodes[q]) +

@@ -1,5 +1,6 @@
 // The `treeattn` tool end to end: exit codes and error messages on bad input,
-// the keys of `plan --json`, and the demo's byte savings.
+// the default planner (auto; `all` on request), the keys of `plan --json`,
+// and the demo's byte savings.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "treeattn/bench.hpp"
+#include "treeattn/planner.hpp"
 
 namespace {
 
@@ -113,8 +115,24 @@ TEST(Cli, PlanOptionsReachThePlanner) {
   expect_error("plan -w fasttree:N=1,4:C=128,32 -p node --plan-opt split_tokens=2.5", "split_tokens");
 }
 
+TEST(Cli, PlannerDefaultsToAutoAndAllIsExplicit) {
+  const auto planners = [](const std::string& flags) {
+    const Result r = run("plan --json -w fasttree:N=1,4:C=128,32 " + flags);
+    EXPECT_EQ(r.code, 0) << r.out;
+    std::vector<std::string> names;
+    if (r.code == 0)
+      for (const auto& rec : nlohmann::json::parse(r.out)) names.push_back(rec.at("planner").get<std::string>());
+    return names;
+  };
+  EXPECT_EQ(planners(""), std::vector<std::string>{"auto"});
+  std::vector<std::string> every;
+  for (const treeattn::PlannerInfo& p : treeattn::planners()) every.push_back(p.name);
+  EXPECT_EQ(planners("-p all"), every);
+  EXPECT_EQ(planners("-p node -p per-query"), (std::vector<std::string>{"node", "per-query"}));
+}
+
 TEST(Cli, PlanJsonHasTheSummaryKeys) {
-  const Result r = run("plan --json -w pat:B=1,4,16:L=128,256,1024 -w fasttree:N=1,4,16:C=128,32,32");
+  const Result r = run("plan --json -w pat:B=1,4,16:L=128,256,1024 -w fasttree:N=1,4,16:C=128,32,32 -p all");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_TRUE(j.is_array());
@@ -134,7 +152,7 @@ TEST(Cli, DemoShowsNodeLoadingTheFloor) {
 }
 
 TEST(Cli, VerifyPassesOnSmallWorkloads) {
-  const Result r = run("verify -w fasttree:N=1,4,16:C=64,32,16 -w pat:B=2,8:L=64,16 --heads 8/2 --dtype bf16");
+  const Result r = run("verify -w fasttree:N=1,4,16:C=64,32,16 -w pat:B=2,8:L=64,16 --heads 8/2 --dtype bf16 -p all");
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
 }

@@ -92,6 +92,8 @@ struct CudaStepExecutor::Impl {
   std::vector<cuda::UnitDesc> desc, unit_order;
   std::vector<cuda::SegDesc> segs;
   std::vector<cuda::MergeDesc> merges;
+  std::vector<int32_t> counts;
+  ValidatePlanScratch validate_scratch;
 
   ~Impl() {
     for (cudaEvent_t e : staged)
@@ -255,7 +257,7 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
                 std::to_string(w.layout.page_size) + ", num_pages " + std::to_string(w.layout.num_pages) +
                 ") does not fit the executor's (dtype " + std::string(to_string(t.dtype)) + ", page_size " +
                 std::to_string(t.page_size) + ", num_pages " + std::to_string(t.num_pages) + ")");
-  validate_plan(w, p);
+  validate_plan(w, p, &m.validate_scratch);
   check_capacity("max_queries", w.num_queries(), m.cap.max_queries);
   check_capacity("max_units", p.num_units(), m.cap.max_units);
   check_capacity("max_segments", int64_t(p.segments.size()), m.cap.max_segments);
@@ -278,7 +280,8 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
 
   // Units grouped by launch, longest first within each (the tail is short ones).
   const int L = int(m.launches.size());
-  std::vector<int32_t> counts(2 * L + 1, 0);
+  std::vector<int32_t>& counts = m.counts;
+  counts.assign(size_t(2 * L + 1), 0);
   m.unit_order.clear();
   for (int l = 0; l < L; ++l) {
     const size_t first = m.unit_order.size();

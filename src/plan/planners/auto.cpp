@@ -7,14 +7,18 @@
 
 namespace treeattn {
 
-Plan plan_auto(const Workload& w, const PlanOptions& opt) {
-  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+Plan plan_auto(const Workload& w, const PlanOptions& opt) { return planning::plan_once(plan_auto_reusing, w, opt); }
+
+void plan_auto_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
+                       Plan& out) {
   bool shared = false;
   for (size_t v = 0; v < w.tree.nodes.size() && !shared; ++v)
     shared = w.tree.nodes[v].num_tokens > 0 && ix.subtree_queries[v] > 1;
-  Plan p = shared ? plan_node(w, opt) : plan_per_query(w, opt);
-  p.planner = "auto";
-  return p;
+  if (shared)
+    plan_node_reusing(w, ix, opt, scratch, out);
+  else
+    plan_per_query_reusing(w, ix, opt, scratch, out);
+  out.planner = "auto";
 }
 
 }  // namespace treeattn

@@ -2,34 +2,11 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <queue>
 
 #include "plan/planners/planners.hpp"
 #include "plan/planners/tree_walk.hpp"
 
 namespace treeattn::planning {
-
-std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& segs, int64_t max_tokens) {
-  max_tokens = std::max<int64_t>(max_tokens, 1);
-  std::vector<std::vector<Segment>> pieces;
-  std::vector<Segment> cur;
-  int64_t cur_tokens = 0;
-  for (Segment s : segs) {
-    while (s.size() > 0) {
-      if (cur_tokens == max_tokens || cur.size() == size_t(kMaxSegmentsPerUnit)) {
-        pieces.push_back(std::move(cur));
-        cur.clear();
-        cur_tokens = 0;
-      }
-      const int32_t take = static_cast<int32_t>(std::min<int64_t>(s.size(), max_tokens - cur_tokens));
-      cur.push_back({s.node, s.begin, s.begin + take});
-      cur_tokens += take;
-      s.begin += take;
-    }
-  }
-  if (!cur.empty()) pieces.push_back(std::move(cur));
-  return pieces;
-}
 
 int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt) {
   const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
@@ -38,7 +15,8 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 }
 
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
-                              const PlanOptions& opt) {
+                              const PlanOptions& opt, std::vector<int64_t>& piece_lengths,
+                              std::vector<int64_t>& slot_loads) {
   const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
   constexpr int64_t kPieceCost = 64;  // fixed cost of a CTA, in tokens
   int64_t work = 0, longest = 0;
@@ -52,21 +30,23 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
     return n;
   };
   // Longest-first list scheduling onto `slots` equal slots: the latest finish.
+  // slot_loads is a min-heap: the next piece goes to the least loaded slot.
   auto makespan = [&](int64_t p) {
-    std::vector<int64_t> len;
+    std::vector<int64_t>& len = piece_lengths;
+    len.clear();
     for (const auto& [tokens, copies] : jobs) {
       const int64_t k = (tokens + p - 1) / p;
       for (int64_t c = 0; c < copies; ++c)
         for (int64_t i = 0; i < k; ++i) len.push_back(tokens / k + (i < tokens % k ? 1 : 0) + kPieceCost);
     }
     std::sort(len.begin(), len.end(), std::greater<>());
-    std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> load;
-    for (int64_t i = 0; i < slots; ++i) load.push(0);
+    slot_loads.assign(size_t(slots), 0);
     int64_t end = 0;
     for (const int64_t l : len) {
-      const int64_t at = load.top() + l;
-      load.pop();
-      load.push(at);
+      std::pop_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
+      const int64_t at = slot_loads.back() + l;
+      slot_loads.back() = at;
+      std::push_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
       end = std::max(end, at);
     }
     return end;
@@ -85,16 +65,15 @@ bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
   return 4 * int64_t(units) * w.heads.num_kv_heads >= 3 * opt.target_ctas(w.heads);
 }
 
-std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens) {
+void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out) {
   const int64_t n = seg.size(), k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
-  std::vector<Segment> out;
+  out.clear();
   int32_t at = seg.begin;
   for (int64_t i = 0; i < k; ++i) {
     const int32_t take = int32_t(n / k + (i < n % k ? 1 : 0));
     out.push_back({seg.node, at, at + take});
     at += take;
   }
-  return out;
 }
 
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min) {
@@ -105,76 +84,110 @@ int64_t integer_option(const PlanOptions& opt, const char* planner, const char* 
   return int64_t(v);
 }
 
-int64_t ProtoUnit::tokens() const {
+void ProtoUnits::clear() {
+  segs_.clear();
+  queries_.clear();
+  masks_.clear();
+  seg_end_.clear();
+  query_end_.clear();
+}
+
+int64_t ProtoUnits::tokens(size_t i) const {
   int64_t n = 0;
-  for (const Segment& s : segs) n += s.size();
+  for (const Segment& s : segs(i)) n += s.size();
   return n;
 }
 
-std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t max_tokens, const Workload& w,
-                                        const PlanOptions& opt) {
+void ProtoUnits::close() {
+  seg_end_.push_back(int32_t(segs_.size()));
+  query_end_.push_back(int32_t(queries_.size()));
+}
+
+void ProtoUnits::discard_open() {
+  segs_.resize(seg_end_.empty() ? 0 : size_t(seg_end_.back()));
+  queries_.resize(query_end_.empty() ? 0 : size_t(query_end_.back()));
+  masks_.resize(queries_.size());
+}
+
+void ProtoUnits::append(const ProtoUnits& from, size_t i) {
+  const auto s = from.segs(i);
+  const auto q = from.queries(i);
+  const auto m = from.masks(i);
+  segs_.insert(segs_.end(), s.begin(), s.end());
+  queries_.insert(queries_.end(), q.begin(), q.end());
+  masks_.insert(masks_.end(), m.begin(), m.end());
+  close();
+}
+
+void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
+                      ProtoUnits& out, PackScratch& scratch) {
   constexpr int kPackRows = 16;      // the decode tile (32- and 64-row packs measured slower)
   constexpr int kMinPerPack = 8;     // packs of 4 measured slower, of 16 faster
   const int64_t G = w.heads.group_size();
-  const auto rows = [&](const ProtoUnit& u) { return int64_t(u.queries.size()) * G; };
-  const auto packable = [&](const ProtoUnit& u) {
-    return max_tokens > 0 && u.tokens() <= max_tokens && kMinPerPack * rows(u) <= kPackRows;
+  const auto rows = [&](size_t u) { return int64_t(units.queries(u).size()) * G; };
+  const auto packable = [&](size_t u) {
+    return max_tokens > 0 && units.tokens(u) <= max_tokens && kMinPerPack * rows(u) <= kPackRows;
   };
+  out.clear();
   int64_t candidates = 0, candidate_rows = 0;
-  for (const ProtoUnit& u : units)
+  for (size_t u = 0; u < units.size(); ++u)
     if (packable(u)) ++candidates, candidate_rows += rows(u);
   // Packs needed: by rows, and so that the units still fill the CTA slots.
   const int64_t others = int64_t(units.size()) - candidates;
   const int64_t fill = ceil_div(opt.target_ctas(w.heads), w.heads.num_kv_heads) - others;
   const int64_t packs = std::max(ceil_div(candidate_rows, kPackRows), fill);
-  if (candidates < 2 || packs >= candidates) return units;
+  if (candidates < 2 || packs >= candidates) {
+    out = units;
+    return;
+  }
   const int64_t row_budget = std::min<int64_t>(kPackRows, ceil_div(candidate_rows, packs));
 
-  std::vector<ProtoUnit> out;
-  ProtoUnit pack;
+  // The pack being filled is `pack`'s open unit; units that are not packed
+  // go to `out` as they come, a pack when it is full.
+  ProtoUnits& pack = scratch.pack;
+  pack.clear();
   int64_t pack_rows = 0;
-  std::vector<int32_t> pack_queries;  // sorted
+  std::vector<int32_t>& pack_queries = scratch.queries;
+  pack_queries.clear();
   const auto flush = [&] {
-    if (!pack.segs.empty()) out.push_back(std::move(pack));
-    pack = {};
+    pack.close();
+    if (!pack.segs(0).empty()) out.append(pack, 0);
+    pack.clear();
     pack_rows = 0;
     pack_queries.clear();
   };
-  for (ProtoUnit& u : units) {
+  for (size_t u = 0; u < units.size(); ++u) {
     if (!packable(u)) {
-      out.push_back(std::move(u));
+      out.append(units, u);
       continue;
     }
-    const bool shares = std::any_of(u.queries.begin(), u.queries.end(), [&](int32_t q) {
+    const auto segs = units.segs(u);
+    const auto queries = units.queries(u);
+    const auto masks = units.masks(u);
+    const bool shares = std::any_of(queries.begin(), queries.end(), [&](int32_t q) {
       return std::binary_search(pack_queries.begin(), pack_queries.end(), q);
     });
-    if (shares || pack_rows + rows(u) > row_budget || pack.segs.size() + u.segs.size() > size_t(kMaxSegmentsPerUnit))
+    if (shares || pack_rows + rows(u) > row_budget ||
+        pack.open_segs().size() + segs.size() > size_t(kMaxSegmentsPerUnit))
       flush();
-    const int shift = int(pack.segs.size());
-    pack.segs.insert(pack.segs.end(), u.segs.begin(), u.segs.end());
-    for (size_t i = 0; i < u.queries.size(); ++i) {
-      pack.queries.push_back(u.queries[i]);
-      pack.masks.push_back((u.masks[i] & full_mask(int(u.segs.size()))) << shift);
-      pack_queries.insert(std::upper_bound(pack_queries.begin(), pack_queries.end(), u.queries[i]), u.queries[i]);
+    const int shift = int(pack.open_segs().size());
+    for (const Segment& s : segs) pack.add_segment(s);
+    for (size_t i = 0; i < queries.size(); ++i) {
+      pack.add_query(queries[i], (masks[i] & full_mask(int(segs.size()))) << shift);
+      pack_queries.insert(std::upper_bound(pack_queries.begin(), pack_queries.end(), queries[i]), queries[i]);
     }
     pack_rows += rows(u);
   }
   flush();
-  return out;
 }
 
-std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
-                                             const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
-                                             int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
-                                             std::vector<char>& covered) {
-  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
-  const int64_t G = w.heads.group_size();
-  covered.assign(n, 0);
-  if (max_tokens <= 0) return {};
-  // The longest path (tokens and non-empty segments) from v down to a query
-  // of its subtree, and whether v has a child with queries.
-  std::vector<int64_t> tok(n, 0), segs(n, 0), leaf(n, 0);  // leaf: its longest node without queries below
-  std::vector<char> branches(n, 0);
+void DownPaths::build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub) {
+  const size_t n = w.tree.nodes.size();
+  std::vector<int64_t>&tok = tokens, &segs = segments;
+  tok.assign(n, 0);
+  segs.assign(n, 0);
+  leaf.assign(n, 0);
+  branches.assign(n, 0);
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
     const int32_t v = *it;
     if (sub[v].empty()) continue;
@@ -192,21 +205,31 @@ std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex&
     segs[v] = s + (own > 0 ? 1 : 0);
     if (!branches[v]) leaf[v] = own;
   }
+}
+
+void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
+                           int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
+                           std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch) {
+  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
+  const int64_t G = w.heads.group_size();
+  covered.assign(n, 0);
+  out.clear();
+  if (max_tokens <= 0) return;
+  const std::vector<int64_t>&tok = down.tokens, &segs = down.segments, &leaf = down.leaf;
+  const std::vector<char>& branches = down.branches;
   const auto compact = [&](int32_t v) {
     return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit &&
            leaf[v] <= max_leaf_tokens;
   };
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
-  std::vector<int32_t> path;
-  const auto group = [&](const std::vector<int32_t>& roots, int64_t cap) {
-    std::vector<ProtoUnit> out;
+  std::vector<int32_t>& path = scratch.path;
+  const auto group = [&](const std::vector<int32_t>& roots, int64_t cap, ProtoUnits& units) {
+    units.clear();
+    const auto flush = [&] {
+      if (units.open_queries() > 0) units.close(); else units.discard_open();
+    };
     for (const int32_t v : roots) {
-      ProtoUnit u;
-      const auto flush = [&] {
-        if (!u.queries.empty()) out.push_back(std::move(u));
-        u = {};
-      };
       for (const int32_t q : sub[v]) {
         path.clear();  // q's non-empty nodes from v down
         for (int32_t x = w.query_nodes[q];; x = w.tree.nodes[x].parent) {
@@ -215,100 +238,116 @@ std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex&
         }
         if (path.empty()) continue;  // nothing of q's path is here
         std::reverse(path.begin(), path.end());
+        const auto position = [&](int32_t x) {  // of node x among the open unit's segments
+          const auto open = units.open_segs();
+          return size_t(std::find_if(open.begin(), open.end(), [&](const Segment& s) { return s.node == x; }) -
+                        open.begin());
+        };
         const auto fresh = [&] {
           size_t k = 0;
-          for (const int32_t x : path)
-            k += std::none_of(u.segs.begin(), u.segs.end(), [&](const Segment& s) { return s.node == x; });
+          for (const int32_t x : path) k += position(x) == units.open_segs().size();
           return k;
         };
-        if (!u.queries.empty() && (int64_t(u.queries.size() + 1) * G > cap ||
-                                   u.segs.size() + fresh() > size_t(kMaxSegmentsPerUnit)))
+        if (units.open_queries() > 0 && (int64_t(units.open_queries() + 1) * G > cap ||
+                                         units.open_segs().size() + fresh() > size_t(kMaxSegmentsPerUnit)))
           flush();
         uint64_t mask = 0;
         for (const int32_t x : path) {
-          size_t k = 0;
-          while (k < u.segs.size() && u.segs[k].node != x) ++k;
-          if (k == u.segs.size()) u.segs.push_back({x, 0, w.tree.nodes[x].num_tokens});
+          const size_t k = position(x);
+          if (k == units.open_segs().size()) units.add_segment({x, 0, w.tree.nodes[x].num_tokens});
           mask |= 1ull << k;
         }
-        u.queries.push_back(q);
-        u.masks.push_back(mask);
+        units.add_query(q, mask);
       }
       flush();
     }
-    return out;
   };
-  const auto fills = [&](const std::vector<ProtoUnit>& units) { return fills_slots(units.size(), w, opt); };
+  const auto fills = [&](const ProtoUnits& units) { return fills_slots(units.size(), w, opt); };
   // Units at a cut: the larger decode tile (32 rows, else 16) whose CTAs
   // still fill the resident slots. 32 rows per unit measured best where the
   // tiles differ: fasttree:N=1,256:C=256,32 at 32/8 16 rows 43.8, 32 rows
   // 29.3, 64 rows 40.9 us (and 24 rows 46.6, 48 rows 40.6); at 32/32 83.2,
   // 63.0, 124 us. 64-row units go to wgmma CTAs that are too few per SM to
   // keep their loads in flight, and do not run as persistent launches.
-  const auto units_at = [&](const std::vector<int32_t>& roots) {
-    if (rows > 0) return group(roots, std::max(std::min<int64_t>(rows, kMaxTileRows), G));
-    std::vector<ProtoUnit> units;
+  const auto units_at = [&](const std::vector<int32_t>& roots, ProtoUnits& units) {
+    if (rows > 0) return group(roots, std::max(std::min<int64_t>(rows, kMaxTileRows), G), units);
     for (const int64_t cap : {32, 16}) {
-      units = group(roots, std::max(cap, G));
+      group(roots, std::max(cap, G), units);
       if (fills(units)) break;
     }
-    return units;
   };
 
   // The highest cut (subtree roots) whose units fill the slots; failing that,
   // the one with the most units (a lower cut splits a subtree that is too
-  // small to fill the GPU into its compact children, for more CTAs).
-  std::vector<int32_t> roots, best_roots;
+  // small to fill the GPU into its compact children, for more CTAs). `out`
+  // holds the best cut's units.
+  std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
+  ProtoUnits& units = scratch.units;
+  roots.clear();
+  best_roots.clear();
   for (const int32_t v : ix.bfs_order)
     if (compact(v) && !compact(w.tree.nodes[v].parent)) roots.push_back(v);
-  std::vector<ProtoUnit> best;
   while (!roots.empty()) {
-    auto units = units_at(roots);
+    units_at(roots, units);
     const bool full = fills(units);
-    if (units.size() > best.size() || full) {
-      best = std::move(units);
+    if (units.size() > out.size() || full) {
+      std::swap(out, units);
       best_roots = roots;
     }
     if (full || rows > 0) break;
-    std::vector<int32_t> next;
+    next.clear();
     for (const int32_t v : roots)
       for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k)
         if (compact(ix.children[k])) next.push_back(ix.children[k]);
-    roots = std::move(next);
+    std::swap(roots, next);
   }
-  if (best.empty()) return best;
+  if (out.size() == 0) return;
   for (const int32_t v : best_roots) covered[v] = 1;
   for (const int32_t v : ix.bfs_order) {
     const int32_t p = w.tree.nodes[v].parent;
     if (covered[v] || (p >= 0 && covered[p])) covered[v] = 1;
   }
-  return best;
 }
 
-void emit_units(PlanBuilder& b, const std::vector<ProtoUnit>& units) {
-  for (const ProtoUnit& u : units) {
+void emit_units(PlanBuilder& b, const ProtoUnits& units) {
+  for (size_t u = 0; u < units.size(); ++u) {
     b.begin_unit();
-    for (const Segment& s : u.segs) b.add_segment(s.node, s.begin, s.end);
-    for (size_t i = 0; i < u.queries.size(); ++i) b.add_query(u.queries[i], u.masks[i]);
+    b.add_segments(units.segs(u));
+    b.add_queries(units.queries(u), units.masks(u));
     b.end_unit();
   }
 }
 
-std::vector<std::vector<int32_t>> subtree_queries(const Workload& w, const TreeIndex& ix) {
+void SubtreeQueries::build(const Workload& w, const TreeIndex& ix) {
   const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
-  std::vector<std::vector<int32_t>> at(n);
-  for (int32_t q = 0; q < w.num_queries(); ++q) at[w.query_nodes[q]].push_back(q);
-  // Post-order DFS: a node's list is its own queries, then each child's list.
-  std::vector<std::vector<int32_t>> sub(n);
-  for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
-    const int32_t v = *it;
-    sub[v] = at[v];
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
-      const auto& c = sub[ix.children[k]];
-      sub[v].insert(sub[v].end(), c.begin(), c.end());
+  // The queries grouped by node, by id within a node: node v's own are
+  // by_node_[own_begin_[v] .. own_begin_[v + 1]).
+  own_begin_.assign(size_t(n) + 1, 0);
+  for (const int32_t v : w.query_nodes) ++own_begin_[size_t(v) + 1];
+  for (int32_t v = 0; v < n; ++v) own_begin_[size_t(v) + 1] += own_begin_[v];
+  by_node_.resize(w.query_nodes.size());
+  begin.assign(own_begin_.begin(), own_begin_.end() - 1);  // used as fill positions first
+  for (int32_t q = 0; q < w.num_queries(); ++q) by_node_[size_t(begin[w.query_nodes[q]]++)] = q;
+
+  // Depth first, children in child order: a node's range opens with its own
+  // queries and closes after its last descendant's. The stack holds nodes to
+  // visit, and ~v for a node whose subtree is being listed.
+  queries.resize(w.query_nodes.size());
+  end.assign(n, 0);
+  int32_t at = 0;
+  stack_.assign(ix.roots.rbegin(), ix.roots.rend());
+  while (!stack_.empty()) {
+    const int32_t v = stack_.back();
+    if (v < 0) {
+      end[~v] = at;
+      stack_.pop_back();
+      continue;
     }
+    stack_.back() = ~v;
+    begin[v] = at;
+    for (int32_t i = own_begin_[v]; i < own_begin_[v + 1]; ++i) queries[size_t(at++)] = by_node_[size_t(i)];
+    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) stack_.push_back(ix.children[k]);
   }
-  return sub;
 }
 
 }  // namespace treeattn::planning

@@ -60,20 +60,17 @@ constexpr int64_t kMaxCompactStretch = 5;
 // unit and read back by the merge.
 int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4; }
 
-// prefix[v]: the segments of v's folded ancestors, which open v's first KV
-// piece; folded[v]: v has no units of its own. Only uncovered nodes with
-// tokens are folded into or receive a prefix, so every query still sees each
-// token of its path exactly once.
-struct FoldPlan {
-  std::vector<std::vector<Segment>> prefix;
-  std::vector<char> folded;
-};
-
-FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std::vector<int32_t>>& sub,
-                   const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens) {
+// The folds (planning::FoldPlan) into f.
+void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQueries& sub,
+               const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens, planning::FoldPlan& f) {
   const size_t n = w.tree.nodes.size();
-  FoldPlan f{std::vector<std::vector<Segment>>(n), std::vector<char>(n, 0)};
-  if (max_tokens <= 0) return f;
+  const auto no_folds = [&] {
+    f.prefix.resize(n);
+    for (auto& p : f.prefix) p.clear();
+    f.folded.assign(n, 0);
+  };
+  no_folds();
+  if (max_tokens <= 0) return;
   const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
   const int64_t slot = slot_bytes(w);
   int64_t saved = 0;
@@ -103,29 +100,26 @@ FoldPlan fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<std
       f.prefix[c].push_back({v, 0, own});
     }
   }
-  if (saved < kMinFoldSavedBytes) f = {std::vector<std::vector<Segment>>(n), std::vector<char>(n, 0)};
-  return f;
+  if (saved < kMinFoldSavedBytes) no_folds();
 }
 
-// node's units (before packing) with compact subtrees of at most
-// `flat_tokens` tokens per path (0: none) and leaves of at most `leaf_tokens`;
-// *compact: how many of the units are compact-subtree units (they come first).
-std::vector<planning::ProtoUnit> node_units(const Workload& w, const TreeIndex& ix,
-                                            const std::vector<std::vector<int32_t>>& sub, const PlanOptions& opt,
-                                            int64_t flat_tokens, int64_t leaf_tokens, size_t* compact) {
-  std::vector<char> covered;
-  auto units = planning::compact_subtree_units(w, ix, sub, flat_tokens, leaf_tokens,
-                                               planning::integer_option(opt, "node", "flat_rows", 0, 0), opt, covered);
-  *compact = units.size();
+// Appends node's units for the nodes that compact subtrees do not cover
+// (covered[v]) to `units`: one per KV piece and Q tile of each node, a folded
+// node's segment opening its children's first pieces.
+void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
+                    planning::ProtoUnits& units) {
+  const planning::SubtreeQueries& sub = m.sub;
+  const std::vector<char>& covered = m.covered;
   const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
-
-  const FoldPlan fold = fold_plan(w, ix, sub, covered, per_tile,
-                                  planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0));
+  planning::FoldPlan& fold = m.fold;
+  fold_plan(w, ix, sub, covered, per_tile,
+            planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), fold);
   const auto planned = [&](int32_t v) {
     return w.tree.nodes[v].num_tokens > 0 && !sub[v].empty() && !covered[v] && !fold.folded[v];
   };
-  std::vector<std::pair<int64_t, int64_t>> jobs;  // (tokens, query tiles) of each node
-  for (const auto& u : units) jobs.emplace_back(u.tokens(), 1);
+  std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each node
+  jobs.clear();
+  for (size_t u = 0; u < units.size(); ++u) jobs.emplace_back(units.tokens(u), 1);
   for (const int32_t v : ix.bfs_order) {
     if (!planned(v)) continue;
     int64_t tokens = w.tree.nodes[v].num_tokens;
@@ -133,29 +127,30 @@ std::vector<planning::ProtoUnit> node_units(const Workload& w, const TreeIndex& 
     jobs.emplace_back(tokens, planning::ceil_div(int64_t(sub[v].size()), int64_t(per_tile)));
   }
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
-  const int64_t piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt);
+  const int64_t piece =
+      forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
 
   for (const int32_t v : ix.bfs_order) {
     if (!planned(v)) continue;
-    const auto chunks = planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece);
-    for (size_t q0 = 0; q0 < sub[v].size(); q0 += per_tile) {
-      const size_t q1 = std::min(sub[v].size(), q0 + per_tile);
+    const auto queries = sub[v];
+    std::vector<Segment>& chunks = m.segments;
+    planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece, chunks);
+    for (size_t q0 = 0; q0 < queries.size(); q0 += per_tile) {
+      const size_t q1 = std::min(queries.size(), q0 + per_tile);
       for (const Segment& chunk : chunks) {
-        planning::ProtoUnit u;
-        if (&chunk == &chunks.front()) u.segs = fold.prefix[v];
-        u.segs.push_back(chunk);
-        u.queries.assign(sub[v].begin() + q0, sub[v].begin() + q1);
-        u.masks.assign(u.queries.size(), ~0ull);
-        units.push_back(std::move(u));
+        if (&chunk == &chunks.front())
+          for (const Segment& s : fold.prefix[v]) units.add_segment(s);
+        units.add_segment(chunk);
+        for (size_t i = q0; i < q1; ++i) units.add_query(queries[i], ~0ull);
+        units.close();
       }
     }
   }
-  return units;
 }
 
-int64_t longest_unit(const std::vector<planning::ProtoUnit>& units) {
+int64_t longest_unit(const planning::ProtoUnits& units) {
   int64_t n = 0;
-  for (const auto& u : units) n = std::max(n, u.tokens());
+  for (size_t u = 0; u < units.size(); ++u) n = std::max(n, units.tokens(u));
   return n;
 }
 
@@ -164,12 +159,12 @@ int64_t longest_unit(const std::vector<planning::ProtoUnit>& units) {
 struct UnitBytes {
   int64_t kv = 0, partials = 0;
 };
-UnitBytes unit_bytes(const Workload& w, const std::vector<planning::ProtoUnit>& units) {
-  std::vector<int32_t> per_query(size_t(w.num_queries()), 0);
+UnitBytes unit_bytes(const Workload& w, const planning::ProtoUnits& units, std::vector<int32_t>& per_query) {
+  per_query.assign(size_t(w.num_queries()), 0);
   UnitBytes b;
-  for (const auto& u : units) {
-    b.kv += u.tokens() * w.kv_bytes_per_token();
-    for (const int32_t q : u.queries) ++per_query[q];
+  for (size_t u = 0; u < units.size(); ++u) {
+    b.kv += units.tokens(u) * w.kv_bytes_per_token();
+    for (const int32_t q : units.queries(u)) ++per_query[q];
   }
   for (const int32_t n : per_query)
     if (n > 1) b.partials += n * slot_bytes(w);
@@ -177,13 +172,32 @@ UnitBytes unit_bytes(const Workload& w, const std::vector<planning::ProtoUnit>& 
 }
 }  // namespace
 
-Plan plan_node(const Workload& w, const PlanOptions& opt) {
-  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
-  const auto sub = planning::subtree_queries(w, ix);
+Plan plan_node(const Workload& w, const PlanOptions& opt) { return planning::plan_once(plan_node_reusing, w, opt); }
+
+void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
+                       Plan& out) {
+  PlanScratch::Buffers& m = scratch.buffers();
+  m.sub.build(w, ix);
+  m.down.build(w, ix, m.sub);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
-  size_t compact = 0, none = 0;
-  auto units = planning::pack_short_units(node_units(w, ix, sub, opt, flat, kShortLeafTokens, &compact), pack, w, opt);
+  const int64_t flat_rows = planning::integer_option(opt, "node", "flat_rows", 0, 0);
+  // node's units are built in two steps: compact_units puts the units of the
+  // compact subtrees of at most `flat_tokens` tokens per path (0: none) and
+  // leaves of at most `leaf_tokens` into raw (and says how many);
+  // packed_with_nodes adds the nodes they leave and packs the short units.
+  planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
+  const auto compact_units = [&](int64_t flat_tokens, int64_t leaf_tokens) {
+    planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw,
+                                    m.compact);
+    return raw.size();
+  };
+  const auto packed_with_nodes = [&](planning::ProtoUnits& packed) {
+    add_node_units(w, ix, opt, m, raw);
+    planning::pack_short_units(raw, pack, w, opt, packed, m.pack);
+  };
+  size_t compact = compact_units(flat, kShortLeafTokens);
+  packed_with_nodes(units);
   // Compact subtrees with long leaves put several leaves in series in one
   // unit while node would stream them side by side: taken only where they
   // save at least 1 byte of partials per 2.5 bytes of KV they re-read
@@ -194,12 +208,12 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   // 15-29 MB re-read: its 256-token level under 16-row units) 1.18x and 1.40x
   // at 32/8 and 64/8, so not taken.
   if (flat > 0) {
-    size_t long_compact = 0;
-    auto with_long = planning::pack_short_units(node_units(w, ix, sub, opt, flat, flat, &long_compact), pack, w, opt);
+    const size_t long_compact = compact_units(flat, flat);
     if (long_compact > 0 && long_compact != compact) {
-      const UnitBytes a = unit_bytes(w, units), b = unit_bytes(w, with_long);
+      packed_with_nodes(alternative);
+      const UnitBytes a = unit_bytes(w, units, m.units_of_query), b = unit_bytes(w, alternative, m.units_of_query);
       if ((b.kv - a.kv) * 2 <= kMaxRereadPerSlotByte * (a.partials - b.partials)) {
-        units = std::move(with_long);
+        std::swap(units, alternative);
         compact = long_compact;
       }
     }
@@ -213,12 +227,13 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) {
   // change the plan only the two ToT ones at iteration 2000 (1.30x, 1.39x
   // the time of the nodes) are taken out by this rule (ab_90ef9b2_session9.txt).
   if (compact > 0 && !planning::fills_slots(units.size(), w, opt)) {
-    auto nodes = planning::pack_short_units(node_units(w, ix, sub, opt, 0, 0, &none), pack, w, opt);
-    if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(nodes)) units = std::move(nodes);
+    compact_units(0, 0);
+    packed_with_nodes(alternative);
+    if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) std::swap(units, alternative);
   }
-  PlanBuilder b(w, "node");
+  PlanBuilder b(w, "node", std::move(out));
   planning::emit_units(b, units);
-  return b.finish();
+  out = b.finish();
 }
 
 }  // namespace treeattn

@@ -1,7 +1,9 @@
 // Declarations of the built-in planners and the helpers they share. Each
-// planner is a pure function; src/plan/registry.cpp lists them by name.
+// planner is a pure function; src/plan/registry.cpp lists them by name. The
+// helpers take the memory they reuse (PlanScratch::Buffers) as arguments.
 #pragma once
 
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -12,6 +14,11 @@ namespace treeattn {
 Plan plan_auto(const Workload& w, const PlanOptions& opt);
 Plan plan_per_query(const Workload& w, const PlanOptions& opt);
 Plan plan_node(const Workload& w, const PlanOptions& opt);
+// The same into reused memory (ReusingPlannerFn).
+void plan_auto_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch, Plan& out);
+void plan_per_query_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
+                            Plan& out);
+void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch, Plan& out);
 Plan plan_node_chunk(const Workload& w, const PlanOptions& opt);
 Plan plan_flatten(const Workload& w, const PlanOptions& opt);
 Plan plan_fasttree(const Workload& w, const PlanOptions& opt);
@@ -20,10 +27,8 @@ Plan plan_forge(const Workload& w, const PlanOptions& opt);
 
 namespace planning {
 
-// Cuts an ordered list of segments into pieces of at most `max_tokens` tokens
-// (cuts may fall inside a segment) and at most kMaxSegmentsPerUnit segments.
-// Empty segments are dropped; an all-empty list gives no piece.
-std::vector<std::vector<Segment>> split_segments(const std::vector<Segment>& segs, int64_t max_tokens);
+// A reusing planner run as a pure function: the index and memory made for this call.
+Plan plan_once(ReusingPlannerFn fn, const Workload& w, const PlanOptions& opt);
 
 // The longest unit (in tokens) that keeps the GPU evenly busy: the even share
 // of `work_tokens` over the resident CTA slots per kv head, never below
@@ -39,28 +44,86 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 // piece waits for a slot). A second, partial wave costs a whole piece; one
 // long unsplit job in one wave costs more (a 4000-token prompt beside 32
 // leaves).
+// pieces: memory for the pieces' lengths and the slots' loads.
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
-                              const PlanOptions& opt);
+                              const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads);
 
 // Whether `units` units (each run once per kv head) fill three quarters of
 // the resident CTA slots.
 bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt);
 
 // [begin, end) of `seg` cut into ceil(size / max_tokens) pieces whose sizes
-// differ by at most one token.
-std::vector<Segment> split_evenly(const Segment& seg, int64_t max_tokens);
+// differ by at most one token, into `out` (replaced).
+void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out);
 
 // The planner knob `key` of opt.extra as an integer >= `min` (`fallback` when
 // unset); throws Error naming the planner, the knob and the value otherwise.
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min);
 
-// A unit before it is handed to PlanBuilder: its segments and queries, query
-// i seeing the segments whose bits are set in masks[i].
-struct ProtoUnit {
-  std::vector<Segment> segs;
+// Units before they are handed to PlanBuilder, in flat arrays reused from
+// call to call: unit i has its segments, and its queries each with a mask of
+// the segments it sees (bit k: segment k of the unit). Units are built at the
+// end: add_segment / add_query extend the open unit, close() ends it.
+class ProtoUnits {
+ public:
+  size_t size() const { return seg_end_.size(); }  // closed units
+  void clear();
+  std::span<const Segment> segs(size_t i) const {
+    return {segs_.data() + first(seg_end_, i), segs_.data() + seg_end_[i]};
+  }
+  std::span<const int32_t> queries(size_t i) const {
+    return {queries_.data() + first(query_end_, i), queries_.data() + query_end_[i]};
+  }
+  std::span<const uint64_t> masks(size_t i) const {
+    return {masks_.data() + first(query_end_, i), masks_.data() + query_end_[i]};
+  }
+  int64_t tokens(size_t i) const;
+
+  // The open unit.
+  std::span<const Segment> open_segs() const {
+    return {segs_.data() + (seg_end_.empty() ? 0 : seg_end_.back()), segs_.data() + segs_.size()};
+  }
+  size_t open_queries() const { return queries_.size() - (query_end_.empty() ? 0 : query_end_.back()); }
+  void add_segment(const Segment& s) { segs_.push_back(s); }
+  void add_query(int32_t q, uint64_t mask) {
+    queries_.push_back(q);
+    masks_.push_back(mask);
+  }
+  void close();
+  void discard_open();
+  // Appends unit i of `from` as a closed unit.
+  void append(const ProtoUnits& from, size_t i);
+
+ private:
+  static size_t first(const std::vector<int32_t>& end, size_t i) { return i == 0 ? 0 : size_t(end[i - 1]); }
+  std::vector<Segment> segs_;
+  std::vector<int32_t> queries_;
+  std::vector<uint64_t> masks_;
+  std::vector<int32_t> seg_end_, query_end_;  // per closed unit: one past its last segment, query
+};
+
+// Each node's subtree queries in depth-first order (so groups of consecutive
+// queries share paths): a node's own queries by id, then each child's list in
+// child order. One array; sub[v] is v's range of it.
+struct SubtreeQueries {
   std::vector<int32_t> queries;
-  std::vector<uint64_t> masks;
-  int64_t tokens() const;
+  std::vector<int32_t> begin, end;  // per node
+  std::span<const int32_t> operator[](int32_t v) const {
+    return {queries.data() + begin[v], queries.data() + end[v]};
+  }
+  void build(const Workload& w, const TreeIndex& ix);
+
+ private:
+  std::vector<int32_t> own_begin_, by_node_, stack_;  // memory of build()
+};
+
+// Per node v with queries below it: the longest path from v down to one of
+// them, in tokens and in non-empty segments, the longest leaf (node without
+// queries below) under v, and whether v has a child with queries.
+struct DownPaths {
+  std::vector<int64_t> tokens, segments, leaf;
+  std::vector<char> branches;
+  void build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub);
 };
 
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
@@ -73,9 +136,14 @@ struct ProtoUnit {
 // 4 four-row leaves at 32/8 were slower (C=256,32 37.6 -> 38.4 us, C=256,64
 // 52.5 -> 56.1 us), and so were 32- and 64-row packs. Packs stay small
 // enough that the units x kv heads still fill the resident CTA slots; units
-// that share a query are not packed.
-std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t max_tokens, const Workload& w,
-                                        const PlanOptions& opt);
+// that share a query are not packed. `out`: the units, packed.
+// pack: memory for the pack being filled.
+struct PackScratch {
+  ProtoUnits pack;
+  std::vector<int32_t> queries;  // the pack's, sorted
+};
+void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
+                      ProtoUnits& out, PackScratch& pack);
 // Units for a tree's compact subtrees: the highest subtrees (of more than one
 // node with queries) in which every query's path is at most `max_tokens`
 // tokens and 64 segments, whose leaves (nodes without queries below) are at
@@ -88,16 +156,41 @@ std::vector<ProtoUnit> pack_short_units(std::vector<ProtoUnit> units, int64_t ma
 // per unit (mostly from L2, being short) instead of once per node and query
 // tile into partial slots that a merge must fold: a query whose whole path is
 // in one compact subtree is written directly. covered[v] is set for the
-// subtrees' nodes (the caller plans the rest).
-std::vector<ProtoUnit> compact_subtree_units(const Workload& w, const TreeIndex& ix,
-                                             const std::vector<std::vector<int32_t>>& sub, int64_t max_tokens,
-                                             int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
-                                             std::vector<char>& covered);
-void emit_units(PlanBuilder& b, const std::vector<ProtoUnit>& units);
+// subtrees' nodes (the caller plans the rest). `out`: the units (replaced).
+// down: the tree's DownPaths (the same for every max_tokens).
+struct CompactScratch {
+  std::vector<int32_t> path, roots, best_roots, next;
+  ProtoUnits units;
+};
+void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
+                           int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
+                           std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch);
+void emit_units(PlanBuilder& b, const ProtoUnits& units);
 
-// Queries grouped by the node they attach to, and each node's subtree
-// queries in depth-first order (so groups of consecutive queries share paths).
-std::vector<std::vector<int32_t>> subtree_queries(const Workload& w, const TreeIndex& ix);
+// node's folds (plan_node): prefix[v]: the segments of v's folded
+// ancestors, which open v's first KV piece; folded[v]: v has no units of its
+// own. Only uncovered nodes with tokens are folded into or receive a prefix,
+// so every query still sees each token of its path exactly once.
+struct FoldPlan {
+  std::vector<std::vector<Segment>> prefix;
+  std::vector<char> folded;
+};
 
 }  // namespace planning
+
+// Everything the reusing planners keep between calls.
+struct PlanScratch::Buffers {
+  planning::SubtreeQueries sub;
+  planning::DownPaths down;
+  planning::ProtoUnits raw, units, alternative;
+  planning::CompactScratch compact;
+  planning::PackScratch pack;
+  planning::FoldPlan fold;
+  std::vector<char> covered;
+  std::vector<std::pair<int64_t, int64_t>> jobs;
+  std::vector<int64_t> piece_lengths, slot_loads;
+  std::vector<int32_t> units_of_query, path;
+  std::vector<Segment> segments;
+};
+
 }  // namespace treeattn
