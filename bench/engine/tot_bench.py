@@ -24,7 +24,7 @@ import torch
 
 # the engine benchmark, in the same folder
 from engine_bench import (add_engine_args, append_case, free_memory, open_report, speedups,
-                          sync)
+                          sync, warm_up)
 from treeattn.engine import build_engine, load_model
 from treeattn.engine.ops import choose_ops
 from treeattn.engine.tot import make_tot_program, run_tot
@@ -148,6 +148,7 @@ def main(argv=None):
     model = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)
     model.use_ops(choose_ops(args.compile, device))
     report["compiled_ops"] = model.ops.compiled
+    warm_up(model, args)
     sync(device)
     log(f"{name}, commit {report['commit']}: {args.model} {args.dtype} loaded, compiled ops "
         f"{model.ops.compiled}")
