@@ -8,9 +8,10 @@ request's last token, then the i1-th ranked candidate after that, and so on (Med
 siblings in rank order: parents come before children, and the all-top-ranked path
 [0], [0, 0], [0, 0, 0], ... comes first, so when it is accepted its KV rows are already at
 their final positions (speculative.py copies nothing for it)."""
-import json
 import os
 from dataclasses import dataclass
+
+from .recorded import read_json
 
 
 @dataclass(frozen=True)
@@ -123,14 +124,7 @@ def load_topology(spec):
     width, x, depth = spec.partition("x")
     if x and width.isdigit() and depth.isdigit():
         return Topology.width_depth(int(width), int(depth))
-    try:
-        with open(spec) as f:
-            record = json.load(f)
-    except OSError as e:
-        raise ValueError(f"tree: {spec!r} is neither WxD nor a readable file ({e})") from e
-    except json.JSONDecodeError as e:
-        raise ValueError(f"tree: {spec!r} is not JSON ({e})") from e
-    return Topology.from_medusa(record)
+    return Topology.from_medusa(read_json(spec, "tree (WxD or a Medusa topology file)"))
 
 
 class NgramIndex:

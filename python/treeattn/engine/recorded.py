@@ -51,16 +51,22 @@ def is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def load_tot_file(path, tasks=None):
-    """The file's tasks (the first `tasks` of them when given), checked."""
+def read_json(path, what=None):
+    """A recorded file's JSON; ValueError starting with `what` (else the path) when the file
+    cannot be read or parsed."""
+    where = f"{what}: {path!r}" if what else str(path)
     try:
         with open(path) as f:
-            raw = json.load(f)
+            return json.load(f)
     except OSError as e:
-        raise ValueError(f"{path}: cannot read the ToT file ({e})") from e
+        raise ValueError(f"{where}: cannot read ({e})") from e
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: malformed JSON ({e})") from e
-    return parse_tot(raw, path, tasks)
+        raise ValueError(f"{where}: malformed JSON ({e})") from e
+
+
+def load_tot_file(path, tasks=None):
+    """The file's tasks (the first `tasks` of them when given), checked."""
+    return parse_tot(read_json(path), path, tasks)
 
 
 def parse_tot(raw, source="<tot>", tasks=None):
