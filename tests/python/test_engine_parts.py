@@ -252,3 +252,37 @@ def test_graph_buckets_pad_at_most_a_quarter():
         for m in (n, n // 2 + 1):
             b = next(s for s in sizes if s >= m)
             assert m <= 32 or b <= 1.25 * m, (n, m, b)
+
+
+@pytest.mark.parametrize("num_queries", [None, 8])
+def test_forest_update_in_place_equals_rebuild(num_queries, monkeypatch):
+    """A forest kept from step to step (tails gaining pages at different steps: prompts of
+    several lengths, 4-token pages; padded to num_queries or not) equals one built afresh."""
+    from treeattn.engine.engine import _ForestCache
+    grown = []
+    grow = _ForestCache._grow
+    monkeypatch.setattr(_ForestCache, "_grow", lambda fc, *a: grown.append(grow(fc, *a)) or grown[-1])
+    model = load_model("random:tiny", dtype="fp32")
+    engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=256, max_batch=8)
+    gen = np.random.default_rng(1)
+    shared = gen.integers(0, 100, 9).tolist()
+    seqs = []
+    for n in (1, 2, 5, 6, 11):
+        seq, logits = engine.add(shared + gen.integers(0, 100, n).tolist())
+        seq.tokens.append(int(logits.argmax()))
+        seqs.append(seq)
+    kept = None
+    for _ in range(12):
+        for s in seqs:
+            engine._reserve_slot(s)
+        counts = np.array([s.kv_len + 1 - s.cached_len for s in seqs])
+        kept = kept or _ForestCache(engine, seqs, num_queries)
+        kept.update(seqs, counts, engine.page_size)
+        fresh = _ForestCache(engine, seqs, num_queries)
+        fresh.update(seqs, counts, engine.page_size)
+        for name in ("parents", "ntok", "offsets", "pages", "queries"):
+            np.testing.assert_array_equal(getattr(kept, name), getattr(fresh, name), err_msg=name)
+        logits = engine.decode(seqs)
+        for s, row in zip(seqs, logits):
+            s.tokens.append(int(row.argmax()))
+    assert grown.count(True) >= 3   # the in-place path ran on several steps

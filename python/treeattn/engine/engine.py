@@ -368,18 +368,45 @@ class _ForestCache:
         r, b = self.r, self.b
         self.ntok[r:r + b] = counts
         npages = (counts + page_size - 1) // page_size
-        if self.tail_pages is None or not np.array_equal(npages, self.tail_pages):
-            tails = [s.tail[:k] for s, k in zip(seqs, npages.tolist())]
-            lens = np.fromiter(map(len, tails), np.int64, b)
-            parts = [self.radix_pages, np.fromiter(
-                (p for t in tails for p in t), np.int32, int(lens.sum()))]
-            if self.pad:
-                parts.append(np.array([self.scratch_page], np.int32))
-            self.pages = np.concatenate(parts)
-            base = int(self.radix_offsets[-1])
-            self.offsets[r + 1:r + b + 1] = base + np.cumsum(lens)
-            if self.pad:
-                self.offsets[-1] = len(self.pages)
-            # a tail without its pending token's page (not reserved yet) gives a forest
-            # plan_tree rejects, as before; it is rebuilt once the page is there
-            self.tail_pages = npages if np.array_equal(lens, npages) else None
+        if self.tail_pages is not None and (np.array_equal(npages, self.tail_pages)
+                                            or self._grow(seqs, npages)):
+            return
+        tails = [s.tail[:k] for s, k in zip(seqs, npages.tolist())]
+        lens = np.fromiter(map(len, tails), np.int64, b)
+        parts = [self.radix_pages, np.fromiter(
+            (p for t in tails for p in t), np.int32, int(lens.sum()))]
+        if self.pad:
+            parts.append(np.array([self.scratch_page], np.int32))
+        self.pages = np.concatenate(parts)
+        base = int(self.radix_offsets[-1])
+        self.offsets[r + 1:r + b + 1] = base + np.cumsum(lens)
+        if self.pad:
+            self.offsets[-1] = len(self.pages)
+        # a tail without its pending token's page (not reserved yet) gives a forest
+        # plan_tree rejects, as before; it is rebuilt once the page is there
+        self.tail_pages = npages if np.array_equal(lens, npages) else None
+
+    def _grow(self, seqs, npages):
+        """The pages the tails gained since the last update, inserted at the ends of their
+        ranges in one vectorised insert, the offsets after them shifted: a step's usual
+        change, O(pages) in NumPy instead of a rebuild in Python. False (nothing changed)
+        where a tail shrank or lacks a page it should have."""
+        delta = npages - self.tail_pages
+        if (delta < 0).any():
+            return False
+        grown = np.flatnonzero(delta)
+        new = []
+        for i in grown.tolist():
+            tail, k = seqs[i].tail, int(npages[i])
+            if len(tail) < k:
+                return False
+            new.extend(tail[int(self.tail_pages[i]):k])
+        ends = self.offsets[self.r + 1 + grown]   # tail i's range ends at offsets[r + 1 + i]
+        # equal positions keep the values' order: a tail's new pages stay in sequence
+        self.pages = np.insert(self.pages, np.repeat(ends, delta[grown]),
+                               np.asarray(new, np.int32))
+        self.offsets[self.r + 1:self.r + self.b + 1] += np.cumsum(delta).astype(np.int32)
+        if self.pad:
+            self.offsets[-1] = len(self.pages)
+        self.tail_pages = npages
+        return True
