@@ -3,7 +3,8 @@
 
 Usage: plot_suite.py RESULTS.json OUT_DIR
 Writes OUT_DIR/speedup.png (bars per planner: speedup over per-query, one group
-per config), OUT_DIR/floor.png (fraction of the unique-KV floor) and
+per config), OUT_DIR/floor.png (fraction of the roofline: the larger of the unique-KV
+floor and the compute floor; the unique-KV floor for results that predate it) and
 OUT_DIR/normalized.png (performance normalised to the best planner per config).
 Needs matplotlib (Debian: python3-matplotlib).
 """
@@ -77,14 +78,14 @@ def main():
 
     def floor(c, p):
         r = cell.get((c, p))
-        return r["floor_us"] / r["us"] if r else float("nan")
+        return r.get("roofline_us", r["floor_us"]) / r["us"] if r else float("nan")
 
     def normalized(c, p):
         best = min(us(c, q) for q in planners if (c, q) in cell)
         return best / us(c, p)
 
     bars(configs, planners, speedup, "speedup over per-query", f"{suite} on {device}", os.path.join(out, "speedup.png"), 1.0)
-    bars(configs, planners, floor, "fraction of unique-KV floor", f"{suite} on {device}", os.path.join(out, "floor.png"), 1.0)
+    bars(configs, planners, floor, "fraction of roofline (memory, compute)", f"{suite} on {device}", os.path.join(out, "floor.png"), 1.0)
     bars(configs, planners, normalized, "performance / best", f"{suite} on {device}", os.path.join(out, "normalized.png"))
 
 

@@ -1,7 +1,8 @@
 // GPU timing of plans: what `treeattn bench` and `treeattn demo` report.
 // Times CudaExecutor::run with CUDA events (warm-up, median of >= 50 runs, L2
 // flushed before each run), on device-generated random inputs; measures the
-// HBM bandwidth in the same process with a large device-to-device copy; checks
+// HBM bandwidth in the same process with a large device-to-device copy and the
+// tensor-core rate with a kernel of back-to-back wgmma; checks
 // the output of sampled queries against the fp64 reference.
 // Declared in every build; without CUDA, gpu_available() is false and the
 // timing functions return nothing.
@@ -40,6 +41,10 @@ struct GpuTiming {
   int64_t io_bytes = 0;         // q read + out written
   int64_t partial_bytes = 0;    // partials written + read by the merge
   double floor_us = 0;          // (unique KV + q + out) / bandwidth
+  int64_t flops = 0;            // PlanSummary::flops (useful attention FLOPs)
+  double tensor_tflops = 0;     // measured tensor-core rate (dense, this dtype, fp32 accumulate)
+  double compute_floor_us = 0;  // flops / tensor_tflops
+  double roofline_us = 0;       // max(floor_us, compute_floor_us): no kernel runs faster
   // One plain kernel that only reads the unique KV bytes (contiguous, from the
   // K and V pools), timed like the runs (same flush, events, median): what
   // launch latency, ramp-up and bandwidth allow at this size. A reference,
@@ -59,6 +64,12 @@ std::string gpu_device_name();
 // HBM bandwidth in GB/s from a 1 GiB device-to-device copy (median of 10),
 // measured once per process.
 double measure_hbm_bandwidth_gbps();
+// Dense tensor-core rate in TFLOP/s for 16-bit inputs of `dtype` (fp16 or
+// bf16) with fp32 accumulation: one CTA per SM, two warpgroups each issuing
+// back-to-back m64n256k16 wgmma on random shared-memory operands (no global
+// memory traffic), median of 10 timed launches; measured once per process
+// and dtype. 0 without a GPU.
+double measure_tensor_core_tflops(DType dtype);
 
 // Device inputs of one workload, reused across its plans.
 class GpuBench {

@@ -132,6 +132,11 @@ struct PlanSummary {
   int64_t padded_rows = 0;   // tile rows wasted by padding, per kv head
   int64_t masked_units = 0;
   int64_t max_unit_tokens = 0;
+  // Useful attention FLOPs, whatever the plan: per query, per qo head, per
+  // token of its path, 2·head_dim for q·k and 2·head_dim for p·v (padded tile
+  // rows and masked-out entries not counted). Over the tensor-core rate it
+  // is the compute floor of bench (GpuTiming::compute_floor_us).
+  int64_t flops = 0;
 };
 PlanSummary summarize(const Workload& w, const Plan& p);
 

@@ -130,9 +130,12 @@ std::string markdown_report(const nlohmann::json& records, const std::string& ti
   if (!records.empty()) {
     const auto& r0 = records.front();
     md << "Device: " << r0.value("device", "?") << " · commit " << r0.value("commit", "?") << " · HBM "
-       << fmt("%.0f", r0.value("bandwidth_gbps", 0.0)) << " GB/s measured in the run\n\n";
+       << fmt("%.0f", r0.value("bandwidth_gbps", 0.0)) << " GB/s";
+    if (r0.contains("tensor_tflops")) md << " and tensor cores " << fmt("%.0f", r0.value("tensor_tflops", 0.0)) << " TFLOP/s";
+    md << " measured in the run\n\n";
   }
-  md << "Per config: median µs · fraction of the unique-KV floor · speedup over per-query.\n\n| config |";
+  md << "Per config: median µs · fraction of the roofline (max of the unique-KV floor and the compute floor; "
+        "results without a compute floor: the unique-KV floor) · speedup over per-query.\n\n| config |";
   for (const auto& p : planners_seen) md << " " << p << " |";
   md << "\n|---|";
   for (size_t i = 0; i < planners_seen.size(); ++i) md << "---|";
@@ -149,7 +152,7 @@ std::string markdown_report(const nlohmann::json& records, const std::string& ti
         continue;
       }
       const auto& r = row.at(p);
-      const double us = r.at("us").get<double>(), fl = r.at("floor_us").get<double>() / us;
+      const double us = r.at("us").get<double>(), fl = r.value("roofline_us", r.at("floor_us").get<double>()) / us;
       md << " " << fmt("%.1f", us) << " · " << fmt("%.0f%%", 100 * fl);
       floor_frac[p].push_back(fl);
       if (!std::isnan(base)) {
@@ -162,7 +165,7 @@ std::string markdown_report(const nlohmann::json& records, const std::string& ti
     }
     md << "\n";
   }
-  md << "\n## Geometric means\n\n| planner | fraction of floor | speedup vs per-query |";
+  md << "\n## Geometric means\n\n| planner | fraction of roofline | speedup vs per-query |";
   std::set<std::string> heads_set;
   for (const auto& [p, m] : speedup_by_heads)
     for (const auto& [h, v] : m) heads_set.insert(h);

@@ -346,6 +346,7 @@ nlohmann::json summary_json(const Workload& w, const PlanSummary& s) {
           {"partial_bytes", s.partial_bytes},
           {"padded_rows", s.padded_rows},
           {"masked_units", s.masked_units},
-          {"max_unit_tokens", s.max_unit_tokens}};
+          {"max_unit_tokens", s.max_unit_tokens},
+          {"flops", s.flops}};
 }
 }  // namespace treeattn::cli

@@ -62,6 +62,10 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   r["achieved_gbps"] = double(t.kv_bytes) / (t.us * 1e3);
   r["floor_us"] = t.floor_us;
   r["fraction_of_floor"] = t.floor_us / t.us;
+  r["tensor_tflops"] = t.tensor_tflops;
+  r["compute_floor_us"] = t.compute_floor_us;
+  r["roofline_us"] = t.roofline_us;
+  r["fraction_of_roofline"] = t.roofline_us / t.us;
   r["read_us"] = t.read_us > 0 ? nlohmann::json(t.read_us) : nlohmann::json();
   r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
   r["launches"] = t.launches;

@@ -24,6 +24,7 @@ std::string current_commit(const std::string& source_dir) {
 bool gpu_available() { return false; }
 std::string gpu_device_name() { return ""; }
 double measure_hbm_bandwidth_gbps() { return 0; }
+double measure_tensor_core_tflops(DType) { return 0; }
 
 struct GpuBench::Impl {};
 GpuBench::GpuBench(const Workload&, uint64_t) { throw Error("bench: this treeattn was built without CUDA"); }

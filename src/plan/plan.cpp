@@ -2,6 +2,7 @@
 // by every planner) and the plan summary.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "treeattn/plan.hpp"
 
@@ -154,6 +155,20 @@ PlanSummary summarize(const Workload& w, const Plan& p) {
   s.kv_bytes = tokens * w.kv_bytes_per_token();
   // fp32 partial O + lse per (slot, qo head), written once and read once.
   s.partial_bytes = int64_t(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2;
+  // Path tokens per node, each node resolved once (walk up to a resolved
+  // ancestor, then fill the walked nodes top-down).
+  std::vector<int64_t> path_tokens(w.tree.nodes.size(), -1);
+  std::vector<int32_t> walk;
+  int64_t visible = 0;  // sum over queries of the tokens on their path
+  for (const int32_t q : w.query_nodes) {
+    for (int32_t v = q; v >= 0 && path_tokens[size_t(v)] < 0; v = w.tree.nodes[size_t(v)].parent) walk.push_back(v);
+    for (; !walk.empty(); walk.pop_back()) {
+      const Node& n = w.tree.nodes[size_t(walk.back())];
+      path_tokens[size_t(walk.back())] = n.num_tokens + (n.parent >= 0 ? path_tokens[size_t(n.parent)] : 0);
+    }
+    visible += path_tokens[size_t(q)];
+  }
+  s.flops = visible * w.heads.num_qo_heads * 4 * w.heads.head_dim;
   return s;
 }
 

@@ -82,6 +82,21 @@ TEST(CorePlanners, NodePlannerLoadsSharedPrefixOnce) {
   EXPECT_GE(double(pq.kv_bytes) / node.kv_bytes, 10.0);
 }
 
+// The useful FLOPs count each (query, path token) pair once, 4·d per qo head,
+// whatever the plan: a 3-level tree, a query on an inner node and one on a
+// leaf that continues an empty node.
+TEST(CorePlanners, SummaryCountsUsefulFlops) {
+  WorkloadParams p;  // heads 32/8, d 128
+  Workload w = fasttree_workload({1, 2}, {100, 30}, p);  // root of 100 tokens, two leaves of 30
+  const int32_t empty = int32_t(w.tree.nodes.size());
+  w.tree.nodes.push_back(Node{1, 0, {}, 0});  // empty node under leaf 1
+  w.query_nodes = {1, 2, 0, empty};
+  w.validate();
+  const int64_t visible = 130 + 130 + 100 + 130;
+  for (const char* planner : {"per-query", "node"})
+    EXPECT_EQ(summarize(w, make_plan(planner, w)).flops, visible * 32 * 4 * 128) << planner;
+}
+
 // node's KV split: a long prompt beside many short leaves is still split (one
 // unsplit 4000-token unit would be the whole run's tail), and a tree whose
 // pieces can all fit in one wave of CTA slots gets exactly such pieces, of

@@ -13,11 +13,13 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "treeattn/bench.hpp"
 #include "treeattn/cuda_executor.hpp"
 #include "treeattn/numeric.hpp"
+#include "exec/cuda/primitives/wgmma.cuh"
 
 namespace treeattn {
 
@@ -64,6 +66,48 @@ __global__ void read_once_kernel(const int4* a, int64_t na, const int4* b, int64
     for (int k = 0; k < kUnroll; ++k) acc.x ^= x[k].x, acc.y ^= x[k].y, acc.z ^= x[k].z, acc.w ^= x[k].w;
   }
   if ((acc.x & acc.y & acc.z & acc.w) == -1) *sink = 1;  // zeros or random inputs: practically never, never elided
+}
+
+// The tensor-core rate: two warpgroups per CTA, each issuing kTensorSteps
+// m64n256k16 wgmma per round from shared-memory operands that never change
+// (A: its own 64x64 tile, B: a shared 256x64 tile, both K-major in the
+// 128-byte swizzle of wgmma.cuh), two commit groups in flight, accumulating
+// into the same registers as a GEMM main loop does. The operands are random
+// (power, hence clocks, depend on the data, so zeros would overstate the rate).
+constexpr int kTensorThreads = 256, kTensorSteps = 4;
+constexpr int kTensorSmem = 2 * 64 * 128 + 256 * 128;  // A tiles of both warpgroups + B tile
+
+template <class T>
+__global__ void __launch_bounds__(kTensorThreads, 1) tensor_rate_kernel(int rounds, uint64_t seed, float* sink) {
+  __shared__ __align__(1024) uint8_t smem[kTensorSmem];
+  uint16_t* e = reinterpret_cast<uint16_t*>(smem);
+  for (int i = threadIdx.x; i < kTensorSmem / 2; i += kTensorThreads) {
+    uint64_t z = (seed + uint64_t(i)) * 0x9e3779b97f4a7c15ull;
+    z ^= z >> 29;
+    const float u = float(z >> 40) * (2.f / 16777216.f) - 1.f;
+    e[i] = std::is_same_v<T, __nv_bfloat16> ? __bfloat16_as_ushort(__float2bfloat16_rn(u))
+                                             : __half_as_ushort(__float2half_rn(u));
+  }
+  cuda::fence_proxy_async();
+  __syncthreads();
+  const uint32_t base = uint32_t(__cvta_generic_to_shared(smem));
+  const uint32_t a = base + (threadIdx.x / 128) * 64 * 128, b = base + 2 * 64 * 128;
+  float d[32][4];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.f;
+  for (int r = 0; r < rounds; ++r) {
+    cuda::wgmma_fence();  // as a GEMM main loop does per k-block
+#pragma unroll
+    for (int k = 0; k < kTensorSteps; ++k)
+      cuda::Wgmma<T, 256>::ss(d, cuda::wgmma_desc(a + k * 32, 16), cuda::wgmma_desc(b + k * 32, 16), 1);
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<1>();
+  }
+  cuda::wgmma_wait<0>();
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) acc += d[j][0] + d[j][1] + d[j][2] + d[j][3];
+  if (acc == 12345.f) *sink = acc;  // keeps the accumulators live; practically never true
 }
 
 double median(std::vector<double> v) {
@@ -127,6 +171,33 @@ double measure_hbm_bandwidth_gbps() {
     gbps = 2.0 * double(bytes) / (median(us) * 1e3);  // read + write
   });
   return gbps;
+}
+
+double measure_tensor_core_tflops(DType dtype) {
+  if (dtype != DType::fp16 && dtype != DType::bf16) return 0;
+  static std::mutex mu;
+  static std::map<DType, double> rate;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (auto it = rate.find(dtype); it != rate.end()) return it->second;
+  int dev = 0, sms = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute(SMs)");
+  DeviceBuffer sink(16);
+  constexpr int kRounds = 4096;  // ~1 ms at the H100's rate
+  EventTimer t;
+  std::vector<double> us;
+  for (int i = 0; i < 13; ++i) {
+    const double x = t.time_us(nullptr, [&] {
+      if (dtype == DType::bf16)
+        tensor_rate_kernel<__nv_bfloat16><<<sms, kTensorThreads>>>(kRounds, uint64_t(i), sink.as<float>());
+      else
+        tensor_rate_kernel<__half><<<sms, kTensorThreads>>>(kRounds, uint64_t(i), sink.as<float>());
+      check_cuda(cudaGetLastError(), "bench: tensor-core rate kernel");
+    });
+    if (i >= 3) us.push_back(x);
+  }
+  const double flops = double(sms) * 2 /*warpgroups*/ * kRounds * kTensorSteps * (2.0 * 64 * 256 * 16);
+  return rate[dtype] = flops / (median(us) * 1e6);
 }
 
 struct GpuBench::Impl {
@@ -267,6 +338,10 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   r.io_bytes = int64_t(m.d.q.size() + m.d.out.size());
   r.partial_bytes = s.partial_bytes;
   r.floor_us = double(r.unique_kv_bytes + r.io_bytes) / (r.bandwidth_gbps * 1e3);
+  r.flops = s.flops;
+  r.tensor_tflops = measure_tensor_core_tflops(w.layout.dtype);
+  r.compute_floor_us = r.tensor_tflops > 0 ? double(r.flops) / (r.tensor_tflops * 1e6) : 0;
+  r.roofline_us = std::max(r.floor_us, r.compute_floor_us);
   r.units = p.num_units();
   r.slots = p.num_slots;
   r.launches = ex.num_launches();

@@ -1,0 +1,54 @@
+// GPU tests of bench's roofline (bench.hpp): the tensor-core rate measured in
+// the process, the compute floor it gives, and that no plan runs faster than
+// the roofline (which would mean a floor that is not one).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "treeattn/bench.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/workloads.hpp"
+
+namespace treeattn {
+namespace {
+
+TEST(BenchRoofline, TensorCoreRateIsMeasuredPerDtype) {
+  const double fp16 = measure_tensor_core_tflops(DType::fp16), bf16 = measure_tensor_core_tflops(DType::bf16);
+  // Far below any sm_90 part's dense rate and far above a kernel that did no
+  // work or timed nothing (which would report thousands of TFLOP/s or more).
+  for (const double r : {fp16, bf16}) {
+    EXPECT_GT(r, 100.0);
+    EXPECT_LT(r, 3000.0);
+  }
+  EXPECT_EQ(measure_tensor_core_tflops(DType::fp32), 0.0);  // no fp32 kernels
+  EXPECT_EQ(measure_tensor_core_tflops(DType::fp16), fp16);  // once per process
+}
+
+// A few-shot tree of many queries at 32/32 (each query its own head group,
+// so the shared prompt's FLOPs rival its bytes) and a memory-bound one at
+// 32/8: every planner's time is at least the roofline, and the roofline is
+// the larger floor.
+TEST(BenchRoofline, NoPlanBeatsTheRoofline) {
+  for (const HeadConfig heads : {HeadConfig{32, 32, 128}, HeadConfig{32, 8, 128}}) {
+    WorkloadParams p;
+    p.heads = heads;
+    const Workload w = fewshot_workload(4000, 256, 32, p);
+    GpuBench bench(w);
+    BenchOptions o;
+    o.graph = false;
+    o.verify_queries = 2;
+    for (const char* planner : {"per-query", "node", "auto"}) {
+      const Plan plan = make_plan(planner, w);
+      const GpuTiming t = bench.time(plan, o);
+      EXPECT_EQ(t.flops, summarize(w, plan).flops);
+      EXPECT_EQ(t.flops, int64_t(256) * (4000 + 32) * heads.num_qo_heads * 4 * 128);
+      EXPECT_NEAR(t.compute_floor_us, double(t.flops) / (t.tensor_tflops * 1e6), 1e-9 * t.compute_floor_us);
+      EXPECT_EQ(t.roofline_us, std::max(t.floor_us, t.compute_floor_us));
+      EXPECT_GE(t.us, t.roofline_us) << planner << " at " << heads.num_qo_heads << "/" << heads.num_kv_heads;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace treeattn
