@@ -4,7 +4,8 @@
    treeattn_planning_bench --benchmark_filter=runtime) on the serving-like
    random tree of 1000 nodes / 256 queries the planning benchmark uses;
 2. run() host time per call from Python (plain and bound) vs C++ (the
-   binding's overhead), eager;
+   binding's overhead), eager; and run_overhead.py's measurement: run() against
+   the extension's entry called with everything prepared, on the same host;
 3. one decode step's attention (32 layers, each its own pool, so L2 holds
    nothing from the layer before) replayed as a CUDA graph vs launched eagerly,
    for "auto" and "per-query" on a few-shot tree, a two-level tree and
@@ -18,12 +19,16 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import numpy as np
 import torch
 
 import treeattn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run_overhead  # noqa: E402
 
 H, HKV, D, PAGE, LAYERS = 32, 8, 128, 16, 32
 DT = torch.bfloat16
@@ -195,6 +200,7 @@ def main():
         torch.cuda.synchronize()
     res["run_host"] = dict(python_us=statistics.median(per_call), bound_us=statistics.median(bound_call),
                            cpp_us=cpp.get("runtime/run/cuda"))
+    res["run_overhead"] = run_overhead.measure("cuda")
 
     # 3. Decode-step attention, graph vs eager, auto vs per-query.
     bw = hbm_gbps()
@@ -223,6 +229,10 @@ def main():
     print(f"run() host time per call: Python {rh['python_us']:.2f} us, bound (TreeAttention.bind) "
           f"{rh['bound_us']:.2f} us, C++ {cpp_us:.2f} us; overhead {rh['python_us'] - cpp_us:.2f} us "
           f"(bound {rh['bound_us'] - cpp_us:.2f} us)")
+    ro = res["run_overhead"]
+    print(f"run() overhead over the extension's entry (run_overhead.py, {ro['rounds']} rounds of {ro['number']}): "
+          f"{ro['overhead_us']:.2f} us, with lse {ro['overhead_lse_us']:.2f} us, bound {ro['bound_overhead_us']:.2f} us; "
+          + ", ".join(f"{name} {us:.2f} us" for name, us in ro["us"].items()))
     print("\n| tree | planner | graph ms (32 layers) | eager ms | floor ms | graph / floor | per-query / auto (graph) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for i in range(0, len(res["steps"]), 2):

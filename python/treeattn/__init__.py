@@ -69,31 +69,19 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-_TORCH_DTYPES: dict = {}  # torch dtype -> the extension's name, filled on first use
-
-
-def _raw(t: Any) -> tuple:
-    """A PyTorch tensor as (data_ptr, shape, strides, dtype, is_cuda): the fast
-    path of run(), which skips a DLPack capsule per tensor."""
-    if not _TORCH_DTYPES:
-        import torch
-
-        _TORCH_DTYPES.update({torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"})
-    return (t.data_ptr(), t.shape, t.stride(), _TORCH_DTYPES.get(t.dtype, str(t.dtype)), t.is_cuda)
-
-
-def _torch_stream_fn():
-    """A function returning PyTorch's current CUDA stream handle on the device
-    that is current now (the TreeAttention's: its buffers live there), through
-    the raw accessor where this PyTorch has it (~20x cheaper than
-    current_stream(), and the device index looked up once)."""
+def _torch_stream_source():
+    """(fn, arg): ``fn(arg)`` (``fn()`` when arg is None) returns PyTorch's
+    current CUDA stream handle on the device that is current now (the
+    TreeAttention's: its buffers live there), through the raw accessor where
+    this PyTorch has it (~20x cheaper than current_stream(), and the device
+    index looked up once). run() calls it from C++."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     device = torch.cuda.current_device()
     if raw is not None:
-        return lambda: raw(device)
-    return lambda: torch.cuda.current_stream(device).cuda_stream
+        return raw, device
+    return (lambda: torch.cuda.current_stream(device).cuda_stream), None
 
 
 def _empty_like(x: Any, shape, float32: bool = False) -> Any:
@@ -144,21 +132,28 @@ class TreeAttention:
         self.dtype = _dtype_name(dtype)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.num_pages = page_size, num_pages
-        self._current_stream = None
+        stream_fn, stream_arg = None, None  # None: the default stream unless stream= is given (CPU; no PyTorch)
         if device == "cuda":
             try:
-                self._current_stream = _torch_stream_fn()
-            except ImportError:  # no PyTorch: the default stream unless stream= is given
-                self._current_stream = lambda: 0
+                stream_fn, stream_arg = _torch_stream_source()
+            except ImportError:
+                pass
+        self._stream_fn, self._stream_arg = stream_fn, stream_arg
         self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
                                               self.dtype, device, max_queries, max_nodes, max_page_refs, planner,
                                               num_sms or 0, cpu_threads)
+        # run()'s C++ entry: reads and checks the tensors (PyTorch through a few
+        # attribute reads, anything else through DLPack) and takes the stream
+        # from the source above when none is given, in one call.
+        self._run = _treeattn._Runner(self._impl, stream_fn, stream_arg)
 
     # -- planning (host; once per decode step, outside graph capture) ----------
     def _stream(self, stream: Optional[int]) -> int:
         if stream is not None:
             return int(stream)
-        return self._current_stream() if self._current_stream is not None else 0
+        if self._stream_fn is None:
+            return 0
+        return self._stream_fn() if self._stream_arg is None else self._stream_fn(self._stream_arg)
 
     def plan_tree(self, parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots=None,
                   stream: Optional[int] = None) -> None:
@@ -206,33 +201,24 @@ class TreeAttention:
         ``[num_queries, num_qo_heads]``, natural log, for merging with another
         attention part by the log-sum-exp rule). Launch only on CUDA: no
         allocation when ``out`` (and ``lse``) are given."""
-        want_lse = return_lse or lse is not None
+        if out is not None and not return_lse:  # the per-layer call: one C++ call reads, checks and runs
+            self._run(q, k_pool, v_pool, out, lse, scale, stream)
+            return out if lse is None else (out, lse)
         if out is None:
             out = _empty_like(q, tuple(q.shape))
-        if want_lse and lse is None:
+        if lse is None and return_lse:
             lse = _empty_like(q, (q.shape[0], self.num_qo_heads), float32=True)
-        sc = 0.0 if scale is None else float(scale)
-        if _is_torch(q) and _is_torch(k_pool) and _is_torch(v_pool) and _is_torch(out) and (lse is None or _is_torch(lse)):
-            self._impl.run_raw(_raw(q), _raw(k_pool), _raw(v_pool), _raw(out), None if lse is None else _raw(lse), sc,
-                               self._stream(stream))
-        else:
-            self._impl.run(q, k_pool, v_pool, out, lse, sc, self._stream(stream))
-        return (out, lse) if want_lse else out
+        self._run(q, k_pool, v_pool, out, lse, scale, stream)
+        return (out, lse) if lse is not None else out
 
     def bind(self, q, k_pool, v_pool, out, *, lse=None, scale: Optional[float] = None) -> "BoundRun":
         """run() with these tensors checked once: the returned callable launches
-        with no per-call tensor checks (no measurable Python overhead, ~7 us
-        less than run() on an H100 host), for engines that run eagerly with static buffers. It stays
-        valid across plans with the same number of queries (ValueError
-        otherwise); it keeps the tensors alive."""
-        sc = 0.0 if scale is None else float(scale)
-        tensors = (q, k_pool, v_pool, out, lse)
-        if all(t is None or _is_torch(t) for t in tensors):
-            impl = self._impl.bind_raw(_raw(q), _raw(k_pool), _raw(v_pool), _raw(out),
-                                       None if lse is None else _raw(lse), sc)
-        else:
-            impl = self._impl.bind(q, k_pool, v_pool, out, lse, sc)
-        return BoundRun(impl, tensors, self)
+        with no per-call tensor checks, for engines that run eagerly with static
+        buffers. It stays valid across plans with the same number of queries
+        (ValueError otherwise); it keeps the tensors alive. Do not resize or
+        re-point the bound tensors in place (``set_``, ``resize_``): the bound
+        call uses the pointers and strides read here."""
+        return BoundRun(self._run.bind(q, k_pool, v_pool, out, lse, scale), (q, k_pool, v_pool, out, lse), self)
 
     # -- inspection -------------------------------------------------------------
     @property
@@ -259,5 +245,5 @@ class BoundRun:
 
     def __call__(self, stream: Optional[int] = None):
         """Launches the attention of the current plan into the bound out (and lse)."""
-        self._impl(self._attn._stream(stream) if stream is None else int(stream))
+        self._impl(stream)
         return self._tensors[3]

@@ -1,22 +1,23 @@
 // The Python extension treeattn._treeattn (nanobind): TreeAttention over
-// DLPack tensors. Tensors come in as nb::ndarray (any framework that speaks
-// DLPack: PyTorch, CuPy, JAX, NumPy) and are checked here -- device, dtype,
-// shape, strides -- before a pointer reaches the runtime; index arrays come as
-// contiguous int32 / int64 host arrays (the Python layer converts lists and
-// CPU tensors). treeattn::Error surfaces as ValueError, wrong dtypes as
-// TypeError, each naming the argument.
+// tensors. run()'s tensors come in as Python objects to one C++ entry
+// (_Runner): PyTorch tensors are read through their attributes (data_ptr,
+// shape, stride, dtype, the device flag; no DLPack capsule), anything else
+// through DLPack (nb::ndarray: CuPy, JAX, NumPy), and checked here -- device,
+// dtype, shape, strides -- on every call before a pointer reaches the runtime.
+// Index arrays come as contiguous int32 / int64 host arrays (the Python layer
+// converts lists and CPU tensors). treeattn::Error surfaces as ValueError,
+// wrong dtypes as TypeError, each naming the argument.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "python/bindings.hpp"
@@ -35,53 +36,316 @@ using Tensor = nb::ndarray<>;
 std::span<const int32_t> span_of(const Index& a) { return {a.data(), a.size()}; }
 std::span<const int32_t> span_of(const std::optional<Index>& a) { return a ? span_of(*a) : std::span<const int32_t>{}; }
 
-// What run() needs of a tensor, from an ndarray (DLPack) or from the Python
-// layer's fast path for PyTorch tensors (data_ptr, shape, stride): the checks
-// below are the same for both.
+// What run() needs of a tensor. PyTorch tensors (the fast path) are read
+// through a few attribute calls -- data_ptr(), shape, stride(), dtype and the
+// device flag -- with no DLPack capsule; anything else goes through DLPack
+// (nb::ndarray: CuPy, JAX, NumPy, ...). The checks below are the same for both.
+// No heap allocation on the success path: the shape and strides sit in fixed
+// arrays, the dtype is a code, and the descriptions an error message needs are
+// built only when one is raised (from `obj`, which the caller keeps alive).
+constexpr int kMaxDims = 8;  // more dimensions are only ever an error: the rest is not kept
+
+enum class Code : uint8_t { fp16, bf16, fp32, other };
+
 struct View {
+  PyObject* obj = nullptr;  // borrowed: the argument, for error messages
+  bool torch = false;
   uintptr_t ptr = 0;
-  std::vector<int64_t> shape, strides;  // strides in elements
-  std::string dtype;                    // "fp16", "bf16", "fp32", or what it is
-  bool cuda = false;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {}, strides[kMaxDims] = {};  // strides in elements
+  Code dtype = Code::other;
+  bool on_device = false;  // on the TreeAttention's device (cuda / cpu)
+  nb::dlpack::dtype dl_dtype{};
+  int32_t dl_device = 0;
+  Tensor nd;  // the DLPack import, kept while the view is used
 };
 
-std::string dtype_name(const nb::dlpack::dtype& dt) {
-  if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) return "fp16";
-  if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat)) return "bf16";
-  if (dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) return "fp32";
-  return "code " + std::to_string(dt.code) + " bits " + std::to_string(dt.bits);
+[[noreturn]] void value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+
+std::string str_of(PyObject* o) {
+  nb::object s = nb::steal(PyObject_Str(o));
+  if (!s.is_valid()) {
+    PyErr_Clear();
+    return "?";
+  }
+  return nb::cast<std::string>(s);
 }
 
-View view_of(const Tensor& t) {
-  View v;
-  v.ptr = reinterpret_cast<uintptr_t>(t.data());
-  for (size_t i = 0; i < t.ndim(); ++i) v.shape.push_back(int64_t(t.shape(i))), v.strides.push_back(t.stride(i));
-  v.dtype = dtype_name(t.dtype());
-  v.cuda = t.device_type() == nb::device::cuda::value;
-  return v;
+// "float16", "torch.int64", "code 0 bits 32": what the view's dtype is, for messages.
+std::string dtype_desc(const View& t) {
+  switch (t.dtype) {
+    case Code::fp16: return "float16";
+    case Code::bf16: return "bfloat16";
+    case Code::fp32: return "float32";
+    case Code::other: break;
+  }
+  if (t.torch) {
+    nb::object d = nb::steal(PyObject_GetAttrString(t.obj, "dtype"));
+    if (!d.is_valid()) PyErr_Clear();
+    return d.is_valid() ? str_of(d.ptr()) : "?";
+  }
+  return "code " + std::to_string(t.dl_dtype.code) + " bits " + std::to_string(t.dl_dtype.bits) +
+         (t.dl_dtype.lanes != 1 ? " lanes " + std::to_string(t.dl_dtype.lanes) : "");
+}
+
+std::string device_desc(const View& t) {
+  if (t.torch) {
+    nb::object d = nb::steal(PyObject_GetAttrString(t.obj, "device"));
+    if (!d.is_valid()) PyErr_Clear();
+    return d.is_valid() ? str_of(d.ptr()) : "another device";
+  }
+  if (t.dl_device == nb::device::cuda::value) return "cuda";
+  if (t.dl_device == nb::device::cpu::value) return "the cpu";
+  return "DLPack device type " + std::to_string(t.dl_device);
 }
 
 std::string shape_str(const View& t) {
   std::string s = "[";
-  for (size_t i = 0; i < t.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  for (int i = 0; i < std::min(t.ndim, kMaxDims); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  if (t.ndim > kMaxDims) s += ", ...";
   return s + "]";
 }
 
-[[noreturn]] void value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
+// PyTorch, as far as the fast path needs it: its Tensor class, the dtypes the
+// runtime takes, and the attribute names, looked up once. The references are
+// kept for the life of the process (nothing to release after the interpreter
+// is gone). Types are classified once each (torch.Tensor and its subclasses:
+// the fast path; anything else: DLPack) and remembered with a reference, so a
+// type's address cannot be reused by another while it is remembered.
+//
+// The attribute reads are most of run()'s overhead (~60 ns each through
+// PyObject_GetAttr / a method call, 5 per tensor). For a type whose data_ptr,
+// shape, stride, dtype, is_cuda and is_cpu are TensorBase's own C descriptors
+// (torch.Tensor, nn.Parameter, any subclass that does not override them) the
+// descriptors' C functions are called directly, which skips the attribute
+// lookup and the bound method (~10 ns each); PyTorch's functions themselves
+// run as through the attribute (__torch_function__ included). Any other type,
+// or a PyTorch whose descriptors are not of the expected kinds: attributes.
+struct Torch {
+  PyObject *tensor = nullptr, *fp16 = nullptr, *bf16 = nullptr, *fp32 = nullptr;
+  PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu;
+  PyObject* empty_tuple;
+  // TensorBase's descriptors (owned) and their C functions, when usable.
+  PyObject *d_data_ptr = nullptr, *d_shape = nullptr, *d_stride = nullptr, *d_dtype = nullptr, *d_is_cuda = nullptr,
+           *d_is_cpu = nullptr;
+  PyCFunction f_data_ptr = nullptr;
+  PyCFunctionWithKeywords f_stride = nullptr;
+  const PyGetSetDef *g_shape = nullptr, *g_dtype = nullptr, *g_is_cuda = nullptr, *g_is_cpu = nullptr;
+  static constexpr int kTypes = 16;
+  PyTypeObject* types[kTypes] = {};
+  bool is_torch[kTypes] = {}, direct[kTypes] = {};
+  int num_types = 0;
+
+  Torch() {
+    s_data_ptr = PyUnicode_InternFromString("data_ptr");
+    s_shape = PyUnicode_InternFromString("shape");
+    s_stride = PyUnicode_InternFromString("stride");
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_is_cuda = PyUnicode_InternFromString("is_cuda");
+    s_is_cpu = PyUnicode_InternFromString("is_cpu");
+    empty_tuple = PyTuple_New(0);
+  }
+
+  static const PyGetSetDef* getset_of(PyObject* d) {
+    if (!d || !Py_IS_TYPE(d, &PyGetSetDescr_Type)) return nullptr;
+    const PyGetSetDef* g = reinterpret_cast<PyGetSetDescrObject*>(d)->d_getset;
+    return g && g->get ? g : nullptr;
+  }
+  static const PyMethodDef* method_of(PyObject* d, int flags) {
+    if (!d || !Py_IS_TYPE(d, &PyMethodDescr_Type)) return nullptr;
+    const PyMethodDef* m = reinterpret_cast<PyMethodDescrObject*>(d)->d_method;
+    return m && m->ml_meth && m->ml_flags == flags ? m : nullptr;
+  }
+
+  // torch.Tensor, the dtypes and TensorBase's descriptors; false when torch is
+  // not (fully) imported.
+  bool init(PyObject* torch) {
+    PyObject* t = PyObject_GetAttrString(torch, "Tensor");
+    PyObject* f16 = PyObject_GetAttrString(torch, "float16");
+    PyObject* bf = PyObject_GetAttrString(torch, "bfloat16");
+    PyObject* f32 = PyObject_GetAttrString(torch, "float32");
+    if (!(t && f16 && bf && f32)) {  // a partly imported or odd torch: no fast path (DLPack still works)
+      PyErr_Clear();
+      Py_XDECREF(t), Py_XDECREF(f16), Py_XDECREF(bf), Py_XDECREF(f32);
+      return false;
+    }
+    tensor = t, fp16 = f16, bf16 = bf, fp32 = f32;
+    // The class that defines the descriptors: torch._C.TensorBase (_TensorBase before PyTorch 2.2).
+    PyObject* c = PyObject_GetAttrString(torch, "_C");
+    PyObject* base = c ? PyObject_GetAttrString(c, "TensorBase") : nullptr;
+    if (c && !base) {
+      PyErr_Clear();
+      base = PyObject_GetAttrString(c, "_TensorBase");
+    }
+    if (!base) PyErr_Clear();
+    Py_XDECREF(c);
+    if (base) {
+      PyObject** ds[] = {&d_data_ptr, &d_shape, &d_stride, &d_dtype, &d_is_cuda, &d_is_cpu};
+      PyObject* names[] = {s_data_ptr, s_shape, s_stride, s_dtype, s_is_cuda, s_is_cpu};
+      for (int i = 0; i < 6; ++i) {
+        *ds[i] = PyObject_GetAttr(base, names[i]);  // a class attribute: the descriptor itself
+        if (!*ds[i]) PyErr_Clear();
+      }
+      Py_DECREF(base);
+      const PyMethodDef* dp = method_of(d_data_ptr, METH_NOARGS);
+      const PyMethodDef* st = method_of(d_stride, METH_VARARGS | METH_KEYWORDS);
+      g_shape = getset_of(d_shape), g_dtype = getset_of(d_dtype), g_is_cuda = getset_of(d_is_cuda);
+      g_is_cpu = getset_of(d_is_cpu);
+      if (dp && st && g_shape && g_dtype && g_is_cuda && g_is_cpu) {
+        f_data_ptr = dp->ml_meth;
+        f_stride = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(st->ml_meth));
+      }
+    }
+    return true;
+  }
+
+  // The type's attributes are TensorBase's descriptors (not overridden).
+  bool plain(PyTypeObject* type) {
+    if (!f_data_ptr) return false;
+    PyObject* names[] = {s_data_ptr, s_shape, s_stride, s_dtype, s_is_cuda, s_is_cpu};
+    PyObject* ds[] = {d_data_ptr, d_shape, d_stride, d_dtype, d_is_cuda, d_is_cpu};
+    for (int i = 0; i < 6; ++i) {
+      PyObject* d = PyObject_GetAttr(reinterpret_cast<PyObject*>(type), names[i]);
+      if (!d) PyErr_Clear();
+      Py_XDECREF(d);
+      if (d != ds[i]) return false;
+    }
+    return true;
+  }
+
+  // Whether `type` is a PyTorch tensor type; `*direct`: whether its attributes
+  // can be read through TensorBase's C functions.
+  bool classify(PyTypeObject* type, bool* is_direct) {
+    PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+    if (torch && !tensor && !init(torch)) return *is_direct = false;  // not remembered: torch may complete later
+    bool yes = false, dir = false;
+    if (tensor) {  // torch not imported: no torch tensor exists, and the type is remembered as not one
+      const int r = PyObject_IsSubclass(reinterpret_cast<PyObject*>(type), tensor);
+      if (r < 0) PyErr_Clear();
+      yes = r == 1;
+      dir = yes && plain(type);
+    }
+    if (num_types < kTypes) {
+      Py_INCREF(type);
+      types[num_types] = type;
+      is_torch[num_types] = yes;
+      direct[num_types++] = dir;
+    }
+    *is_direct = dir;
+    return yes;
+  }
+
+  bool is_tensor(PyObject* o, bool* is_direct) {
+    PyTypeObject* type = Py_TYPE(o);
+    for (int i = 0; i < num_types; ++i)
+      if (types[i] == type) return *is_direct = direct[i], is_torch[i];
+    return classify(type, is_direct);
+  }
+
+  PyObject* data_ptr(PyObject* o, bool dir) const {
+    return dir ? f_data_ptr(o, nullptr) : PyObject_CallMethodNoArgs(o, s_data_ptr);
+  }
+  PyObject* stride(PyObject* o, bool dir) const {
+    return dir ? f_stride(o, empty_tuple, nullptr) : PyObject_CallMethodNoArgs(o, s_stride);
+  }
+  static PyObject* get(PyObject* o, bool dir, const PyGetSetDef* g, PyObject* name) {
+    return dir ? g->get(o, g->closure) : PyObject_GetAttr(o, name);
+  }
+};
+
+Torch& torch_info() {
+  static Torch* t = new Torch();  // never destroyed (see above)
+  return *t;
+}
+
+// An attribute read of a PyTorch tensor that failed (a tensor without storage,
+// a sparse one, ...): ValueError naming the argument, with PyTorch's message.
+[[noreturn]] void torch_read_error(const char* name, const char* what) {
+  nb::python_error e;
+  value_error(std::string(name) + ": cannot read the tensor's " + what + " (" + e.what() + ")");
+}
+
+// A tuple of ints (torch.Size or stride()'s tuple) into `dst`; the count.
+int read_ints(const char* name, const char* what, PyObject* tuple, int64_t* dst) {
+  if (!PyTuple_Check(tuple)) value_error(std::string(name) + ": the tensor's " + what + " is not a tuple");
+  const Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+  for (Py_ssize_t i = 0; i < std::min<Py_ssize_t>(n, kMaxDims); ++i) {
+    dst[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, i));
+    if (dst[i] == -1 && PyErr_Occurred()) torch_read_error(name, what);
+  }
+  return int(n);
+}
+
+void read_torch(const char* name, PyObject* o, View& v, bool want_cuda, bool dir, const Torch& T) {
+  v.torch = true;
+  nb::object ptr = nb::steal(T.data_ptr(o, dir));
+  if (!ptr.is_valid()) torch_read_error(name, "data_ptr()");
+  v.ptr = uintptr_t(PyLong_AsUnsignedLongLongMask(ptr.ptr()));
+  if (v.ptr == uintptr_t(-1) && PyErr_Occurred()) torch_read_error(name, "data_ptr()");
+  nb::object shape = nb::steal(Torch::get(o, dir, T.g_shape, T.s_shape));
+  if (!shape.is_valid()) torch_read_error(name, "shape");
+  v.ndim = read_ints(name, "shape", shape.ptr(), v.shape);
+  nb::object strides = nb::steal(T.stride(o, dir));
+  if (!strides.is_valid()) torch_read_error(name, "stride()");
+  if (read_ints(name, "stride()", strides.ptr(), v.strides) != v.ndim)
+    value_error(std::string(name) + ": stride() and shape differ in length");
+  PyObject* dt = Torch::get(o, dir, T.g_dtype, T.s_dtype);
+  if (!dt) torch_read_error(name, "dtype");
+  v.dtype = dt == T.fp16 ? Code::fp16 : dt == T.bf16 ? Code::bf16 : dt == T.fp32 ? Code::fp32 : Code::other;
+  Py_DECREF(dt);
+  // The flag of the device it must be on: is_cuda for a CUDA runtime (as before),
+  // is_cpu for a CPU one (so an MPS, XPU or meta tensor is not taken for a CPU one).
+  PyObject* flag = want_cuda ? Torch::get(o, dir, T.g_is_cuda, T.s_is_cuda) : Torch::get(o, dir, T.g_is_cpu, T.s_is_cpu);
+  if (!flag) torch_read_error(name, want_cuda ? "is_cuda" : "is_cpu");
+  v.on_device = flag == Py_True;
+  Py_DECREF(flag);
+}
+
+void read_dlpack(const char* name, PyObject* o, View& v, bool want_cuda) {
+  try {
+    v.nd = nb::cast<Tensor>(nb::handle(o), /*convert=*/false);  // no copies: out must be the caller's memory
+  } catch (const nb::cast_error&) {
+    throw nb::type_error((std::string(name) + ": expected a tensor (PyTorch, or anything with DLPack), got " +
+                          nb::inst_name(nb::handle(o)).c_str())
+                             .c_str());
+  }
+  const Tensor& t = v.nd;
+  v.ptr = reinterpret_cast<uintptr_t>(t.data());
+  v.ndim = int(t.ndim());
+  for (int i = 0; i < std::min(v.ndim, kMaxDims); ++i) v.shape[i] = int64_t(t.shape(size_t(i))), v.strides[i] = t.stride(size_t(i));
+  const nb::dlpack::dtype dt = t.dtype();
+  v.dl_dtype = dt;
+  if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) v.dtype = Code::fp16;
+  else if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat)) v.dtype = Code::bf16;
+  else if (dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) v.dtype = Code::fp32;
+  v.dl_device = t.device_type();
+  v.on_device = want_cuda ? v.dl_device == nb::device::cuda::value
+                          : v.dl_device == nb::device::cpu::value || v.dl_device == nb::device::cuda_host::value;
+}
+
+void read_view(const char* name, nb::handle h, View& v, bool want_cuda) {
+  v.obj = h.ptr();
+  Torch& T = torch_info();
+  bool dir = false;
+  if (T.is_tensor(h.ptr(), &dir))
+    read_torch(name, h.ptr(), v, want_cuda, dir, T);
+  else
+    read_dlpack(name, h.ptr(), v, want_cuda);
+}
 
 // A tensor of the runtime's dtype on its device with `ndim` dimensions whose
 // last two are dense [heads, head_dim].
-void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c, size_t ndim, int64_t heads) {
+void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c, int ndim, int64_t heads) {
   const bool want_cuda = c.device == Device::cuda;
-  if (t.cuda != want_cuda)
+  if (!t.on_device)
     value_error(std::string(name) + ": expected a tensor on " + (want_cuda ? "cuda" : "the cpu") +
-                " (the TreeAttention's device), got one on " + (t.cuda ? "cuda" : "another device"));
-  const std::string want = c.dtype == DType::fp16 ? "fp16" : "bf16";
+                " (the TreeAttention's device), got one on " + device_desc(t));
+  const Code want = c.dtype == DType::fp16 ? Code::fp16 : Code::bf16;
   if (t.dtype != want)
     throw nb::type_error((std::string(name) + ": expected dtype " + (c.dtype == DType::fp16 ? "float16" : "bfloat16") +
-                          " (the TreeAttention's dtype), got " + t.dtype)
+                          " (the TreeAttention's dtype), got " + dtype_desc(t))
                              .c_str());
-  if (t.shape.size() != ndim)
+  if (t.ndim != ndim)
     value_error(std::string(name) + ": expected " + std::to_string(ndim) + " dimensions, got shape " + shape_str(t));
   const int64_t D = c.heads.head_dim;
   if (t.shape[ndim - 1] != D || t.shape[ndim - 2] != heads)
@@ -95,7 +359,7 @@ void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c,
 // The checks of a run's tensors against the runtime and its last plan; the
 // arguments the runtime's run() takes.
 AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
-                           const std::optional<View>& lse, float scale) {
+                           const View* lse, float scale) {
   const TreeAttentionConfig& c = ta.config();
   const int64_t Q = ta.num_queries();
   if (Q == 0) value_error("run(): nothing planned yet (call a plan_* method first)");
@@ -127,24 +391,68 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   a.kv_token_stride = k.strides[1];
   if (lse) {
     const View& l = *lse;
-    if (l.dtype != "fp32") throw nb::type_error(("lse: expected dtype float32, got " + l.dtype).c_str());
-    if (l.shape.size() != 2 || l.shape[0] != Q || l.shape[1] != c.heads.num_qo_heads || l.strides[1] != 1 ||
+    if (l.dtype != Code::fp32) throw nb::type_error(("lse: expected dtype float32, got " + dtype_desc(l)).c_str());
+    if (l.ndim != 2 || l.shape[0] != Q || l.shape[1] != c.heads.num_qo_heads || l.strides[1] != 1 ||
         l.strides[0] != c.heads.num_qo_heads)
       value_error("lse: expected a contiguous [" + std::to_string(Q) + ", " + std::to_string(c.heads.num_qo_heads) +
                   "] tensor, got shape " + shape_str(l));
-    if (l.cuda != q.cuda) value_error("lse: must be on the same device as q");
+    if (!l.on_device) value_error("lse: must be on the same device as q, got one on " + device_desc(l));
     a.lse = reinterpret_cast<float*>(l.ptr);
   }
   if (q.ptr == out.ptr) value_error("out: must not alias q");
   return a;
 }
 
-void run_views(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
-               const std::optional<View>& lse, float scale, uintptr_t stream) {
-  const AttentionArgs a = checked_args(ta, q, k, v, out, lse, scale);
-  nb::gil_scoped_release release;  // the CPU executor may run for a while
-  ta.run(a, reinterpret_cast<void*>(stream));
+float scale_of(nb::handle scale) {
+  if (scale.is_none()) return 0.0f;
+  const double s = PyFloat_AsDouble(scale.ptr());
+  if (s == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw nb::type_error(("scale: expected a number, got " + str_of(scale.ptr())).c_str());
+  }
+  return float(s);
 }
+
+// The tensors of a run, read and checked.
+AttentionArgs read_args(const TreeAttention& ta, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                        nb::handle lse, nb::handle scale) {
+  const bool cuda = ta.config().device == Device::cuda;
+  View vq, vk, vv, vo, vl;
+  read_view("q", q, vq, cuda);
+  read_view("k_pool", k, vk, cuda);
+  read_view("v_pool", v, vv, cuda);
+  read_view("out", out, vo, cuda);
+  const bool has_lse = !lse.is_none();
+  if (has_lse) read_view("lse", lse, vl, cuda);
+  return checked_args(ta, vq, vk, vv, vo, has_lse ? &vl : nullptr, scale_of(scale));
+}
+
+// Where run() takes its stream from when none is given: PyTorch's current
+// stream through `fn(arg)` (or `fn()` when arg is None; no fn: 0, the default
+// stream), as the Python layer found it at construction.
+struct StreamSource {
+  nb::object fn, arg;
+  uintptr_t get(nb::handle stream) const {
+    nb::object s;
+    if (!stream.is_none())
+      s = nb::borrow(stream);
+    else if (!fn.is_valid() || fn.is_none())
+      return 0;
+    else
+      s = arg.is_valid() && !arg.is_none() ? fn(arg) : fn();
+    nb::object i = nb::steal(PyNumber_Long(s.ptr()));  // int(stream), as the Python layer did
+    if (!i.is_valid()) {
+      PyErr_Clear();
+      throw nb::type_error(("stream: expected a stream handle (an int), got " + str_of(s.ptr())).c_str());
+    }
+    const unsigned long long h = PyLong_AsUnsignedLongLong(i.ptr());
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      value_error("stream: expected a stream handle (an int >= 0), got " + str_of(s.ptr()));
+    }
+    return uintptr_t(h);
+  }
+};
 
 // run() with its tensors checked once (TreeAttention.bind): a call only
 // compares the plan's query count with the bound tensors' and launches. The
@@ -153,47 +461,34 @@ struct BoundRun {
   const TreeAttention* ta;
   AttentionArgs args;
   int64_t num_queries;
-  void operator()(uintptr_t stream) const {
+  StreamSource stream_source;
+  void operator()(nb::handle stream) const {
+    const uintptr_t s = stream_source.get(stream);
     if (ta->num_queries() != num_queries)
       value_error("bound run: the plan has " + std::to_string(ta->num_queries()) + " queries, the bound tensors " +
                   std::to_string(num_queries) + " (bind again after a plan of another size)");
     nb::gil_scoped_release release;
-    ta->run(args, reinterpret_cast<void*>(stream));
+    ta->run(args, reinterpret_cast<void*>(s));
   }
 };
 
-void run(const TreeAttention& ta, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-         std::optional<Tensor> lse, float scale, uintptr_t stream) {
-  std::optional<View> l;
-  if (lse) l = view_of(*lse);
-  run_views(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale, stream);
-}
+// TreeAttention.run()'s entry (one per TreeAttention, made by the Python layer
+// with its stream source): reads and checks the tensors, takes the stream, runs.
+struct Runner {
+  const TreeAttention* ta;
+  StreamSource stream_source;
+  void run(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale,
+           nb::handle stream) const {
+    const AttentionArgs a = read_args(*ta, q, k, v, out, lse, scale);
+    const uintptr_t s = stream_source.get(stream);
+    nb::gil_scoped_release release;  // the CPU executor may run for a while
+    ta->run(a, reinterpret_cast<void*>(s));
+  }
+  BoundRun bind(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale) const {
+    return {ta, read_args(*ta, q, k, v, out, lse, scale), ta->num_queries(), stream_source};
+  }
+};
 
-// The Python layer's fast path for PyTorch tensors: (data_ptr, shape, strides,
-// dtype name, is_cuda) tuples, read without a DLPack capsule per tensor.
-using RawTensor = std::tuple<uintptr_t, std::vector<int64_t>, std::vector<int64_t>, std::string, bool>;
-View view_of(const RawTensor& r) {
-  return View{std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<4>(r)};
-}
-BoundRun bind_raw(const TreeAttention& ta, const RawTensor& q, const RawTensor& k, const RawTensor& v,
-                  const RawTensor& out, const std::optional<RawTensor>& lse, float scale) {
-  std::optional<View> l;
-  if (lse) l = view_of(*lse);
-  return {&ta, checked_args(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale), ta.num_queries()};
-}
-BoundRun bind(const TreeAttention& ta, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-              std::optional<Tensor> lse, float scale) {
-  std::optional<View> l;
-  if (lse) l = view_of(*lse);
-  return {&ta, checked_args(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale), ta.num_queries()};
-}
-
-void run_raw(const TreeAttention& ta, const RawTensor& q, const RawTensor& k, const RawTensor& v, const RawTensor& out,
-             const std::optional<RawTensor>& lse, float scale, uintptr_t stream) {
-  std::optional<View> l;
-  if (lse) l = view_of(*lse);
-  run_views(ta, view_of(q), view_of(k), view_of(v), view_of(out), l, scale, stream);
-}
 
 TreeArrays tree_of(const Index& parents, const Index& num_tokens, const Index& page_offsets, const Index& page_ids,
                    const Index& query_nodes, const std::optional<Index>& first_slots) {
@@ -204,7 +499,9 @@ TreeArrays tree_of(const Index& parents, const Index& num_tokens, const Index& p
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
-  nb::class_<BoundRun>(m, "_BoundRun").def("__call__", &BoundRun::operator(), nb::arg("stream"));
+  nb::class_<BoundRun>(m, "_BoundRun")
+      .def("__call__", &BoundRun::operator(), nb::arg("stream") = nb::none(),
+           "Launches the bound run on `stream` (None: the runner's stream source).");
   nb::class_<TreeAttention>(m, "_TreeAttention")
       .def(
           "__init__",
@@ -260,14 +557,6 @@ void bind_runtime(nb::module_& m) {
           nb::arg("parents"), nb::arg("num_tokens"), nb::arg("page_offsets"), nb::arg("page_ids"),
           nb::arg("query_nodes"), nb::arg("first_slots").none(), nb::arg("draft_nodes"), nb::arg("draft_parents"),
           nb::arg("draft_rows"), nb::arg("stream"))
-      .def("run", &run, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"), nb::arg("lse").none(),
-           nb::arg("scale"), nb::arg("stream"))
-      .def("bind", &bind, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"), nb::arg("lse").none(),
-           nb::arg("scale"), nb::keep_alive<0, 1>())
-      .def("bind_raw", &bind_raw, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"),
-           nb::arg("lse").none(), nb::arg("scale"), nb::keep_alive<0, 1>())
-      .def("run_raw", &run_raw, nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("out"),
-           nb::arg("lse").none(), nb::arg("scale"), nb::arg("stream"))
       .def_prop_ro("num_queries", &TreeAttention::num_queries)
       .def("describe", &TreeAttention::describe)
       .def("plan_summary", [](const TreeAttention& ta) {
@@ -288,6 +577,21 @@ void bind_runtime(nb::module_& m) {
         d["nodes"] = int64_t(ta.workload().tree.nodes.size());
         return d;
       });
+  nb::class_<Runner>(m, "_Runner")
+      .def(
+          "__init__",
+          [](Runner* self, const TreeAttention& ta, nb::object stream_fn, nb::object stream_arg) {
+            new (self) Runner{&ta, {std::move(stream_fn), std::move(stream_arg)}};
+          },
+          nb::arg("attn"), nb::arg("stream_fn").none(), nb::arg("stream_arg").none(), nb::keep_alive<1, 2>(),
+          "TreeAttention.run()'s entry: `stream_fn(stream_arg)` (or `stream_fn()` when stream_arg is None) gives "
+          "the stream when run() is given none; stream_fn None: the default stream.")
+      .def("__call__", &Runner::run, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
+           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("stream").none(),
+           "Reads and checks the tensors (PyTorch: attributes; others: DLPack), then runs.")
+      .def("bind", &Runner::bind, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
+           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::keep_alive<0, 1>(),
+           "Checks the tensors once; the returned callable runs them.");
 }
 
 }  // namespace treeattn::python

@@ -379,3 +379,216 @@ def test_gpu_dlpack_frameworks(framework):
         torch.cuda.synchronize()
         got = out
     assert torch.equal(got, expected)
+
+
+# ---- run()'s PyTorch fast path (attributes read in C++, no DLPack) ------------------
+
+def torch_small(seed=10):
+    """make_small()'s runtime, planned, with CPU torch q, k, v, out and a numpy reference out."""
+    attn, tree = make_small()
+    attn.plan_tree(**tree)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.rand(2, 4, 64, generator=g).half()
+    k = torch.rand(16, 4, 2, 64, generator=g).half()
+    v = torch.rand(16, 4, 2, 64, generator=g).half()
+    return attn, tree, q, k, v
+
+
+def test_torch_run_equals_numpy_run_and_takes_every_argument_form():
+    attn, _, q, k, v = torch_small()
+    expected, expected_lse = attn.run(q.numpy(), k.numpy(), v.numpy(), return_lse=True)
+    out = torch.zeros_like(q)
+    assert attn.run(q, k, v, out) is out
+    assert np.array_equal(out.numpy(), expected)
+    out2, lse = attn.run(q, k, v, return_lse=True)
+    assert np.array_equal(out2.numpy(), expected) and np.array_equal(lse.numpy(), expected_lse)
+    lse2 = torch.zeros(2, 4)
+    got = attn.run(q, k, v, out=torch.zeros_like(q), lse=lse2, scale=None, stream=None)
+    assert isinstance(got, tuple) and got[1] is lse2 and np.array_equal(lse2.numpy(), expected_lse)
+    # mixed: torch q and out, numpy pools
+    out3 = torch.zeros_like(q)
+    attn.run(q, k.numpy(), v.numpy(), out3)
+    assert np.array_equal(out3.numpy(), expected)
+    # subclasses: nn.Parameter (TensorBase's descriptors) and one that overrides data_ptr (attribute path)
+    class Odd(torch.Tensor):
+        def data_ptr(self):
+            return super().data_ptr()
+
+    out4 = torch.zeros_like(q)
+    attn.run(torch.nn.Parameter(q, requires_grad=False), k.as_subclass(Odd), v.as_subclass(Odd), out4.as_subclass(Odd))
+    assert np.array_equal(out4.numpy(), expected)
+    # scale: a number of any kind; the same as the default when it is the default
+    out5 = torch.zeros_like(q)
+    attn.run(q, k, v, out5, scale=np.float32(1 / 8))
+    assert np.array_equal(out5.numpy(), expected)
+    out6 = torch.zeros_like(q)
+    attn.run(q, k, v, out6, scale=0.5)
+    assert not np.array_equal(out6.numpy(), expected)
+
+
+def test_torch_bad_run_arguments_name_the_argument():
+    attn, tree, q, k, v = torch_small()
+    out = torch.zeros_like(q)
+    cases = [
+        (TypeError, "q: expected dtype float16 .* got float32", dict(q=q.float())),
+        (TypeError, "k_pool: expected dtype float16 .* got bfloat16", dict(k=k.bfloat16())),
+        (TypeError, "out: expected dtype float16 .* got torch.int64", dict(out=torch.zeros(2, 4, 64, dtype=torch.int64))),
+        (ValueError, r"q: 3 queries, the plan has 2", dict(q=torch.zeros(3, 4, 64, dtype=torch.float16))),
+        (ValueError, r"out: 1 queries, the plan has 2", dict(out=torch.zeros(1, 4, 64, dtype=torch.float16))),
+        (ValueError, r"q: expected 3 dimensions, got shape \[2, 256\]", dict(q=q.reshape(2, 256))),
+        (ValueError, r"q: expected 3 dimensions, got shape \[1, 1, 1, 1, 1, 1, 1, 1, \.\.\.\]",
+         dict(q=torch.zeros([1] * 9, dtype=torch.float16))),
+        (ValueError, r"q: shape \[2, 2, 64\] must end in \[4, 64\]", dict(q=q[:, :2])),
+        (ValueError, r"v_pool: shape \[16, 4, 1, 64\] must end in \[2, 64\]", dict(v=v[:, :, :1])),
+        (ValueError, r"k_pool: shape \[8, 4, 2, 64\] must be \[>= num_pages = 16", dict(k=k[:8], v=v[:8])),
+        (ValueError, r"k_pool: shape \[16, 2, 2, 64\] must be \[>= num_pages = 16, page_size = 4", dict(k=k[:, :2])),
+        (ValueError, "q: the last two dimensions must be dense .* got strides 128, 2",
+         dict(q=torch.zeros(2, 4, 128, dtype=torch.float16)[:, :, ::2])),
+        (ValueError, "out: the last two dimensions must be dense .* got strides 1, 4",
+         dict(out=torch.zeros(2, 64, 4, dtype=torch.float16).transpose(1, 2))),
+        (ValueError, "k_pool and v_pool must have the same strides",
+         dict(k=torch.zeros(16, 2, 4, 2, 64, dtype=torch.float16)[:, 0])),
+        (ValueError, "out: must not alias q", dict(out=q)),
+        (ValueError, "q: expected a tensor on the cpu .* got one on meta",
+         dict(q=torch.empty(2, 4, 64, dtype=torch.float16, device="meta"))),
+        (TypeError, "v_pool: expected a tensor .* got list", dict(v=[1, 2])),
+        (TypeError, "q: expected a tensor .* got NoneType", dict(q=None)),
+        (ValueError, "k_pool: cannot read the tensor's", dict(k=torch.zeros(16, 4, 2, 64, dtype=torch.float16).to_sparse())),
+    ]
+    for exc, words, change in cases:
+        a = dict(q=q, k=k, v=v, out=out, **{})
+        a.update(change)
+        with pytest.raises(exc, match=words):
+            attn.run(a["q"], a["k"], a["v"], a["out"])
+        with pytest.raises(exc, match=words):  # bind() checks the same
+            attn.bind(a["q"], a["k"], a["v"], a["out"])
+    with pytest.raises(TypeError, match="lse: expected dtype float32, got float16"):
+        attn.run(q, k, v, out, lse=torch.zeros(2, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"lse: expected a contiguous \[2, 4\] tensor, got shape \[4, 2\]"):
+        attn.run(q, k, v, out, lse=torch.zeros(2, 4).t())
+    with pytest.raises(ValueError, match="lse: must be on the same device as q, got one on meta"):
+        attn.run(q, k, v, out, lse=torch.zeros(2, 4, device="meta"))
+    with pytest.raises(TypeError, match="scale: expected a number"):
+        attn.run(q, k, v, out, scale="x")
+    with pytest.raises(TypeError, match="stream: expected a stream handle"):
+        attn.run(q, k, v, out, stream="x")
+    with pytest.raises(ValueError, match="stream: expected a stream handle"):
+        attn.run(q, k, v, out, stream=-1)
+    assert not out.any()  # nothing ran
+
+
+def test_torch_tensors_changed_in_place_between_runs_are_read_again():
+    """The same Python tensor objects, re-pointed or resized in place between
+    calls (set_, resize_, as_strided_, .data =): each run reads them again. A
+    memo of the last checked tensors keyed by identity would miss these."""
+    attn, _, q, k, v = torch_small()
+    expected = attn.run(q.numpy(), k.numpy(), v.numpy())
+    out = torch.zeros_like(q)
+    attn.run(q, k, v, out)
+    assert np.array_equal(out.numpy(), expected)
+
+    # out re-pointed to other memory: the new memory gets the result, the old is left alone
+    old = out.clone()
+    fresh = torch.zeros(2, 4, 64, dtype=torch.float16)
+    held = out.clone()
+    out.set_(fresh.untyped_storage(), 0, fresh.shape, fresh.stride())
+    held_ptr = held.data_ptr()
+    attn.run(q, k, v, out)
+    assert out.data_ptr() == fresh.data_ptr() and np.array_equal(fresh.numpy(), expected)
+    assert held.data_ptr() == held_ptr and np.array_equal(held.numpy(), old.numpy())
+
+    # q re-pointed to other values: the result follows them
+    q2 = torch.rand(2, 4, 64, generator=torch.Generator().manual_seed(99)).half()
+    qq = q.clone()
+    attn.run(qq, k, v, out)
+    qq.set_(q2.untyped_storage(), 0, q2.shape, q2.stride())
+    attn.run(qq, k, v, out)
+    assert np.array_equal(out.numpy(), attn.run(q2.numpy(), k.numpy(), v.numpy()))
+
+    # resized in place: shape checks see the new shape
+    kk = k.clone()
+    attn.run(q, kk, v, out)
+    kk.resize_(8, 4, 2, 64)
+    with pytest.raises(ValueError, match=r"k_pool: shape \[8, 4, 2, 64\]"):
+        attn.run(q, kk, v, out)
+    qr = q.clone()
+    attn.run(qr, k, v, out)
+    qr.resize_(3, 4, 64)
+    with pytest.raises(ValueError, match="q: 3 queries"):
+        attn.run(qr, k, v, out)
+
+    # restrided in place: the last dimension no longer dense
+    qv = torch.zeros(1024, dtype=torch.float16)[:512].view(2, 4, 64)
+    qv.copy_(q)
+    attn.run(qv, k, v, out)
+    qv.as_strided_((2, 4, 64), (256, 64, 2))
+    with pytest.raises(ValueError, match="q: the last two dimensions must be dense"):
+        attn.run(qv, k, v, out)
+
+    # .data swapped (no version bump): dtype and pointer change
+    od = torch.zeros_like(q)
+    attn.run(q, k, v, od)
+    od.data = od.data.view(torch.bfloat16)  # the same memory, shape and strides
+    with pytest.raises(TypeError, match="out: expected dtype float16 .* got bfloat16"):
+        attn.run(q, k, v, od)
+    od.data = torch.zeros(2, 4, 64)
+    with pytest.raises(TypeError, match="out: expected dtype float16 .* got float32"):
+        attn.run(q, k, v, od)
+    target = torch.zeros_like(q)
+    od.data = target
+    attn.run(q, k, v, od)
+    assert np.array_equal(target.numpy(), expected)
+
+
+def test_bound_run_takes_the_default_stream_and_an_explicit_one():
+    attn, _, q, k, v = torch_small()
+    expected = attn.run(q.numpy(), k.numpy(), v.numpy())
+    out = torch.zeros_like(q)
+    bound = attn.bind(q, k, v, out)
+    assert bound() is out and np.array_equal(out.numpy(), expected)
+    out.zero_()
+    assert bound(0) is out and np.array_equal(out.numpy(), expected)
+    with pytest.raises(TypeError, match="stream"):
+        bound("x")
+
+
+def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
+    """The stream source the Python layer hands the C++ entry (PyTorch's current
+    stream on CUDA): fn(arg), or fn() without arg, called once per run() and
+    bound call that is given no stream; an explicit stream is used as given. On
+    the CPU the executor ignores the handle, so this checks the plumbing only."""
+    attn, _, q, k, v = torch_small()
+    out = torch.zeros_like(q)
+    calls = []
+
+    def source(*args):
+        calls.append(args)
+        return 0
+
+    for arg, seen in [(7, (7,)), (None, ())]:
+        calls.clear()
+        runner = treeattn._treeattn._Runner(attn._impl, source, arg)
+        runner(q, k, v, out, None, None, None)
+        assert calls == [seen]
+        runner(q, k, v, out, None, None, 0)
+        assert calls == [seen]
+        bound = runner.bind(q, k, v, out, None, None)
+        bound(None)
+        bound(5)
+        assert calls == [seen, seen]
+    runner = treeattn._treeattn._Runner(attn._impl, lambda: "not a stream", None)
+    with pytest.raises(TypeError, match="stream: expected a stream handle"):
+        runner(q, k, v, out, None, None, None)
+
+
+def test_run_overhead_bench_runs():
+    """bench/runtime/run_overhead.py (what bench_runtime.py runs on CUDA) on the CPU, briefly."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "runtime", "run_overhead.py")
+    spec = importlib.util.spec_from_file_location("run_overhead", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.measure("cpu", rounds=10, number=20)
+    assert set(r["us"]) >= {"run(q, k, v, out)", "bound()", "C++ entry"} and r["overhead_us"] > -1
