@@ -20,6 +20,8 @@ the last two must be dense.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -84,6 +86,13 @@ def _torch_stream_source():
     return (lambda: torch.cuda.current_stream(device).cuda_stream), None
 
 
+# TreeAttention objects by handle, for the PyTorch custom op (torch_ops.py),
+# which can take an int but not an arbitrary object; weak, so that a handle
+# does not keep its TreeAttention alive.
+_BY_HANDLE: "weakref.WeakValueDictionary[int, TreeAttention]" = weakref.WeakValueDictionary()
+_HANDLES = itertools.count(1)
+
+
 def _empty_like(x: Any, shape, float32: bool = False) -> Any:
     if _is_torch(x):
         import torch
@@ -146,6 +155,8 @@ class TreeAttention:
         # attribute reads, anything else through DLPack) and takes the stream
         # from the source above when none is given, in one call.
         self._run = _treeattn._Runner(self._impl, stream_fn, stream_arg)
+        self.op_handle = next(_HANDLES)  # this object in torch.ops.treeattn.run (run_op)
+        _BY_HANDLE[self.op_handle] = self
 
     # -- planning (host; once per decode step, outside graph capture) ----------
     def _stream(self, stream: Optional[int]) -> int:
@@ -219,6 +230,19 @@ class TreeAttention:
         re-point the bound tensors in place (``set_``, ``resize_``): the bound
         call uses the pointers and strides read here."""
         return BoundRun(self._run.bind(q, k_pool, v_pool, out, lse, scale), (q, k_pool, v_pool, out, lse), self)
+
+    def run_op(self, q, k_pool, v_pool, out, *, lse=None, scale: Optional[float] = None):
+        """run() through the PyTorch custom op ``torch.ops.treeattn.run``
+        (treeattn/torch_ops.py): the same launch on the current stream, which
+        ``torch.compile`` traces without a graph break (PyTorch >= 2.4).
+        PyTorch tensors; ``out`` (and ``lse``) given. Returns ``out``, or
+        ``(out, lse)``."""
+        from . import torch_ops
+
+        if not torch_ops.available:
+            raise RuntimeError("run_op: needs PyTorch >= 2.4 (torch.library.custom_op); use run()")
+        torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale))
+        return out if lse is None else (out, lse)
 
     # -- inspection -------------------------------------------------------------
     @property

@@ -592,3 +592,69 @@ def test_run_overhead_bench_runs():
     spec.loader.exec_module(mod)
     r = mod.measure("cpu", rounds=10, number=20)
     assert set(r["us"]) >= {"run(q, k, v, out)", "bound()", "C++ entry"} and r["overhead_us"] > -1
+
+
+# -- torch.ops.treeattn.run (treeattn/torch_ops.py) -------------------------
+torch_ops = pytest.importorskip("treeattn.torch_ops")
+needs_custom_op = pytest.mark.skipif(not torch_ops.available, reason="needs torch.library.custom_op (PyTorch >= 2.4)")
+
+
+@needs_custom_op
+def test_run_op_equals_run_and_compiles_without_a_graph_break():
+    attn, _, q, k, v = torch_small()
+    expected, expected_lse = attn.run(q, k, v, return_lse=True)
+    out, lse = torch.zeros_like(q), torch.zeros(2, 4)
+    assert attn.run_op(q, k, v, out, lse=lse) == (out, lse)
+    assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
+    torch.library.opcheck(torch.ops.treeattn.run.default, (attn.op_handle, q, k, v, torch.zeros_like(q), None, 0.0))
+
+    calls = []
+
+    def count_graphs(gm, example_inputs):  # a backend that records each graph Dynamo hands over
+        calls.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=count_graphs, fullgraph=True)
+    def layer(q, k, v, out, lse):
+        attn.run_op(q * 1, k, v, out, lse=lse, scale=0.125)  # 0.125 = 1/sqrt(64): the default
+        return out.float().sum(-1) + lse
+
+    out2, lse2 = torch.zeros_like(q), torch.zeros(2, 4)
+    got = layer(q, k, v, out2, lse2)
+    assert len(calls) == 1, "one graph: the op traced without a break"
+    assert any(n.target is torch.ops.treeattn.run.default for n in calls[0].graph.nodes)
+    assert torch.equal(out2, expected) and torch.equal(lse2, expected_lse)
+    assert torch.allclose(got, expected.float().sum(-1) + expected_lse)
+
+
+@needs_custom_op
+def test_run_op_checks_its_arguments_and_handle():
+    attn, _, q, k, v = torch_small()
+    with pytest.raises(ValueError, match="out"):
+        attn.run_op(q, k, v, torch.zeros(3, 4, 64).half())
+    with pytest.raises(ValueError, match="handle: no live TreeAttention has handle -1"):
+        torch.ops.treeattn.run(-1, q, k, v, torch.zeros_like(q), None, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
+@needs_custom_op
+def test_gpu_run_op_in_an_inductor_compiled_layer():
+    rng = np.random.default_rng(9)
+    H, Hkv, D, ps = 32, 8, 128, 16
+    tree, pages = random_tree(rng, 30, 24, ps, max_tokens=200)
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, dtype=torch.bfloat16, device="cuda")
+    attn.plan_tree(**tree)
+    k = torch.randn(pages, ps, Hkv, D, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    x = torch.randn(24, H * D, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(H * D, H * D, dtype=torch.bfloat16, device="cuda") / (H * D) ** 0.5
+
+    def layer(x, out):
+        attn.run_op((x @ w).view(-1, H, D), k, v, out)
+        return out.view(-1, H * D) @ w
+
+    eager = layer(x, torch.empty(24, H, D, dtype=torch.bfloat16, device="cuda"))
+    compiled = torch.compile(layer, fullgraph=True)(x, torch.empty(24, H, D, dtype=torch.bfloat16, device="cuda"))
+    torch.cuda.synchronize()
+    assert ((compiled.float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
