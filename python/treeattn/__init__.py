@@ -48,6 +48,8 @@ def _dtype_name(dtype: Any) -> str:
 
 def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
     """A contiguous host integer array from a list, NumPy array or CPU tensor."""
+    if type(x) is np.ndarray and x.dtype == dtype and x.ndim == ndim and x.flags.c_contiguous:
+        return x  # already what the extension takes (the per-step case): nothing to convert or range-check
     if x is None:
         raise ValueError(f"{name}: required")
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
