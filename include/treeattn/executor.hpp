@@ -44,6 +44,8 @@ struct HostTensors {
   DType dtype;
   std::vector<uint8_t> q, k, v, out;
   AttentionArgs args(float scale = 0.f);
+  // Fills out with NaN: an element an executor forgets to write shows up.
+  void poison_out();
 };
 HostTensors make_random_inputs(const Workload& w, uint64_t seed);
 

@@ -27,6 +27,11 @@ void add_verify_command(CLI::App& app) {
     for (const Workload& w : workloads) {
       const std::string tag = w.name + " (" + std::to_string(w.num_queries()) + " queries)";
       progress.step("inputs and fp64 reference: " + tag, steps);
+      const double elems = double(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim;
+      const double pool = 2.0 * double(w.layout.num_pages) * w.layout.page_size * w.heads.num_kv_heads *
+                          w.heads.head_dim * dtype_size(w.layout.dtype);
+      // q, out and the K/V pools, plus the fp64 reference.
+      require_host_memory(pool + elems * (2 * dtype_size(w.layout.dtype) + 8), "verify: " + tag);
       HostTensors t = make_random_inputs(w, o->seed);
       const std::vector<double> ref = reference_attention(w, t.args());
       const double tol = tolerance(w.layout.dtype);
@@ -36,11 +41,14 @@ void add_verify_command(CLI::App& app) {
         progress.step(name + ": plan, validate, run on the CPU: " + tag);
         const Plan p = make_plan(name, w, opt);
         validate_plan(w, p);
-        HostTensors run = make_random_inputs(w, o->seed);  // fresh NaN-poisoned output
+        // The CPU executor's partials: fp32 O and lse per (slot, qo head).
+        require_host_memory(double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4,
+                            "verify: " + name + "'s partials on " + tag);
+        t.poison_out();
         const auto t0 = std::chrono::steady_clock::now();
-        run_cpu(w, p, run.args());
+        run_cpu(w, p, t.args());
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        const double err = relative_error(w, run.out.data(), ref);
+        const double err = relative_error(w, t.out.data(), ref);
         const bool pass = err <= tol;
         ok &= pass;
         if (o->json) {

@@ -315,6 +315,18 @@ void Progress::loop() {
   }
 }
 
+void require_host_memory(double bytes, const std::string& what) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (meminfo >> key >> kib && key != "MemAvailable:") meminfo.ignore(256, '\n');
+  if (key != "MemAvailable:" || kib <= 0) return;  // unknown: no check
+  const double available = kib * 1024;
+  if (bytes > available)
+    throw Error(what + " needs about " + format_bytes(bytes) + " of host memory, more than the " +
+                format_bytes(available) + " available");
+}
+
 std::string format_bytes(double b) {
   const char* unit[] = {"B", "KB", "MB", "GB", "TB"};
   int i = 0;

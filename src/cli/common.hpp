@@ -46,6 +46,11 @@ std::vector<std::string> selected_planners(const CommonOptions& o, const std::st
 double tolerance(DType t);
 
 std::string format_bytes(double bytes);
+// Throws Error when `bytes` of host memory are more than the machine has
+// available now (Linux: MemAvailable of /proc/meminfo; elsewhere no check):
+// a run that would be killed for memory stops first with a message saying
+// what needs the memory.
+void require_host_memory(double bytes, const std::string& what);
 
 // Where the CLI's data files are (suites/, forge_cost_h100.json,
 // pat_tile_rules.json, workloads/): the first of

@@ -57,10 +57,13 @@ HostTensors make_random_inputs(const Workload& w, uint64_t seed) {
   for (int64_t i = 0; i < q_elems; ++i) store_element(t.q.data(), t.dtype, i, uni(rng));
   for (int64_t i = 0; i < kv_elems; ++i) store_element(t.k.data(), t.dtype, i, uni(rng));
   for (int64_t i = 0; i < kv_elems; ++i) store_element(t.v.data(), t.dtype, i, uni(rng));
-  // Poisoned: an element the executor forgets to write shows up as NaN.
-  for (int64_t i = 0; i < q_elems; ++i)
-    store_element(t.out.data(), t.dtype, i, std::numeric_limits<float>::quiet_NaN());
+  t.poison_out();
   return t;
+}
+
+void HostTensors::poison_out() {
+  const int64_t n = int64_t(out.size() / dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) store_element(out.data(), dtype, i, std::numeric_limits<float>::quiet_NaN());
 }
 
 double relative_error(const Workload& w, const void* out, const std::vector<double>& ref) {
