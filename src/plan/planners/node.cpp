@@ -29,6 +29,7 @@
 // own costs each of its queries, and the folds save at least 12 MB of slots
 // (fold_plan): pat:B=1,8,512:L=32,2048,256 32/8 260 -> 250 us.
 #include <algorithm>
+#include <array>
 
 #include "plan/planners/planners.hpp"
 #include "plan/planners/tree_walk.hpp"
@@ -60,25 +61,32 @@ constexpr int64_t kMaxCompactStretch = 5;
 // unit and read back by the merge.
 int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4; }
 
-// The folds (planning::FoldPlan) into f.
+// The folds (planning::FoldPlan) into f, and the nodes planned as nodes
+// (uncovered, with tokens and queries, not folded) into f.planned.
 void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQueries& sub,
                const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens, planning::FoldPlan& f) {
   const size_t n = w.tree.nodes.size();
-  const auto no_folds = [&] {
-    f.prefix.resize(n);
-    for (auto& p : f.prefix) p.clear();
-    f.folded.assign(n, 0);
-  };
-  no_folds();
-  if (max_tokens <= 0) return;
+  f.folded.assign(n, 0);
+  f.chain.resize(n);
+  f.chain_tokens.resize(n);
+  f.planned.clear();
   const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
   const int64_t slot = slot_bytes(w);
   int64_t saved = 0;
+  size_t folds = 0;
   for (const int32_t v : ix.bfs_order) {
     const int32_t own = w.tree.nodes[v].num_tokens;
     if (own == 0 || sub[v].empty() || covered[v]) continue;
-    int64_t tokens = own, below = 0, child_tiles = 0;
-    for (const Segment& s : f.prefix[v]) tokens += s.size();
+    f.planned.push_back(v);
+    if (max_tokens <= 0) continue;
+    // v's prefix: the folded ancestors directly above it (parents come first
+    // in BFS order, so theirs are final).
+    const int32_t p = w.tree.nodes[v].parent;
+    const bool under_fold = p >= 0 && f.folded[p];
+    f.chain[v] = under_fold ? f.chain[p] + 1 : 0;
+    f.chain_tokens[v] = under_fold ? f.chain_tokens[p] + w.tree.nodes[p].num_tokens : 0;
+    const int64_t tokens = own + f.chain_tokens[v];
+    int64_t below = 0, child_tiles = 0;
     bool plain_children = true;  // every child with queries is planned as a node here
     for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
       const int32_t c = ix.children[k];
@@ -89,18 +97,20 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
     }
     const int64_t reread = (child_tiles - tiles(v)) * own * w.kv_bytes_per_token();
     if (!plain_children || below != int64_t(sub[v].size()) || tokens > max_tokens ||
-        f.prefix[v].size() >= kMaxFoldedSegments || reread >= below * slot)
+        size_t(f.chain[v]) >= kMaxFoldedSegments || reread >= below * slot)
       continue;
     f.folded[v] = 1;
+    ++folds;
     saved += below * slot;
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
-      const int32_t c = ix.children[k];
-      if (sub[c].empty()) continue;
-      f.prefix[c] = f.prefix[v];
-      f.prefix[c].push_back({v, 0, own});
-    }
   }
-  if (saved < kMinFoldSavedBytes) no_folds();
+  if (folds == 0) return;
+  if (saved < kMinFoldSavedBytes) {
+    f.folded.assign(n, 0);
+    return;
+  }
+  // Folded nodes have no units of their own.
+  f.planned.erase(std::remove_if(f.planned.begin(), f.planned.end(), [&](int32_t v) { return f.folded[v] != 0; }),
+                  f.planned.end());
 }
 
 // Appends node's units for the nodes that compact subtrees do not cover
@@ -109,37 +119,43 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
 void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
                     planning::ProtoUnits& units) {
   const planning::SubtreeQueries& sub = m.sub;
-  const std::vector<char>& covered = m.covered;
   const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
   planning::FoldPlan& fold = m.fold;
-  fold_plan(w, ix, sub, covered, per_tile,
+  fold_plan(w, ix, sub, m.covered, per_tile,
             planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), fold);
-  const auto planned = [&](int32_t v) {
-    return w.tree.nodes[v].num_tokens > 0 && !sub[v].empty() && !covered[v] && !fold.folded[v];
+  // The segments of v's folded ancestors, root-most first, into `prefix`.
+  std::array<Segment, kMaxFoldedSegments> prefix;
+  const auto prefix_of = [&](int32_t v) {
+    const int32_t p = w.tree.nodes[v].parent;
+    if (p < 0 || !fold.folded[p]) return size_t(0);
+    const size_t k = size_t(fold.chain[v]);
+    int32_t x = p;
+    for (size_t i = k; i-- > 0; x = w.tree.nodes[x].parent) prefix[i] = {x, 0, w.tree.nodes[x].num_tokens};
+    return k;
   };
   std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each node
   jobs.clear();
   for (size_t u = 0; u < units.size(); ++u) jobs.emplace_back(units.tokens(u), 1);
-  for (const int32_t v : ix.bfs_order) {
-    if (!planned(v)) continue;
-    int64_t tokens = w.tree.nodes[v].num_tokens;
-    for (const Segment& s : fold.prefix[v]) tokens += s.size();
-    jobs.emplace_back(tokens, planning::ceil_div(int64_t(sub[v].size()), int64_t(per_tile)));
+  for (const int32_t v : fold.planned) {
+    const int32_t p = w.tree.nodes[v].parent;
+    const int64_t before = p >= 0 && fold.folded[p] ? fold.chain_tokens[v] : 0;
+    jobs.emplace_back(w.tree.nodes[v].num_tokens + before,
+                      planning::ceil_div(int64_t(sub[v].size()), int64_t(per_tile)));
   }
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
   const int64_t piece =
       forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
 
-  for (const int32_t v : ix.bfs_order) {
-    if (!planned(v)) continue;
+  for (const int32_t v : fold.planned) {
     const auto queries = sub[v];
     std::vector<Segment>& chunks = m.segments;
     planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece, chunks);
+    const size_t nprefix = prefix_of(v);
     for (size_t q0 = 0; q0 < queries.size(); q0 += per_tile) {
       const size_t q1 = std::min(queries.size(), q0 + per_tile);
       for (const Segment& chunk : chunks) {
         if (&chunk == &chunks.front())
-          for (const Segment& s : fold.prefix[v]) units.add_segment(s);
+          for (size_t i = 0; i < nprefix; ++i) units.add_segment(prefix[i]);
         units.add_segment(chunk);
         for (size_t i = q0; i < q1; ++i) units.add_query(queries[i], ~0ull);
         units.close();

@@ -167,13 +167,18 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
                            std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch);
 void emit_units(PlanBuilder& b, const ProtoUnits& units);
 
-// node's folds (plan_node): prefix[v]: the segments of v's folded
-// ancestors, which open v's first KV piece; folded[v]: v has no units of its
-// own. Only uncovered nodes with tokens are folded into or receive a prefix,
-// so every query still sees each token of its path exactly once.
+// node's folds (plan_node): folded[v]: v has no units of its own; its
+// segment opens the first KV piece of each child with queries. The first
+// piece of a node whose parent is folded opens with the segments of the
+// chain[v] folded ancestors directly above it (chain_tokens[v] tokens); both
+// are read only for such nodes. Only uncovered nodes with tokens are folded
+// into or receive a prefix, so every query still sees each token of its path
+// exactly once. planned: the nodes planned as nodes, in BFS order.
 struct FoldPlan {
-  std::vector<std::vector<Segment>> prefix;
   std::vector<char> folded;
+  std::vector<int32_t> chain;
+  std::vector<int64_t> chain_tokens;
+  std::vector<int32_t> planned;
 };
 
 }  // namespace planning
