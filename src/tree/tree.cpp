@@ -190,30 +190,31 @@ void Workload::validate(ValidateScratch* scratch) const {
       throw Error(node_field(v, "first_slot") + " = " + std::to_string(n.first_slot) + " is out of range [0, " +
                   std::to_string(ps) + ")");
     const int64_t end_slot = int64_t(n.first_slot) + n.num_tokens;  // one past the node's last slot
-    const int64_t need = n.num_tokens == 0 ? 0 : (end_slot + ps - 1) / ps;
-    if (int64_t(n.pages.size()) != need)
+    // Pages needed: none for no tokens, else ceil(end_slot / ps), checked as
+    // (pages - 1) * ps < end_slot <= pages * ps (no division per node).
+    const int64_t have = int64_t(n.pages.size());
+    const bool fits = n.num_tokens == 0 ? have == 0 : have > 0 && (have - 1) * ps < end_slot && end_slot <= have * ps;
+    if (!fits) {
+      const int64_t need = n.num_tokens == 0 ? 0 : (end_slot + ps - 1) / ps;
       throw Error(node_field(v, "pages") + ": " + std::to_string(n.pages.size()) + " pages for " +
                   std::to_string(n.num_tokens) + " tokens from slot " + std::to_string(n.first_slot) +
                   " with page_size " + std::to_string(ps) + " (expected " + std::to_string(need) + ")");
+    }
     // Page i holds slots [begin, end): only the first page can start late,
     // only the last end early.
     const size_t last = n.pages.size() - 1;
-    for (size_t i = 0; i < n.pages.size(); ++i) {
+    const auto out_of_range = [&](int32_t pg) {
+      throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) + " is out of range [0, " +
+                  std::to_string(layout.num_pages) + ")");
+    };
+    // Page i as a PageUse: all pages without the bits, else the first and last.
+    const auto use_page = [&](size_t i) {
       const int32_t pg = n.pages[i];
-      if (pg < 0 || pg >= layout.num_pages)
-        throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) +
-                    " is out of range [0, " + std::to_string(layout.num_pages) + ")");
-      if (sc && i != 0 && i != last) {  // an inner page: used whole
-        uint64_t& used = sc->page_used[size_t(pg) / 64];
-        const uint64_t bit = uint64_t(1) << (pg % 64);
-        if (used & bit) conflict(v, pg, 0, ps, first_user(pg));
-        used |= bit;
-        continue;
-      }
+      if (pg < 0 || pg >= layout.num_pages) out_of_range(pg);
       const PageUse u{pg, i == 0 ? n.first_slot : 0, i == last ? int32_t(end_slot - int64_t(i) * ps) : ps, v};
       if (!sc) {
         uses.push_back(u);
-        continue;
+        return;
       }
       const bool whole = u.begin == 0 && u.end == ps;
       uint64_t &used = sc->page_used[size_t(pg) / 64], &partial = sc->page_partial[size_t(pg) / 64];
@@ -227,6 +228,30 @@ void Workload::validate(ValidateScratch* scratch) const {
         partial |= bit;
         uses.push_back(u);
       }
+    };
+    if (!sc) {
+      for (size_t i = 0; i < n.pages.size(); ++i) use_page(i);
+    } else if (!n.pages.empty()) {
+      use_page(0);
+      // Inner pages are used whole: each must be in range (num_pages <= 2^30
+      // here) and its bit clear. The loop stops at the first that is not,
+      // with the bits of the pages before it set, as a page-by-page check.
+      const int32_t* pages = n.pages.data();
+      uint64_t* used = sc->page_used.data();
+      const uint32_t limit = uint32_t(layout.num_pages);
+      size_t i = 1;
+      for (; i < last; ++i) {
+        const uint32_t pg = uint32_t(pages[i]);
+        if (pg >= limit) break;
+        const uint64_t bit = uint64_t(1) << (pg % 64);
+        if (used[pg / 64] & bit) break;
+        used[pg / 64] |= bit;
+      }
+      if (i < last) {
+        if (pages[i] < 0 || pages[i] >= layout.num_pages) out_of_range(pages[i]);
+        conflict(v, pages[i], 0, ps, first_user(pages[i]));
+      }
+      if (last > 0) use_page(last);
     }
     total += n.num_tokens;
   }
