@@ -111,10 +111,18 @@ class PlanBuilder {
   void add_segments(std::span<const Segment> segs);
   void add_queries(std::span<const int32_t> queries, std::span<const uint64_t> masks);
   void end_unit();
+  // Whole units at once, each ended as end_unit does (tiles picked by rows):
+  // unit i has segments [seg_end[i - 1], seg_end[i]) of `segs` and entries
+  // [query_end[i - 1], query_end[i]) of `queries` and `masks` (0 before the first).
+  void add_units(std::span<const Segment> segs, std::span<const int32_t> seg_end, std::span<const int32_t> queries,
+                 std::span<const uint64_t> masks, std::span<const int32_t> query_end);
   // Assigns partial slots (only queries in more than one unit get them).
   Plan finish();
 
  private:
+  // Ends the unit that runs from the last unit's end to these ends.
+  void close_unit(int32_t seg_end, int32_t entry_end, int tile);
+
   const Workload& w_;
   Plan plan_;
   int pending_tile_ = -1;

@@ -26,7 +26,7 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
   }
   auto pieces = [&](int64_t p) {
     int64_t n = 0;
-    for (const auto& [tokens, copies] : jobs) n += (tokens + p - 1) / p * copies;
+    for (const auto& [tokens, copies] : jobs) n += (tokens > 0 && tokens <= p ? 1 : (tokens + p - 1) / p) * copies;  // one piece: no division
     return n;
   };
   // Longest-first list scheduling onto `slots` equal slots: the latest finish.
@@ -66,8 +66,13 @@ bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
 }
 
 void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out) {
-  const int64_t n = seg.size(), k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
   out.clear();
+  const int64_t n = seg.size();
+  if (n > 0 && n <= max_tokens) {  // one piece: most nodes
+    out.push_back(seg);
+    return;
+  }
+  const int64_t k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
   int32_t at = seg.begin;
   for (int64_t i = 0; i < k; ++i) {
     const int32_t take = int32_t(n / k + (i < n % k ? 1 : 0));
@@ -101,6 +106,12 @@ int64_t ProtoUnits::tokens(size_t i) const {
 void ProtoUnits::close() {
   seg_end_.push_back(int32_t(segs_.size()));
   query_end_.push_back(int32_t(queries_.size()));
+}
+
+void ProtoUnits::emit(PlanBuilder& b) const {
+  const size_t segs = seg_end_.empty() ? 0 : size_t(seg_end_.back());
+  const size_t queries = query_end_.empty() ? 0 : size_t(query_end_.back());
+  b.add_units({segs_.data(), segs}, seg_end_, {queries_.data(), queries}, {masks_.data(), queries}, query_end_);
 }
 
 void ProtoUnits::discard_open() {
@@ -306,15 +317,6 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   for (const int32_t v : ix.bfs_order) {
     const int32_t p = w.tree.nodes[v].parent;
     if (covered[v] || (p >= 0 && covered[p])) covered[v] = 1;
-  }
-}
-
-void emit_units(PlanBuilder& b, const ProtoUnits& units) {
-  for (size_t u = 0; u < units.size(); ++u) {
-    b.begin_unit();
-    b.add_segments(units.segs(u));
-    b.add_queries(units.queries(u), units.masks(u));
-    b.end_unit();
   }
 }
 

@@ -157,7 +157,7 @@ void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& o
         if (&chunk == &chunks.front())
           for (size_t i = 0; i < nprefix; ++i) units.add_segment(prefix[i]);
         units.add_segment(chunk);
-        for (size_t i = q0; i < q1; ++i) units.add_query(queries[i], ~0ull);
+        units.add_queries(queries.subspan(q0, q1 - q0), ~0ull);
         units.close();
       }
     }
@@ -177,14 +177,14 @@ struct UnitBytes {
 };
 UnitBytes unit_bytes(const Workload& w, const planning::ProtoUnits& units, std::vector<int32_t>& per_query) {
   per_query.assign(size_t(w.num_queries()), 0);
-  UnitBytes b;
+  int64_t tokens = 0, slots = 0;
   for (size_t u = 0; u < units.size(); ++u) {
-    b.kv += units.tokens(u) * w.kv_bytes_per_token();
+    tokens += units.tokens(u);
     for (const int32_t q : units.queries(u)) ++per_query[q];
   }
   for (const int32_t n : per_query)
-    if (n > 1) b.partials += n * slot_bytes(w);
-  return b;
+    if (n > 1) slots += n;
+  return {tokens * w.kv_bytes_per_token(), slots * slot_bytes(w)};
 }
 }  // namespace
 
@@ -248,7 +248,7 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
     if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) std::swap(units, alternative);
   }
   PlanBuilder b(w, "node", std::move(out));
-  planning::emit_units(b, units);
+  units.emit(b);
   out = b.finish();
 }
 

@@ -89,10 +89,16 @@ class ProtoUnits {
     queries_.push_back(q);
     masks_.push_back(mask);
   }
+  void add_queries(std::span<const int32_t> qs, uint64_t mask) {
+    queries_.insert(queries_.end(), qs.begin(), qs.end());
+    masks_.resize(queries_.size(), mask);
+  }
   void close();
   void discard_open();
   // Appends unit i of `from` as a closed unit.
   void append(const ProtoUnits& from, size_t i);
+  // Hands the closed units to b (PlanBuilder::add_units).
+  void emit(PlanBuilder& b) const;
 
  private:
   static size_t first(const std::vector<int32_t>& end, size_t i) { return i == 0 ? 0 : size_t(end[i - 1]); }
@@ -165,7 +171,6 @@ struct CompactScratch {
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
                            int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
                            std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch);
-void emit_units(PlanBuilder& b, const ProtoUnits& units);
 
 // node's folds (plan_node): folded[v]: v has no units of its own; its
 // segment opens the first KV piece of each child with queries. The first
