@@ -14,6 +14,19 @@ namespace {
 }
 std::string str(int64_t v) { return std::to_string(v); }
 
+// Set bits of m. Baseline x86-64 has no POPCNT instruction, where
+// std::popcount is a library call: counted in registers instead.
+int bit_count(uint64_t m) {
+#if defined(__x86_64__) && !defined(__POPCNT__)
+  m -= (m >> 1) & 0x5555555555555555ull;
+  m = (m & 0x3333333333333333ull) + ((m >> 2) & 0x3333333333333333ull);
+  m = (m + (m >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return int((m * 0x0101010101010101ull) >> 56);
+#else
+  return std::popcount(m);
+#endif
+}
+
 void check_csr(const Plan& p, const std::vector<int32_t>& off, size_t rows, size_t total,
                const char* name) {
   if (off.size() != rows + 1) fail(p.planner, std::string(name) + " has " + str(off.size()) +
@@ -50,6 +63,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   sc.last_unit_of_query.assign(Q, -1);
   sc.range_offset.assign(size_t(Q) + 1, 0);
   sc.slot_writes.assign(size_t(p.num_slots), 0);
+  sc.unit_non_empty.resize(size_t(U));
   const int g = w.heads.group_size();
   for (int32_t u = 0; u < U; ++u) {
     // Labels are built only on failure: this runs every decode step.
@@ -72,8 +86,9 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
       if (s.begin < 0 || s.begin > s.end || s.end > w.tree.nodes[s.node].num_tokens)
         fail(p.planner, unit() + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
                             str(s.node) + " of " + str(w.tree.nodes[s.node].num_tokens) + " tokens");
-      if (s.end > s.begin) non_empty |= 1ull << k;
+      non_empty |= uint64_t(s.end > s.begin) << k;
     }
+    sc.unit_non_empty[u] = non_empty;
     const uint64_t full = full_mask(nseg);
     bool any_partial_mask = false;
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
@@ -84,7 +99,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
       const uint64_t mask = p.entry_mask[e];
       if (mask & ~full) fail(p.planner, unit() + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
       any_partial_mask |= mask != full;
-      sc.range_offset[size_t(q) + 1] += std::popcount(mask & non_empty);
+      sc.range_offset[size_t(q) + 1] += bit_count(mask & non_empty);
       ++sc.units_of_query[q];
       const int32_t slot = p.entry_slot[e];
       if (slot != -1) {
@@ -102,9 +117,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   sc.range_fill.assign(sc.range_offset.begin(), sc.range_offset.end() - 1);
   for (int32_t u = 0; u < U; ++u) {
     const Segment* segs = p.segments.data() + p.unit_segment_offset[u];
-    uint64_t non_empty = 0;
-    for (int32_t k = 0; k < p.unit_num_segments(u); ++k)
-      if (segs[k].end > segs[k].begin) non_empty |= 1ull << k;
+    const uint64_t non_empty = sc.unit_non_empty[u];
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
       int32_t& fill = sc.range_fill[p.entry_query[e]];
       for (uint64_t seen = p.entry_mask[e] & non_empty; seen != 0; seen &= seen - 1)

@@ -321,35 +321,29 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
 }
 
 void SubtreeQueries::build(const Workload& w, const TreeIndex& ix) {
-  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
-  // The queries grouped by node, by id within a node: node v's own are
-  // by_node_[own_begin_[v] .. own_begin_[v + 1]).
-  own_begin_.assign(size_t(n) + 1, 0);
-  for (const int32_t v : w.query_nodes) ++own_begin_[size_t(v) + 1];
-  for (int32_t v = 0; v < n; ++v) own_begin_[size_t(v) + 1] += own_begin_[v];
-  by_node_.resize(w.query_nodes.size());
-  begin.assign(own_begin_.begin(), own_begin_.end() - 1);  // used as fill positions first
-  for (int32_t q = 0; q < w.num_queries(); ++q) by_node_[size_t(begin[w.query_nodes[q]]++)] = q;
-
-  // Depth first, children in child order: a node's range opens with its own
-  // queries and closes after its last descendant's. The stack holds nodes to
-  // visit, and ~v for a node whose subtree is being listed.
-  queries.resize(w.query_nodes.size());
-  end.assign(n, 0);
+  const size_t n = w.tree.nodes.size();
+  // Ranges are laid out top-down (BFS order: a parent's range is placed
+  // before its children's): the roots' one after another, and within v's
+  // range its own queries first, then each child's range in child order.
+  begin.resize(n);
+  end.resize(n);
   int32_t at = 0;
-  stack_.assign(ix.roots.rbegin(), ix.roots.rend());
-  while (!stack_.empty()) {
-    const int32_t v = stack_.back();
-    if (v < 0) {
-      end[~v] = at;
-      stack_.pop_back();
-      continue;
-    }
-    stack_.back() = ~v;
-    begin[v] = at;
-    for (int32_t i = own_begin_[v]; i < own_begin_[v + 1]; ++i) queries[size_t(at++)] = by_node_[size_t(i)];
-    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) stack_.push_back(ix.children[k]);
+  for (const int32_t r : ix.roots) {
+    begin[r] = at;
+    at += ix.subtree_queries[r];
   }
+  for (const int32_t v : ix.bfs_order) {
+    end[v] = begin[v] + ix.subtree_queries[v];
+    int32_t child_at = end[v];
+    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) {
+      child_at -= ix.subtree_queries[ix.children[k]];
+      begin[ix.children[k]] = child_at;
+    }
+  }
+  // Each node's own queries, by id, at the front of its range.
+  fill_.assign(begin.begin(), begin.end());
+  queries.resize(w.query_nodes.size());
+  for (int32_t q = 0; q < w.num_queries(); ++q) queries[size_t(fill_[w.query_nodes[q]]++)] = q;
 }
 
 }  // namespace treeattn::planning

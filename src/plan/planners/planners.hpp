@@ -120,7 +120,7 @@ struct SubtreeQueries {
   void build(const Workload& w, const TreeIndex& ix);
 
  private:
-  std::vector<int32_t> own_begin_, by_node_, stack_;  // memory of build()
+  std::vector<int32_t> fill_;  // memory of build()
 };
 
 // Per node v with queries below it: the longest path from v down to one of
