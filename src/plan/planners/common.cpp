@@ -65,22 +65,6 @@ bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
   return 4 * int64_t(units) * w.heads.num_kv_heads >= 3 * opt.target_ctas(w.heads);
 }
 
-void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out) {
-  out.clear();
-  const int64_t n = seg.size();
-  if (n > 0 && n <= max_tokens) {  // one piece: most nodes
-    out.push_back(seg);
-    return;
-  }
-  const int64_t k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
-  int32_t at = seg.begin;
-  for (int64_t i = 0; i < k; ++i) {
-    const int32_t take = int32_t(n / k + (i < n % k ? 1 : 0));
-    out.push_back({seg.node, at, at + take});
-    at += take;
-  }
-}
-
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min) {
   const double v = opt.get(key, double(fallback));
   if (!(v >= double(min) && v <= 1e9 && v == std::floor(v)))

@@ -71,7 +71,7 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
   f.chain_tokens.resize(n);
   f.planned.clear();
   const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
-  const int64_t slot = slot_bytes(w);
+  const int64_t slot = slot_bytes(w), kv_token = w.kv_bytes_per_token();
   int64_t saved = 0;
   size_t folds = 0;
   for (const int32_t v : ix.bfs_order) {
@@ -95,7 +95,7 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
       below += int64_t(sub[c].size());
       child_tiles += tiles(c);
     }
-    const int64_t reread = (child_tiles - tiles(v)) * own * w.kv_bytes_per_token();
+    const int64_t reread = (child_tiles - tiles(v)) * own * kv_token;
     if (!plain_children || below != int64_t(sub[v].size()) || tokens > max_tokens ||
         size_t(f.chain[v]) >= kMaxFoldedSegments || reread >= below * slot)
       continue;
@@ -148,15 +148,18 @@ void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& o
 
   for (const int32_t v : fold.planned) {
     const auto queries = sub[v];
-    std::vector<Segment>& chunks = m.segments;
-    planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece, chunks);
+    // v cut into k = ceil(tokens / piece) pieces whose sizes differ by at most one token.
+    const int32_t tokens = w.tree.nodes[v].num_tokens;
+    const int32_t k = tokens <= piece ? 1 : int32_t(planning::ceil_div(tokens, piece));
     const size_t nprefix = prefix_of(v);
     for (size_t q0 = 0; q0 < queries.size(); q0 += per_tile) {
       const size_t q1 = std::min(queries.size(), q0 + per_tile);
-      for (const Segment& chunk : chunks) {
-        if (&chunk == &chunks.front())
-          for (size_t i = 0; i < nprefix; ++i) units.add_segment(prefix[i]);
-        units.add_segment(chunk);
+      for (int32_t i = 0, at = 0; i < k; ++i) {
+        if (i == 0)
+          for (size_t j = 0; j < nprefix; ++j) units.add_segment(prefix[j]);
+        const int32_t take = tokens / k + (i < tokens % k ? 1 : 0);
+        units.add_segment({v, at, at + take});
+        at += take;
         units.add_queries(queries.subspan(q0, q1 - q0), ~0ull);
         units.close();
       }

@@ -52,10 +52,6 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
 // the resident CTA slots.
 bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt);
 
-// [begin, end) of `seg` cut into ceil(size / max_tokens) pieces whose sizes
-// differ by at most one token, into `out` (replaced).
-void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out);
-
 // The planner knob `key` of opt.extra as an integer >= `min` (`fallback` when
 // unset); throws Error naming the planner, the knob and the value otherwise.
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min);
