@@ -218,12 +218,19 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   };
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
-  std::vector<int32_t>& path = scratch.path;
+  // Node x has segment position[x] of the open unit when opened_in[x] is
+  // the open unit's number `open` (each unit, of every call, has its own).
+  std::vector<int32_t>&path = scratch.path, &opened_in = scratch.opened_in, &position = scratch.position;
+  opened_in.assign(size_t(n), -1);
+  position.resize(size_t(n));
+  int32_t open = 0;
   const auto group = [&](const std::vector<int32_t>& roots, int64_t cap, ProtoUnits& units) {
     units.clear();
     const auto flush = [&] {
       if (units.open_queries() > 0) units.close(); else units.discard_open();
+      ++open;
     };
+    ++open;
     for (const int32_t v : roots) {
       for (const int32_t q : sub[v]) {
         path.clear();  // q's non-empty nodes from v down
@@ -233,14 +240,9 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
         }
         if (path.empty()) continue;  // nothing of q's path is here
         std::reverse(path.begin(), path.end());
-        const auto position = [&](int32_t x) {  // of node x among the open unit's segments
-          const auto open = units.open_segs();
-          return size_t(std::find_if(open.begin(), open.end(), [&](const Segment& s) { return s.node == x; }) -
-                        open.begin());
-        };
-        const auto fresh = [&] {
+        const auto fresh = [&] {  // path nodes the open unit lacks
           size_t k = 0;
-          for (const int32_t x : path) k += position(x) == units.open_segs().size();
+          for (const int32_t x : path) k += opened_in[x] != open;
           return k;
         };
         if (units.open_queries() > 0 && (int64_t(units.open_queries() + 1) * G > cap ||
@@ -248,9 +250,12 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
           flush();
         uint64_t mask = 0;
         for (const int32_t x : path) {
-          const size_t k = position(x);
-          if (k == units.open_segs().size()) units.add_segment({x, 0, w.tree.nodes[x].num_tokens});
-          mask |= 1ull << k;
+          if (opened_in[x] != open) {
+            opened_in[x] = open;
+            position[x] = int32_t(units.open_segs().size());
+            units.add_segment({x, 0, w.tree.nodes[x].num_tokens});
+          }
+          mask |= 1ull << position[x];
         }
         units.add_query(q, mask);
       }

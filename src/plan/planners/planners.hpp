@@ -161,7 +161,7 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 // subtrees' nodes (the caller plans the rest). `out`: the units (replaced).
 // down: the tree's DownPaths (the same for every max_tokens).
 struct CompactScratch {
-  std::vector<int32_t> path, roots, best_roots, next;
+  std::vector<int32_t> path, roots, best_roots, next, opened_in, position;
   ProtoUnits units;
 };
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
