@@ -176,29 +176,33 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
   flush();
 }
 
-void DownPaths::build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub) {
+void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   const size_t n = w.tree.nodes.size();
   std::vector<int64_t>&tok = tokens, &segs = segments;
-  tok.assign(n, 0);
-  segs.assign(n, 0);
-  leaf.assign(n, 0);
-  branches.assign(n, 0);
+  tok.resize(n);
+  segs.resize(n);
+  leaf.resize(n);
+  branches.resize(n);
+  // Children before parents; a node without queries below it gets zeros.
+  // Selects instead of branches: which nodes have queries is data.
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
     const int32_t v = *it;
-    if (sub[v].empty()) continue;
-    int64_t t = 0, s = 0;
+    int64_t t = 0, s = 0, l = 0;
+    char b = 0;
     for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
       const int32_t c = ix.children[k];
-      if (sub[c].empty()) continue;
-      branches[v] = 1;
-      t = std::max(t, tok[c]);
-      s = std::max(s, segs[c]);
-      leaf[v] = std::max(leaf[v], leaf[c]);
+      const bool has = ix.subtree_queries[c] > 0;
+      b |= char(has);
+      t = std::max(t, has ? tok[c] : 0);
+      s = std::max(s, has ? segs[c] : 0);
+      l = std::max(l, has ? leaf[c] : 0);
     }
     const int32_t own = w.tree.nodes[v].num_tokens;
-    tok[v] = t + own;
-    segs[v] = s + (own > 0 ? 1 : 0);
-    if (!branches[v]) leaf[v] = own;
+    const bool here = ix.subtree_queries[v] > 0;
+    branches[v] = here ? b : 0;
+    tok[v] = here ? t + own : 0;
+    segs[v] = here ? s + (own > 0 ? 1 : 0) : 0;
+    leaf[v] = !here ? 0 : b ? l : own;
   }
 }
 
@@ -212,10 +216,12 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   if (max_tokens <= 0) return;
   const std::vector<int64_t>&tok = down.tokens, &segs = down.segments, &leaf = down.leaf;
   const std::vector<char>& branches = down.branches;
-  const auto compact = [&](int32_t v) {
-    return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit &&
-           leaf[v] <= max_leaf_tokens;
-  };
+  // is_compact[v]: v's subtree qualifies (its parent's may too).
+  std::vector<char>& is_compact = scratch.is_compact;
+  is_compact.resize(size_t(n));
+  for (int32_t v = 0; v < n; ++v)
+    is_compact[v] = char((ix.subtree_queries[v] > 0) & (branches[v] != 0) & (tok[v] <= max_tokens) &
+                         (segs[v] <= kMaxSegmentsPerUnit) & (leaf[v] <= max_leaf_tokens));
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
   // Node x has segment position[x] of the open unit when opened_in[x] is
@@ -283,10 +289,15 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   // holds the best cut's units.
   std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
   ProtoUnits& units = scratch.units;
-  roots.clear();
   best_roots.clear();
-  for (const int32_t v : ix.bfs_order)
-    if (compact(v) && !compact(w.tree.nodes[v].parent)) roots.push_back(v);
+  roots.resize(size_t(n));
+  size_t highest = 0;  // compact subtrees whose parent's is not, in BFS order
+  for (const int32_t v : ix.bfs_order) {
+    const int32_t p = w.tree.nodes[v].parent;
+    roots[highest] = v;
+    highest += is_compact[v] && !(p >= 0 && is_compact[p]);
+  }
+  roots.resize(highest);
   while (!roots.empty()) {
     units_at(roots, units);
     const bool full = fills(units);
@@ -298,14 +309,14 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     next.clear();
     for (const int32_t v : roots)
       for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k)
-        if (compact(ix.children[k])) next.push_back(ix.children[k]);
+        if (is_compact[ix.children[k]]) next.push_back(ix.children[k]);
     std::swap(roots, next);
   }
   if (out.size() == 0) return;
   for (const int32_t v : best_roots) covered[v] = 1;
   for (const int32_t v : ix.bfs_order) {
     const int32_t p = w.tree.nodes[v].parent;
-    if (covered[v] || (p >= 0 && covered[p])) covered[v] = 1;
+    covered[v] |= p >= 0 ? covered[p] : 0;
   }
 }
 

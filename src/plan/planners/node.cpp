@@ -69,16 +69,22 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
   f.folded.assign(n, 0);
   f.chain.resize(n);
   f.chain_tokens.resize(n);
-  f.planned.clear();
+  // The nodes that may be planned as nodes: uncovered, with tokens and
+  // queries (selected without a branch: which are is data).
+  f.planned.resize(n);
+  size_t count = 0;
+  for (const int32_t v : ix.bfs_order) {
+    f.planned[count] = v;
+    count += (w.tree.nodes[v].num_tokens != 0) & (ix.subtree_queries[v] > 0) & !covered[v];
+  }
+  f.planned.resize(count);
+  if (max_tokens <= 0) return;
   const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
   const int64_t slot = slot_bytes(w), kv_token = w.kv_bytes_per_token();
   int64_t saved = 0;
   size_t folds = 0;
-  for (const int32_t v : ix.bfs_order) {
+  for (const int32_t v : f.planned) {
     const int32_t own = w.tree.nodes[v].num_tokens;
-    if (own == 0 || sub[v].empty() || covered[v]) continue;
-    f.planned.push_back(v);
-    if (max_tokens <= 0) continue;
     // v's prefix: the folded ancestors directly above it (parents come first
     // in BFS order, so theirs are final).
     const int32_t p = w.tree.nodes[v].parent;
@@ -88,10 +94,9 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
     const int64_t tokens = own + f.chain_tokens[v];
     int64_t below = 0, child_tiles = 0;
     bool plain_children = true;  // every child with queries is planned as a node here
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {  // children without queries add 0
       const int32_t c = ix.children[k];
-      if (sub[c].empty()) continue;
-      plain_children &= w.tree.nodes[c].num_tokens > 0 && !covered[c];
+      plain_children &= (ix.subtree_queries[c] == 0) | ((w.tree.nodes[c].num_tokens > 0) & !covered[c]);
       below += int64_t(sub[c].size());
       child_tiles += tiles(c);
     }
@@ -197,7 +202,7 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
                        Plan& out) {
   PlanScratch::Buffers& m = scratch.buffers();
   m.sub.build(w, ix);
-  m.down.build(w, ix, m.sub);
+  m.down.build(w, ix);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
   const int64_t flat_rows = planning::integer_option(opt, "node", "flat_rows", 0, 0);

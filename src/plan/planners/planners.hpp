@@ -121,11 +121,12 @@ struct SubtreeQueries {
 
 // Per node v with queries below it: the longest path from v down to one of
 // them, in tokens and in non-empty segments, the longest leaf (node without
-// queries below) under v, and whether v has a child with queries.
+// queries below) under v, and whether v has a child with queries; zeros
+// for the other nodes.
 struct DownPaths {
   std::vector<int64_t> tokens, segments, leaf;
   std::vector<char> branches;
-  void build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub);
+  void build(const Workload& w, const TreeIndex& ix);
 };
 
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
@@ -162,6 +163,7 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 // down: the tree's DownPaths (the same for every max_tokens).
 struct CompactScratch {
   std::vector<int32_t> path, roots, best_roots, next, opened_in, position;
+  std::vector<char> is_compact;
   ProtoUnits units;
 };
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
