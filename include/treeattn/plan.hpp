@@ -146,12 +146,13 @@ PlanSummary summarize(const Workload& w, const Plan& p);
 // Reusable memory of validate_plan: per query its unit count, the last unit
 // it was seen in and its visible ranges (CSR); per node the last query whose
 // path holds it and the last that saw it whole; per slot its writes, reads
-// and owner; per unit its non-empty segments.
+// and owner; per unit its non-empty segments; per node its parent and tokens.
 struct ValidatePlanScratch {
   std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, seen_whole_by,
       slot_writes, slot_reads, slot_owner, path;
   std::vector<Segment> ranges;
   std::vector<uint64_t> unit_non_empty;  // per unit, bit k: segment k has tokens
+  std::vector<int32_t> node_parent, node_tokens;
 };
 
 // Checks DESIGN.md's invariants (coverage, capacity, segments <= 64, masks,

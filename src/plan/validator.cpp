@@ -56,6 +56,16 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
 
   ValidatePlanScratch local;
   ValidatePlanScratch& sc = scratch ? *scratch : local;
+  // The nodes' parents and token counts, 8 bytes a node: the path walks
+  // below are chains of dependent loads, shorter from these than from Node.
+  sc.node_parent.resize(size_t(N));
+  sc.node_tokens.resize(size_t(N));
+  for (int32_t v = 0; v < N; ++v) {
+    sc.node_parent[v] = w.tree.nodes[v].parent;
+    sc.node_tokens[v] = w.tree.nodes[v].num_tokens;
+  }
+  const int32_t* const parent = sc.node_parent.data();
+  const int32_t* const tokens = sc.node_tokens.data();
 
   // Per-unit capacity, segments and masks; count each query's units and
   // visible (non-empty) ranges.
@@ -83,7 +93,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     for (int32_t k = 0; k < nseg; ++k) {
       const Segment& s = p.segments[s0 + k];
       if (s.node < 0 || s.node >= N) fail(p.planner, unit() + "segment node " + str(s.node) + " out of range");
-      if (s.begin < 0 || s.begin > s.end || s.end > w.tree.nodes[s.node].num_tokens)
+      if (s.begin < 0 || s.begin > s.end || s.end > tokens[s.node])
         fail(p.planner, unit() + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
                             str(s.node) + " of " + str(w.tree.nodes[s.node].num_tokens) + " tokens");
       non_empty |= uint64_t(s.end > s.begin) << k;
@@ -134,14 +144,14 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   sc.seen_whole_by.assign(size_t(N), -1);
   const auto sees_whole_nodes = [&](int32_t q, const Segment* r, size_t nr) {
     int32_t with_tokens = 0;  // path nodes that have tokens
-    for (int32_t v = w.query_nodes[q]; v >= 0; v = w.tree.nodes[v].parent) {
+    for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) {
       sc.on_path_of[v] = q;
-      with_tokens += w.tree.nodes[v].num_tokens > 0;
+      with_tokens += tokens[v] > 0;
     }
     for (size_t i = 0; i < nr; ++i) {
       const int32_t v = r[i].node;
       if (sc.on_path_of[v] != q || sc.seen_whole_by[v] == q || r[i].begin != 0 ||
-          r[i].end != w.tree.nodes[v].num_tokens)
+          r[i].end != tokens[v])
         return false;
       sc.seen_whole_by[v] = q;
     }
@@ -158,7 +168,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     if (sees_whole_nodes(q, r, nr)) continue;
     std::sort(r, r + nr, by_node_then_tokens);
     sc.path.clear();
-    for (int32_t v = w.query_nodes[q]; v >= 0; v = w.tree.nodes[v].parent) sc.path.push_back(v);
+    for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) sc.path.push_back(v);
     std::sort(sc.path.begin(), sc.path.end());
     for (size_t i = 0; i < nr; ++i)
       if (!std::binary_search(sc.path.begin(), sc.path.end(), r[i].node))
@@ -172,7 +182,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
                               " at " + str(std::min(at, r[i].begin)));
         at = r[i].end;
       }
-      if (at != w.tree.nodes[v].num_tokens)
+      if (at != tokens[v])
         fail(p.planner, query() + "node " + str(v) + " covered up to " + str(at) + " of " +
                             str(w.tree.nodes[v].num_tokens) + " tokens");
     }
