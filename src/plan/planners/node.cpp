@@ -156,13 +156,14 @@ void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& o
     // v cut into k = ceil(tokens / piece) pieces whose sizes differ by at most one token.
     const int32_t tokens = w.tree.nodes[v].num_tokens;
     const int32_t k = tokens <= piece ? 1 : int32_t(planning::ceil_div(tokens, piece));
+    const int32_t size = tokens / k, longer = tokens % k;  // the first `longer` pieces have one token more
     const size_t nprefix = prefix_of(v);
     for (size_t q0 = 0; q0 < queries.size(); q0 += per_tile) {
       const size_t q1 = std::min(queries.size(), q0 + per_tile);
       for (int32_t i = 0, at = 0; i < k; ++i) {
         if (i == 0)
           for (size_t j = 0; j < nprefix; ++j) units.add_segment(prefix[j]);
-        const int32_t take = tokens / k + (i < tokens % k ? 1 : 0);
+        const int32_t take = size + (i < longer ? 1 : 0);
         units.add_segment({v, at, at + take});
         at += take;
         units.add_queries(queries.subspan(q0, q1 - q0), ~0ull);
