@@ -302,7 +302,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     units_at(roots, units);
     const bool full = fills(units);
     if (units.size() > out.size() || full) {
-      std::swap(out, units);
+      out = units;  // a copy: each buffer keeps its capacity (no allocation once grown)
       best_roots = roots;
     }
     if (full || rows > 0) break;

@@ -184,6 +184,16 @@ struct FoldPlan {
   std::vector<int32_t> planned;
 };
 
+// One way node may plan a tree (plan_node): the units of its compact
+// subtrees and the nodes they cover, then the folds and the KV piece length
+// of the nodes left.
+struct NodeCandidate {
+  ProtoUnits compact;
+  std::vector<char> covered;
+  FoldPlan fold;
+  int64_t piece = 0;
+};
+
 }  // namespace planning
 
 // Everything the reusing planners keep between calls.
@@ -193,11 +203,10 @@ struct PlanScratch::Buffers {
   planning::ProtoUnits raw, units, alternative;
   planning::CompactScratch compact;
   planning::PackScratch pack;
-  planning::FoldPlan fold;
-  std::vector<char> covered;
+  planning::NodeCandidate candidates[2];
   std::vector<std::pair<int64_t, int64_t>> jobs;
   std::vector<int64_t> piece_lengths, slot_loads;
-  std::vector<int32_t> units_of_query, path;
+  std::vector<int32_t> units_of_query, query_diff, path;
   std::vector<Segment> segments;
 };
 
