@@ -52,20 +52,26 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
   ix.depth.assign(n, -1);
   ix.path_tokens.assign(n, 0);
   ix.bfs_order.clear();
-  ix.bfs_order.reserve(n);
   for (int32_t r : ix.roots) {
     ix.depth[r] = 0;
     ix.path_tokens[r] = tree.nodes[r].num_tokens;
     ix.bfs_order.push_back(r);
   }
-  for (size_t i = 0; i < ix.bfs_order.size(); ++i) {
-    int32_t v = ix.bfs_order[i];
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
-      int32_t c = ix.children[k];
-      ix.depth[c] = ix.depth[v] + 1;
-      ix.path_tokens[c] = ix.path_tokens[v] + tree.nodes[c].num_tokens;
-      ix.bfs_order.push_back(c);
-    }
+  // Each node's children, in one block, follow those of the nodes before it;
+  // depths and path tokens then in one flat pass (parents come first).
+  ix.bfs_order.resize(size_t(n));
+  size_t placed = ix.roots.size();
+  for (size_t i = 0; i < placed; ++i) {
+    const int32_t v = ix.bfs_order[i];
+    std::copy(ix.children.begin() + ix.child_offset[v], ix.children.begin() + ix.child_offset[v + 1],
+              ix.bfs_order.begin() + placed);
+    placed += size_t(ix.child_offset[v + 1] - ix.child_offset[v]);
+  }
+  ix.bfs_order.resize(placed);
+  for (size_t i = ix.roots.size(); i < placed; ++i) {
+    const int32_t c = ix.bfs_order[i], v = tree.nodes[c].parent;
+    ix.depth[c] = ix.depth[v] + 1;
+    ix.path_tokens[c] = ix.path_tokens[v] + tree.nodes[c].num_tokens;
   }
   if (static_cast<int32_t>(ix.bfs_order.size()) != n) {
     for (int32_t v = 0; v < n; ++v)
