@@ -186,6 +186,10 @@ void Workload::validate(ValidateScratch* scratch) const {
   std::vector<PageUse> local_uses;
   std::vector<PageUse>& uses = sc ? sc->partial_uses : local_uses;  // partial uses only with the bits, else all
   uses.clear();
+  // With the bits, uses[0 .. partial_uses) are the partial uses so far, at
+  // most two a node (its first and last pages).
+  size_t partial_uses = 0;
+  if (sc) uses.resize(2 * tree.nodes.size());
   bool shared_partial_page = !sc;  // some page is used by two partial uses: they are sorted to find overlaps
   int64_t total = 0;
   for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v) {
@@ -229,11 +233,11 @@ void Workload::validate(ValidateScratch* scratch) const {
         if (whole || !(partial & bit)) conflict(v, pg, u.begin, u.end, first_user(pg));
         shared_partial_page = true;
       }
+      // Whether a first or last page is partial is data: no branch on it.
       used |= bit;
-      if (!whole) {
-        partial |= bit;
-        uses.push_back(u);
-      }
+      partial |= whole ? 0 : bit;
+      uses[partial_uses] = u;
+      partial_uses += !whole;
     };
     if (!sc) {
       for (size_t i = 0; i < n.pages.size(); ++i) use_page(i);
@@ -261,6 +265,7 @@ void Workload::validate(ValidateScratch* scratch) const {
     }
     total += n.num_tokens;
   }
+  if (sc) uses.resize(partial_uses);
   if (total > (int64_t(1) << 40)) throw Error("tree: " + std::to_string(total) + " tokens is absurd");
   if (shared_partial_page) {
     std::sort(uses.begin(), uses.end(), [](const PageUse& a, const PageUse& b) {
