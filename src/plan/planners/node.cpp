@@ -63,8 +63,8 @@ int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads)
 
 // The folds (planning::FoldPlan) into f, and the nodes planned as nodes
 // (uncovered, with tokens and queries, not folded) into f.planned.
-void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQueries& sub,
-               const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens, planning::FoldPlan& f) {
+void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& covered, int64_t per_tile,
+               int64_t max_tokens, planning::FoldPlan& f) {
   const size_t n = w.tree.nodes.size();
   f.folded.assign(n, 0);
   f.chain.resize(n);
@@ -79,7 +79,8 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
   }
   f.planned.resize(count);
   if (max_tokens <= 0) return;
-  const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
+  // Q tiles of a node's subtree queries (sub[v].size() = ix.subtree_queries[v]).
+  const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(ix.subtree_queries[v]), per_tile); };
   const int64_t slot = slot_bytes(w), kv_token = w.kv_bytes_per_token();
   int64_t saved = 0;
   size_t folds = 0;
@@ -97,11 +98,11 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQu
     for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {  // children without queries add 0
       const int32_t c = ix.children[k];
       plain_children &= (ix.subtree_queries[c] == 0) | ((w.tree.nodes[c].num_tokens > 0) & !covered[c]);
-      below += int64_t(sub[c].size());
+      below += ix.subtree_queries[c];
       child_tiles += tiles(c);
     }
     const int64_t reread = (child_tiles - tiles(v)) * own * kv_token;
-    if (!plain_children || below != int64_t(sub[v].size()) || tokens > max_tokens ||
+    if (!plain_children || below != ix.subtree_queries[v] || tokens > max_tokens ||
         size_t(f.chain[v]) >= kMaxFoldedSegments || reread >= below * slot)
       continue;
     f.folded[v] = 1;
@@ -135,7 +136,7 @@ int32_t piece_count(int32_t tokens, int64_t piece) {
 void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
                 planning::NodeCandidate& c) {
   const int32_t per_tile = queries_per_tile(w);
-  fold_plan(w, ix, m.sub, c.covered, per_tile,
+  fold_plan(w, ix, c.covered, per_tile,
             planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), c.fold);
   std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each unit and node
   jobs.clear();
