@@ -179,30 +179,26 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   const size_t n = w.tree.nodes.size();
   std::vector<int64_t>&tok = tokens, &segs = segments;
-  tok.resize(n);
-  segs.resize(n);
-  leaf.resize(n);
-  branches.resize(n);
-  // Children before parents; a node without queries below it gets zeros.
-  // Selects instead of branches: which nodes have queries is data.
+  tok.assign(n, 0);
+  segs.assign(n, 0);
+  leaf.assign(n, 0);
+  branches.assign(n, 0);
+  // Children before parents: when v is reached, its entries hold the
+  // maxima its children with queries pushed up; v's own are set from them
+  // and pushed to its parent. Selects instead of branches (which nodes have
+  // queries is data); a node without queries below it gets zeros.
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
-    const int32_t v = *it;
-    int64_t t = 0, s = 0, l = 0;
-    char b = 0;
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
-      const int32_t c = ix.children[k];
-      const bool has = ix.subtree_queries[c] > 0;
-      b |= char(has);
-      t = std::max(t, has ? tok[c] : 0);
-      s = std::max(s, has ? segs[c] : 0);
-      l = std::max(l, has ? leaf[c] : 0);
-    }
-    const int32_t own = w.tree.nodes[v].num_tokens;
+    const int32_t v = *it, own = w.tree.nodes[v].num_tokens, p = w.tree.nodes[v].parent;
     const bool here = ix.subtree_queries[v] > 0;
-    branches[v] = here ? b : 0;
-    tok[v] = here ? t + own : 0;
-    segs[v] = here ? s + (own > 0 ? 1 : 0) : 0;
-    leaf[v] = !here ? 0 : b ? l : own;
+    tok[v] = here ? tok[v] + own : 0;
+    segs[v] = here ? segs[v] + (own > 0 ? 1 : 0) : 0;
+    leaf[v] = !here ? 0 : branches[v] ? leaf[v] : own;
+    branches[v] = here ? branches[v] : 0;
+    if (p < 0) continue;
+    tok[p] = std::max(tok[p], tok[v]);
+    segs[p] = std::max(segs[p], segs[v]);
+    leaf[p] = std::max(leaf[p], leaf[v]);
+    branches[p] |= char(here);
   }
 }
 
