@@ -111,10 +111,18 @@ class PlanBuilder {
   void add_segments(std::span<const Segment> segs);
   void add_queries(std::span<const int32_t> queries, std::span<const uint64_t> masks);
   void end_unit();
+  // Whole units at once, each ended as end_unit does (tiles picked by rows):
+  // unit i has segments [seg_end[i - 1], seg_end[i]) of `segs` and entries
+  // [query_end[i - 1], query_end[i]) of `queries` and `masks` (0 before the first).
+  void add_units(std::span<const Segment> segs, std::span<const int32_t> seg_end, std::span<const int32_t> queries,
+                 std::span<const uint64_t> masks, std::span<const int32_t> query_end);
   // Assigns partial slots (only queries in more than one unit get them).
   Plan finish();
 
  private:
+  // Ends the unit that runs from the last unit's end to these ends.
+  void close_unit(int32_t seg_end, int32_t entry_end, int tile);
+
   const Workload& w_;
   Plan plan_;
   int pending_tile_ = -1;
@@ -143,11 +151,13 @@ PlanSummary summarize(const Workload& w, const Plan& p);
 // Reusable memory of validate_plan: per query its unit count, the last unit
 // it was seen in and its visible ranges (CSR); per node the last query whose
 // path holds it and the last that saw it whole; per slot its writes, reads
-// and owner.
+// and owner; per unit its non-empty segments; per node its parent and tokens.
 struct ValidatePlanScratch {
   std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, seen_whole_by,
       slot_writes, slot_reads, slot_owner, path;
   std::vector<Segment> ranges;
+  std::vector<uint64_t> unit_non_empty;  // per unit, bit k: segment k has tokens
+  std::vector<int32_t> node_parent, node_tokens;
 };
 
 // Checks DESIGN.md's invariants (coverage, capacity, segments <= 64, masks,

@@ -69,20 +69,51 @@ void PlanBuilder::add_queries(std::span<const int32_t> queries, std::span<const 
 void PlanBuilder::end_unit() {
   if (!open_) throw Error("PlanBuilder: end_unit without begin_unit");
   open_ = false;
+  close_unit(static_cast<int32_t>(plan_.segments.size()), static_cast<int32_t>(plan_.entry_query.size()),
+             pending_tile_);
+}
+
+void PlanBuilder::add_units(std::span<const Segment> segs, std::span<const int32_t> seg_end,
+                            std::span<const int32_t> queries, std::span<const uint64_t> masks,
+                            std::span<const int32_t> query_end) {
+  if (open_) throw Error("PlanBuilder: add_units inside an open unit");
+  const auto ends_ok = [](std::span<const int32_t> end, size_t total) {
+    int32_t at = 0;
+    for (const int32_t e : end) {
+      if (e < at) return false;
+      at = e;
+    }
+    return size_t(at) == total;
+  };
+  if (seg_end.size() != query_end.size() || queries.size() != masks.size() || !ends_ok(seg_end, segs.size()) ||
+      !ends_ok(query_end, queries.size()))
+    throw Error("PlanBuilder: add_units: " + std::to_string(seg_end.size()) + " segment ends over " +
+                std::to_string(segs.size()) + " segments, " + std::to_string(query_end.size()) + " query ends over " +
+                std::to_string(queries.size()) + " queries and " + std::to_string(masks.size()) + " masks");
+  const int32_t s0 = static_cast<int32_t>(plan_.segments.size());
+  const int32_t e0 = static_cast<int32_t>(plan_.entry_query.size());
+  plan_.segments.insert(plan_.segments.end(), segs.begin(), segs.end());
+  plan_.entry_query.insert(plan_.entry_query.end(), queries.begin(), queries.end());
+  plan_.entry_mask.insert(plan_.entry_mask.end(), masks.begin(), masks.end());
+  plan_.entry_slot.resize(plan_.entry_query.size(), -1);
+  for (size_t i = 0; i < seg_end.size(); ++i) close_unit(s0 + seg_end[i], e0 + query_end[i], -1);
+}
+
+void PlanBuilder::close_unit(int32_t seg_end, int32_t entry_end, int tile) {
   const int32_t seg_begin = plan_.unit_segment_offset.back();
-  const int32_t nseg = static_cast<int32_t>(plan_.segments.size()) - seg_begin;
+  const int32_t nseg = seg_end - seg_begin;
   const int32_t q_begin = plan_.unit_query_offset.back();
-  const int32_t nq = static_cast<int32_t>(plan_.entry_query.size()) - q_begin;
+  const int32_t nq = entry_end - q_begin;
   const uint64_t full = full_mask(std::min(nseg, kMaxSegmentsPerUnit));
   bool masked = false;
-  for (int32_t e = q_begin; e < q_begin + nq; ++e) {
+  for (int32_t e = q_begin; e < entry_end; ++e) {
     if (plan_.entry_mask[e] == ~0ull) plan_.entry_mask[e] = full;
     masked |= plan_.entry_mask[e] != full;
   }
   const int rows = nq * w_.heads.group_size();
-  const int tile = pending_tile_ >= 0 ? pending_tile_ : smallest_tile_for_rows(std::max(rows, 1));
-  plan_.unit_segment_offset.push_back(static_cast<int32_t>(plan_.segments.size()));
-  plan_.unit_query_offset.push_back(static_cast<int32_t>(plan_.entry_query.size()));
+  if (tile < 0) tile = smallest_tile_for_rows(std::max(rows, 1));
+  plan_.unit_segment_offset.push_back(seg_end);
+  plan_.unit_query_offset.push_back(entry_end);
   plan_.unit_tile.push_back(static_cast<uint8_t>(tile));
   plan_.unit_masked.push_back(masked ? 1 : 0);
 }

@@ -14,6 +14,19 @@ namespace {
 }
 std::string str(int64_t v) { return std::to_string(v); }
 
+// Set bits of m. Baseline x86-64 has no POPCNT instruction, where
+// std::popcount is a library call: counted in registers instead.
+int bit_count(uint64_t m) {
+#if defined(__x86_64__) && !defined(__POPCNT__)
+  m -= (m >> 1) & 0x5555555555555555ull;
+  m = (m & 0x3333333333333333ull) + ((m >> 2) & 0x3333333333333333ull);
+  m = (m + (m >> 4)) & 0x0f0f0f0f0f0f0f0full;
+  return int((m * 0x0101010101010101ull) >> 56);
+#else
+  return std::popcount(m);
+#endif
+}
+
 void check_csr(const Plan& p, const std::vector<int32_t>& off, size_t rows, size_t total,
                const char* name) {
   if (off.size() != rows + 1) fail(p.planner, std::string(name) + " has " + str(off.size()) +
@@ -43,6 +56,16 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
 
   ValidatePlanScratch local;
   ValidatePlanScratch& sc = scratch ? *scratch : local;
+  // The nodes' parents and token counts, 8 bytes a node: the path walks
+  // below are chains of dependent loads, shorter from these than from Node.
+  sc.node_parent.resize(size_t(N));
+  sc.node_tokens.resize(size_t(N));
+  for (int32_t v = 0; v < N; ++v) {
+    sc.node_parent[v] = w.tree.nodes[v].parent;
+    sc.node_tokens[v] = w.tree.nodes[v].num_tokens;
+  }
+  const int32_t* const parent = sc.node_parent.data();
+  const int32_t* const tokens = sc.node_tokens.data();
 
   // Per-unit capacity, segments and masks; count each query's units and
   // visible (non-empty) ranges.
@@ -50,6 +73,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   sc.last_unit_of_query.assign(Q, -1);
   sc.range_offset.assign(size_t(Q) + 1, 0);
   sc.slot_writes.assign(size_t(p.num_slots), 0);
+  sc.unit_non_empty.resize(size_t(U));
   const int g = w.heads.group_size();
   for (int32_t u = 0; u < U; ++u) {
     // Labels are built only on failure: this runs every decode step.
@@ -69,11 +93,12 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     for (int32_t k = 0; k < nseg; ++k) {
       const Segment& s = p.segments[s0 + k];
       if (s.node < 0 || s.node >= N) fail(p.planner, unit() + "segment node " + str(s.node) + " out of range");
-      if (s.begin < 0 || s.begin > s.end || s.end > w.tree.nodes[s.node].num_tokens)
+      if (s.begin < 0 || s.begin > s.end || s.end > tokens[s.node])
         fail(p.planner, unit() + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
                             str(s.node) + " of " + str(w.tree.nodes[s.node].num_tokens) + " tokens");
-      if (s.end > s.begin) non_empty |= 1ull << k;
+      non_empty |= uint64_t(s.end > s.begin) << k;
     }
+    sc.unit_non_empty[u] = non_empty;
     const uint64_t full = full_mask(nseg);
     bool any_partial_mask = false;
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
@@ -84,7 +109,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
       const uint64_t mask = p.entry_mask[e];
       if (mask & ~full) fail(p.planner, unit() + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
       any_partial_mask |= mask != full;
-      sc.range_offset[size_t(q) + 1] += std::popcount(mask & non_empty);
+      sc.range_offset[size_t(q) + 1] += bit_count(mask & non_empty);
       ++sc.units_of_query[q];
       const int32_t slot = p.entry_slot[e];
       if (slot != -1) {
@@ -102,9 +127,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   sc.range_fill.assign(sc.range_offset.begin(), sc.range_offset.end() - 1);
   for (int32_t u = 0; u < U; ++u) {
     const Segment* segs = p.segments.data() + p.unit_segment_offset[u];
-    uint64_t non_empty = 0;
-    for (int32_t k = 0; k < p.unit_num_segments(u); ++k)
-      if (segs[k].end > segs[k].begin) non_empty |= 1ull << k;
+    const uint64_t non_empty = sc.unit_non_empty[u];
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
       int32_t& fill = sc.range_fill[p.entry_query[e]];
       for (uint64_t seen = p.entry_mask[e] & non_empty; seen != 0; seen &= seen - 1)
@@ -121,14 +144,14 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   sc.seen_whole_by.assign(size_t(N), -1);
   const auto sees_whole_nodes = [&](int32_t q, const Segment* r, size_t nr) {
     int32_t with_tokens = 0;  // path nodes that have tokens
-    for (int32_t v = w.query_nodes[q]; v >= 0; v = w.tree.nodes[v].parent) {
+    for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) {
       sc.on_path_of[v] = q;
-      with_tokens += w.tree.nodes[v].num_tokens > 0;
+      with_tokens += tokens[v] > 0;
     }
     for (size_t i = 0; i < nr; ++i) {
       const int32_t v = r[i].node;
       if (sc.on_path_of[v] != q || sc.seen_whole_by[v] == q || r[i].begin != 0 ||
-          r[i].end != w.tree.nodes[v].num_tokens)
+          r[i].end != tokens[v])
         return false;
       sc.seen_whole_by[v] = q;
     }
@@ -145,7 +168,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     if (sees_whole_nodes(q, r, nr)) continue;
     std::sort(r, r + nr, by_node_then_tokens);
     sc.path.clear();
-    for (int32_t v = w.query_nodes[q]; v >= 0; v = w.tree.nodes[v].parent) sc.path.push_back(v);
+    for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) sc.path.push_back(v);
     std::sort(sc.path.begin(), sc.path.end());
     for (size_t i = 0; i < nr; ++i)
       if (!std::binary_search(sc.path.begin(), sc.path.end(), r[i].node))
@@ -159,7 +182,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
                               " at " + str(std::min(at, r[i].begin)));
         at = r[i].end;
       }
-      if (at != w.tree.nodes[v].num_tokens)
+      if (at != tokens[v])
         fail(p.planner, query() + "node " + str(v) + " covered up to " + str(at) + " of " +
                             str(w.tree.nodes[v].num_tokens) + " tokens");
     }

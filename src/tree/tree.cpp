@@ -52,20 +52,26 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
   ix.depth.assign(n, -1);
   ix.path_tokens.assign(n, 0);
   ix.bfs_order.clear();
-  ix.bfs_order.reserve(n);
   for (int32_t r : ix.roots) {
     ix.depth[r] = 0;
     ix.path_tokens[r] = tree.nodes[r].num_tokens;
     ix.bfs_order.push_back(r);
   }
-  for (size_t i = 0; i < ix.bfs_order.size(); ++i) {
-    int32_t v = ix.bfs_order[i];
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
-      int32_t c = ix.children[k];
-      ix.depth[c] = ix.depth[v] + 1;
-      ix.path_tokens[c] = ix.path_tokens[v] + tree.nodes[c].num_tokens;
-      ix.bfs_order.push_back(c);
-    }
+  // Each node's children, in one block, follow those of the nodes before it;
+  // depths and path tokens then in one flat pass (parents come first).
+  ix.bfs_order.resize(size_t(n));
+  size_t placed = ix.roots.size();
+  for (size_t i = 0; i < placed; ++i) {
+    const int32_t v = ix.bfs_order[i];
+    std::copy(ix.children.begin() + ix.child_offset[v], ix.children.begin() + ix.child_offset[v + 1],
+              ix.bfs_order.begin() + placed);
+    placed += size_t(ix.child_offset[v + 1] - ix.child_offset[v]);
+  }
+  ix.bfs_order.resize(placed);
+  for (size_t i = ix.roots.size(); i < placed; ++i) {
+    const int32_t c = ix.bfs_order[i], v = tree.nodes[c].parent;
+    ix.depth[c] = ix.depth[v] + 1;
+    ix.path_tokens[c] = ix.path_tokens[v] + tree.nodes[c].num_tokens;
   }
   if (static_cast<int32_t>(ix.bfs_order.size()) != n) {
     for (int32_t v = 0; v < n; ++v)
@@ -180,6 +186,10 @@ void Workload::validate(ValidateScratch* scratch) const {
   std::vector<PageUse> local_uses;
   std::vector<PageUse>& uses = sc ? sc->partial_uses : local_uses;  // partial uses only with the bits, else all
   uses.clear();
+  // With the bits, uses[0 .. partial_uses) are the partial uses so far, at
+  // most two a node (its first and last pages).
+  size_t partial_uses = 0;
+  if (sc) uses.resize(2 * tree.nodes.size());
   bool shared_partial_page = !sc;  // some page is used by two partial uses: they are sorted to find overlaps
   int64_t total = 0;
   for (int32_t v = 0; v < static_cast<int32_t>(tree.nodes.size()); ++v) {
@@ -190,30 +200,31 @@ void Workload::validate(ValidateScratch* scratch) const {
       throw Error(node_field(v, "first_slot") + " = " + std::to_string(n.first_slot) + " is out of range [0, " +
                   std::to_string(ps) + ")");
     const int64_t end_slot = int64_t(n.first_slot) + n.num_tokens;  // one past the node's last slot
-    const int64_t need = n.num_tokens == 0 ? 0 : (end_slot + ps - 1) / ps;
-    if (int64_t(n.pages.size()) != need)
+    // Pages needed: none for no tokens, else ceil(end_slot / ps), checked as
+    // (pages - 1) * ps < end_slot <= pages * ps (no division per node).
+    const int64_t have = int64_t(n.pages.size());
+    const bool fits = n.num_tokens == 0 ? have == 0 : have > 0 && (have - 1) * ps < end_slot && end_slot <= have * ps;
+    if (!fits) {
+      const int64_t need = n.num_tokens == 0 ? 0 : (end_slot + ps - 1) / ps;
       throw Error(node_field(v, "pages") + ": " + std::to_string(n.pages.size()) + " pages for " +
                   std::to_string(n.num_tokens) + " tokens from slot " + std::to_string(n.first_slot) +
                   " with page_size " + std::to_string(ps) + " (expected " + std::to_string(need) + ")");
+    }
     // Page i holds slots [begin, end): only the first page can start late,
     // only the last end early.
     const size_t last = n.pages.size() - 1;
-    for (size_t i = 0; i < n.pages.size(); ++i) {
+    const auto out_of_range = [&](int32_t pg) {
+      throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) + " is out of range [0, " +
+                  std::to_string(layout.num_pages) + ")");
+    };
+    // Page i as a PageUse: all pages without the bits, else the first and last.
+    const auto use_page = [&](size_t i) {
       const int32_t pg = n.pages[i];
-      if (pg < 0 || pg >= layout.num_pages)
-        throw Error(node_field(v, "pages") + ": page id " + std::to_string(pg) +
-                    " is out of range [0, " + std::to_string(layout.num_pages) + ")");
-      if (sc && i != 0 && i != last) {  // an inner page: used whole
-        uint64_t& used = sc->page_used[size_t(pg) / 64];
-        const uint64_t bit = uint64_t(1) << (pg % 64);
-        if (used & bit) conflict(v, pg, 0, ps, first_user(pg));
-        used |= bit;
-        continue;
-      }
+      if (pg < 0 || pg >= layout.num_pages) out_of_range(pg);
       const PageUse u{pg, i == 0 ? n.first_slot : 0, i == last ? int32_t(end_slot - int64_t(i) * ps) : ps, v};
       if (!sc) {
         uses.push_back(u);
-        continue;
+        return;
       }
       const bool whole = u.begin == 0 && u.end == ps;
       uint64_t &used = sc->page_used[size_t(pg) / 64], &partial = sc->page_partial[size_t(pg) / 64];
@@ -222,14 +233,39 @@ void Workload::validate(ValidateScratch* scratch) const {
         if (whole || !(partial & bit)) conflict(v, pg, u.begin, u.end, first_user(pg));
         shared_partial_page = true;
       }
+      // Whether a first or last page is partial is data: no branch on it.
       used |= bit;
-      if (!whole) {
-        partial |= bit;
-        uses.push_back(u);
+      partial |= whole ? 0 : bit;
+      uses[partial_uses] = u;
+      partial_uses += !whole;
+    };
+    if (!sc) {
+      for (size_t i = 0; i < n.pages.size(); ++i) use_page(i);
+    } else if (!n.pages.empty()) {
+      use_page(0);
+      // Inner pages are used whole: each must be in range (num_pages <= 2^30
+      // here) and its bit clear. The loop stops at the first that is not,
+      // with the bits of the pages before it set, as a page-by-page check.
+      const int32_t* pages = n.pages.data();
+      uint64_t* used = sc->page_used.data();
+      const uint32_t limit = uint32_t(layout.num_pages);
+      size_t i = 1;
+      for (; i < last; ++i) {
+        const uint32_t pg = uint32_t(pages[i]);
+        if (pg >= limit) break;
+        const uint64_t bit = uint64_t(1) << (pg % 64);
+        if (used[pg / 64] & bit) break;
+        used[pg / 64] |= bit;
       }
+      if (i < last) {
+        if (pages[i] < 0 || pages[i] >= layout.num_pages) out_of_range(pages[i]);
+        conflict(v, pages[i], 0, ps, first_user(pages[i]));
+      }
+      if (last > 0) use_page(last);
     }
     total += n.num_tokens;
   }
+  if (sc) uses.resize(partial_uses);
   if (total > (int64_t(1) << 40)) throw Error("tree: " + std::to_string(total) + " tokens is absurd");
   if (shared_partial_page) {
     std::sort(uses.begin(), uses.end(), [](const PageUse& a, const PageUse& b) {

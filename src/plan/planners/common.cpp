@@ -26,7 +26,7 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
   }
   auto pieces = [&](int64_t p) {
     int64_t n = 0;
-    for (const auto& [tokens, copies] : jobs) n += (tokens + p - 1) / p * copies;
+    for (const auto& [tokens, copies] : jobs) n += (tokens > 0 && tokens <= p ? 1 : (tokens + p - 1) / p) * copies;  // one piece: no division
     return n;
   };
   // Longest-first list scheduling onto `slots` equal slots: the latest finish.
@@ -65,17 +65,6 @@ bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
   return 4 * int64_t(units) * w.heads.num_kv_heads >= 3 * opt.target_ctas(w.heads);
 }
 
-void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out) {
-  const int64_t n = seg.size(), k = (n + std::max<int64_t>(max_tokens, 1) - 1) / std::max<int64_t>(max_tokens, 1);
-  out.clear();
-  int32_t at = seg.begin;
-  for (int64_t i = 0; i < k; ++i) {
-    const int32_t take = int32_t(n / k + (i < n % k ? 1 : 0));
-    out.push_back({seg.node, at, at + take});
-    at += take;
-  }
-}
-
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min) {
   const double v = opt.get(key, double(fallback));
   if (!(v >= double(min) && v <= 1e9 && v == std::floor(v)))
@@ -101,6 +90,12 @@ int64_t ProtoUnits::tokens(size_t i) const {
 void ProtoUnits::close() {
   seg_end_.push_back(int32_t(segs_.size()));
   query_end_.push_back(int32_t(queries_.size()));
+}
+
+void ProtoUnits::emit(PlanBuilder& b) const {
+  const size_t segs = seg_end_.empty() ? 0 : size_t(seg_end_.back());
+  const size_t queries = query_end_.empty() ? 0 : size_t(query_end_.back());
+  b.add_units({segs_.data(), segs}, seg_end_, {queries_.data(), queries}, {masks_.data(), queries}, query_end_);
 }
 
 void ProtoUnits::discard_open() {
@@ -181,29 +176,29 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
   flush();
 }
 
-void DownPaths::build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub) {
+void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   const size_t n = w.tree.nodes.size();
   std::vector<int64_t>&tok = tokens, &segs = segments;
   tok.assign(n, 0);
   segs.assign(n, 0);
   leaf.assign(n, 0);
   branches.assign(n, 0);
+  // Children before parents: when v is reached, its entries hold the
+  // maxima its children with queries pushed up; v's own are set from them
+  // and pushed to its parent. Selects instead of branches (which nodes have
+  // queries is data); a node without queries below it gets zeros.
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
-    const int32_t v = *it;
-    if (sub[v].empty()) continue;
-    int64_t t = 0, s = 0;
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
-      const int32_t c = ix.children[k];
-      if (sub[c].empty()) continue;
-      branches[v] = 1;
-      t = std::max(t, tok[c]);
-      s = std::max(s, segs[c]);
-      leaf[v] = std::max(leaf[v], leaf[c]);
-    }
-    const int32_t own = w.tree.nodes[v].num_tokens;
-    tok[v] = t + own;
-    segs[v] = s + (own > 0 ? 1 : 0);
-    if (!branches[v]) leaf[v] = own;
+    const int32_t v = *it, own = w.tree.nodes[v].num_tokens, p = w.tree.nodes[v].parent;
+    const bool here = ix.subtree_queries[v] > 0;
+    tok[v] = here ? tok[v] + own : 0;
+    segs[v] = here ? segs[v] + (own > 0 ? 1 : 0) : 0;
+    leaf[v] = !here ? 0 : branches[v] ? leaf[v] : own;
+    branches[v] = here ? branches[v] : 0;
+    if (p < 0) continue;
+    tok[p] = std::max(tok[p], tok[v]);
+    segs[p] = std::max(segs[p], segs[v]);
+    leaf[p] = std::max(leaf[p], leaf[v]);
+    branches[p] |= char(here);
   }
 }
 
@@ -217,18 +212,27 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   if (max_tokens <= 0) return;
   const std::vector<int64_t>&tok = down.tokens, &segs = down.segments, &leaf = down.leaf;
   const std::vector<char>& branches = down.branches;
-  const auto compact = [&](int32_t v) {
-    return v >= 0 && !sub[v].empty() && branches[v] && tok[v] <= max_tokens && segs[v] <= kMaxSegmentsPerUnit &&
-           leaf[v] <= max_leaf_tokens;
-  };
+  // is_compact[v]: v's subtree qualifies (its parent's may too).
+  std::vector<char>& is_compact = scratch.is_compact;
+  is_compact.resize(size_t(n));
+  for (int32_t v = 0; v < n; ++v)
+    is_compact[v] = char((ix.subtree_queries[v] > 0) & (branches[v] != 0) & (tok[v] <= max_tokens) &
+                         (segs[v] <= kMaxSegmentsPerUnit) & (leaf[v] <= max_leaf_tokens));
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
-  std::vector<int32_t>& path = scratch.path;
+  // Node x has segment position[x] of the open unit when opened_in[x] is
+  // the open unit's number `open` (each unit, of every call, has its own).
+  std::vector<int32_t>&path = scratch.path, &opened_in = scratch.opened_in, &position = scratch.position;
+  opened_in.assign(size_t(n), -1);
+  position.resize(size_t(n));
+  int32_t open = 0;
   const auto group = [&](const std::vector<int32_t>& roots, int64_t cap, ProtoUnits& units) {
     units.clear();
     const auto flush = [&] {
       if (units.open_queries() > 0) units.close(); else units.discard_open();
+      ++open;
     };
+    ++open;
     for (const int32_t v : roots) {
       for (const int32_t q : sub[v]) {
         path.clear();  // q's non-empty nodes from v down
@@ -238,14 +242,9 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
         }
         if (path.empty()) continue;  // nothing of q's path is here
         std::reverse(path.begin(), path.end());
-        const auto position = [&](int32_t x) {  // of node x among the open unit's segments
-          const auto open = units.open_segs();
-          return size_t(std::find_if(open.begin(), open.end(), [&](const Segment& s) { return s.node == x; }) -
-                        open.begin());
-        };
-        const auto fresh = [&] {
+        const auto fresh = [&] {  // path nodes the open unit lacks
           size_t k = 0;
-          for (const int32_t x : path) k += position(x) == units.open_segs().size();
+          for (const int32_t x : path) k += opened_in[x] != open;
           return k;
         };
         if (units.open_queries() > 0 && (int64_t(units.open_queries() + 1) * G > cap ||
@@ -253,9 +252,12 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
           flush();
         uint64_t mask = 0;
         for (const int32_t x : path) {
-          const size_t k = position(x);
-          if (k == units.open_segs().size()) units.add_segment({x, 0, w.tree.nodes[x].num_tokens});
-          mask |= 1ull << k;
+          if (opened_in[x] != open) {
+            opened_in[x] = open;
+            position[x] = int32_t(units.open_segs().size());
+            units.add_segment({x, 0, w.tree.nodes[x].num_tokens});
+          }
+          mask |= 1ull << position[x];
         }
         units.add_query(q, mask);
       }
@@ -283,71 +285,61 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   // holds the best cut's units.
   std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
   ProtoUnits& units = scratch.units;
-  roots.clear();
   best_roots.clear();
-  for (const int32_t v : ix.bfs_order)
-    if (compact(v) && !compact(w.tree.nodes[v].parent)) roots.push_back(v);
+  roots.resize(size_t(n));
+  size_t highest = 0;  // compact subtrees whose parent's is not, in BFS order
+  for (const int32_t v : ix.bfs_order) {
+    const int32_t p = w.tree.nodes[v].parent;
+    roots[highest] = v;
+    highest += is_compact[v] && !(p >= 0 && is_compact[p]);
+  }
+  roots.resize(highest);
   while (!roots.empty()) {
     units_at(roots, units);
     const bool full = fills(units);
     if (units.size() > out.size() || full) {
-      std::swap(out, units);
+      out = units;  // a copy: each buffer keeps its capacity (no allocation once grown)
       best_roots = roots;
     }
     if (full || rows > 0) break;
     next.clear();
     for (const int32_t v : roots)
       for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k)
-        if (compact(ix.children[k])) next.push_back(ix.children[k]);
+        if (is_compact[ix.children[k]]) next.push_back(ix.children[k]);
     std::swap(roots, next);
   }
   if (out.size() == 0) return;
   for (const int32_t v : best_roots) covered[v] = 1;
   for (const int32_t v : ix.bfs_order) {
     const int32_t p = w.tree.nodes[v].parent;
-    if (covered[v] || (p >= 0 && covered[p])) covered[v] = 1;
-  }
-}
-
-void emit_units(PlanBuilder& b, const ProtoUnits& units) {
-  for (size_t u = 0; u < units.size(); ++u) {
-    b.begin_unit();
-    b.add_segments(units.segs(u));
-    b.add_queries(units.queries(u), units.masks(u));
-    b.end_unit();
+    covered[v] |= p >= 0 ? covered[p] : 0;
   }
 }
 
 void SubtreeQueries::build(const Workload& w, const TreeIndex& ix) {
-  const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
-  // The queries grouped by node, by id within a node: node v's own are
-  // by_node_[own_begin_[v] .. own_begin_[v + 1]).
-  own_begin_.assign(size_t(n) + 1, 0);
-  for (const int32_t v : w.query_nodes) ++own_begin_[size_t(v) + 1];
-  for (int32_t v = 0; v < n; ++v) own_begin_[size_t(v) + 1] += own_begin_[v];
-  by_node_.resize(w.query_nodes.size());
-  begin.assign(own_begin_.begin(), own_begin_.end() - 1);  // used as fill positions first
-  for (int32_t q = 0; q < w.num_queries(); ++q) by_node_[size_t(begin[w.query_nodes[q]]++)] = q;
-
-  // Depth first, children in child order: a node's range opens with its own
-  // queries and closes after its last descendant's. The stack holds nodes to
-  // visit, and ~v for a node whose subtree is being listed.
-  queries.resize(w.query_nodes.size());
-  end.assign(n, 0);
+  const size_t n = w.tree.nodes.size();
+  // Ranges are laid out top-down (BFS order: a parent's range is placed
+  // before its children's): the roots' one after another, and within v's
+  // range its own queries first, then each child's range in child order.
+  begin.resize(n);
+  end.resize(n);
   int32_t at = 0;
-  stack_.assign(ix.roots.rbegin(), ix.roots.rend());
-  while (!stack_.empty()) {
-    const int32_t v = stack_.back();
-    if (v < 0) {
-      end[~v] = at;
-      stack_.pop_back();
-      continue;
-    }
-    stack_.back() = ~v;
-    begin[v] = at;
-    for (int32_t i = own_begin_[v]; i < own_begin_[v + 1]; ++i) queries[size_t(at++)] = by_node_[size_t(i)];
-    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) stack_.push_back(ix.children[k]);
+  for (const int32_t r : ix.roots) {
+    begin[r] = at;
+    at += ix.subtree_queries[r];
   }
+  for (const int32_t v : ix.bfs_order) {
+    end[v] = begin[v] + ix.subtree_queries[v];
+    int32_t child_at = end[v];
+    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) {
+      child_at -= ix.subtree_queries[ix.children[k]];
+      begin[ix.children[k]] = child_at;
+    }
+  }
+  // Each node's own queries, by id, at the front of its range.
+  fill_.assign(begin.begin(), begin.end());
+  queries.resize(w.query_nodes.size());
+  for (int32_t q = 0; q < w.num_queries(); ++q) queries[size_t(fill_[w.query_nodes[q]]++)] = q;
 }
 
 }  // namespace treeattn::planning

@@ -29,6 +29,7 @@
 // own costs each of its queries, and the folds save at least 12 MB of slots
 // (fold_plan): pat:B=1,8,512:L=32,2048,256 32/8 260 -> 250 us.
 #include <algorithm>
+#include <array>
 
 #include "plan/planners/planners.hpp"
 #include "plan/planners/tree_walk.hpp"
@@ -60,88 +61,124 @@ constexpr int64_t kMaxCompactStretch = 5;
 // unit and read back by the merge.
 int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4; }
 
-// The folds (planning::FoldPlan) into f.
-void fold_plan(const Workload& w, const TreeIndex& ix, const planning::SubtreeQueries& sub,
-               const std::vector<char>& covered, int64_t per_tile, int64_t max_tokens, planning::FoldPlan& f) {
+// The folds (planning::FoldPlan) into f, and the nodes planned as nodes
+// (uncovered, with tokens and queries, not folded) into f.planned.
+void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& covered, int64_t per_tile,
+               int64_t max_tokens, planning::FoldPlan& f) {
   const size_t n = w.tree.nodes.size();
-  const auto no_folds = [&] {
-    f.prefix.resize(n);
-    for (auto& p : f.prefix) p.clear();
-    f.folded.assign(n, 0);
-  };
-  no_folds();
-  if (max_tokens <= 0) return;
-  const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(sub[v].size()), per_tile); };
-  const int64_t slot = slot_bytes(w);
-  int64_t saved = 0;
+  f.folded.assign(n, 0);
+  f.chain.resize(n);
+  f.chain_tokens.resize(n);
+  // The nodes that may be planned as nodes: uncovered, with tokens and
+  // queries (selected without a branch: which are is data).
+  f.planned.resize(n);
+  size_t count = 0;
   for (const int32_t v : ix.bfs_order) {
+    f.planned[count] = v;
+    count += (w.tree.nodes[v].num_tokens != 0) & (ix.subtree_queries[v] > 0) & !covered[v];
+  }
+  f.planned.resize(count);
+  if (max_tokens <= 0) return;
+  // Q tiles of a node's subtree queries (sub[v].size() = ix.subtree_queries[v]).
+  const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(ix.subtree_queries[v]), per_tile); };
+  const int64_t slot = slot_bytes(w), kv_token = w.kv_bytes_per_token();
+  int64_t saved = 0;
+  size_t folds = 0;
+  for (const int32_t v : f.planned) {
     const int32_t own = w.tree.nodes[v].num_tokens;
-    if (own == 0 || sub[v].empty() || covered[v]) continue;
-    int64_t tokens = own, below = 0, child_tiles = 0;
-    for (const Segment& s : f.prefix[v]) tokens += s.size();
+    // v's prefix: the folded ancestors directly above it (parents come first
+    // in BFS order, so theirs are final).
+    const int32_t p = w.tree.nodes[v].parent;
+    const bool under_fold = p >= 0 && f.folded[p];
+    f.chain[v] = under_fold ? f.chain[p] + 1 : 0;
+    f.chain_tokens[v] = under_fold ? f.chain_tokens[p] + w.tree.nodes[p].num_tokens : 0;
+    const int64_t tokens = own + f.chain_tokens[v];
+    int64_t below = 0, child_tiles = 0;
     bool plain_children = true;  // every child with queries is planned as a node here
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {  // children without queries add 0
       const int32_t c = ix.children[k];
-      if (sub[c].empty()) continue;
-      plain_children &= w.tree.nodes[c].num_tokens > 0 && !covered[c];
-      below += int64_t(sub[c].size());
+      plain_children &= (ix.subtree_queries[c] == 0) | ((w.tree.nodes[c].num_tokens > 0) & !covered[c]);
+      below += ix.subtree_queries[c];
       child_tiles += tiles(c);
     }
-    const int64_t reread = (child_tiles - tiles(v)) * own * w.kv_bytes_per_token();
-    if (!plain_children || below != int64_t(sub[v].size()) || tokens > max_tokens ||
-        f.prefix[v].size() >= kMaxFoldedSegments || reread >= below * slot)
+    const int64_t reread = (child_tiles - tiles(v)) * own * kv_token;
+    if (!plain_children || below != ix.subtree_queries[v] || tokens > max_tokens ||
+        size_t(f.chain[v]) >= kMaxFoldedSegments || reread >= below * slot)
       continue;
     f.folded[v] = 1;
+    ++folds;
     saved += below * slot;
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
-      const int32_t c = ix.children[k];
-      if (sub[c].empty()) continue;
-      f.prefix[c] = f.prefix[v];
-      f.prefix[c].push_back({v, 0, own});
-    }
   }
-  if (saved < kMinFoldSavedBytes) no_folds();
+  if (folds == 0) return;
+  if (saved < kMinFoldSavedBytes) {
+    f.folded.assign(n, 0);
+    return;
+  }
+  // Folded nodes have no units of their own.
+  f.planned.erase(std::remove_if(f.planned.begin(), f.planned.end(), [&](int32_t v) { return f.folded[v] != 0; }),
+                  f.planned.end());
 }
 
-// Appends node's units for the nodes that compact subtrees do not cover
-// (covered[v]) to `units`: one per KV piece and Q tile of each node, a folded
-// node's segment opening its children's first pieces.
-void add_node_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
-                    planning::ProtoUnits& units) {
-  const planning::SubtreeQueries& sub = m.sub;
-  const std::vector<char>& covered = m.covered;
-  const int32_t per_tile = std::max(1, kMaxTileRows / w.heads.group_size());
-  planning::FoldPlan& fold = m.fold;
-  fold_plan(w, ix, sub, covered, per_tile,
-            planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), fold);
-  const auto planned = [&](int32_t v) {
-    return w.tree.nodes[v].num_tokens > 0 && !sub[v].empty() && !covered[v] && !fold.folded[v];
-  };
-  std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each node
-  jobs.clear();
-  for (size_t u = 0; u < units.size(); ++u) jobs.emplace_back(units.tokens(u), 1);
-  for (const int32_t v : ix.bfs_order) {
-    if (!planned(v)) continue;
-    int64_t tokens = w.tree.nodes[v].num_tokens;
-    for (const Segment& s : fold.prefix[v]) tokens += s.size();
-    jobs.emplace_back(tokens, planning::ceil_div(int64_t(sub[v].size()), int64_t(per_tile)));
-  }
-  const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
-  const int64_t piece =
-      forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
+// Tokens of v's folded ancestors that open its first piece.
+int64_t prefix_tokens(const Workload& w, const planning::FoldPlan& fold, int32_t v) {
+  const int32_t p = w.tree.nodes[v].parent;
+  return p >= 0 && fold.folded[p] ? fold.chain_tokens[v] : 0;
+}
 
-  for (const int32_t v : ix.bfs_order) {
-    if (!planned(v)) continue;
+int32_t queries_per_tile(const Workload& w) { return std::max(1, kMaxTileRows / w.heads.group_size()); }
+
+// Pieces of a node of `tokens` tokens: ceil(tokens / piece).
+int32_t piece_count(int32_t tokens, int64_t piece) {
+  return tokens <= piece ? 1 : int32_t(planning::ceil_div(tokens, piece));
+}
+
+// The nodes that c's compact subtrees leave: c's folds and KV piece length.
+void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
+                planning::NodeCandidate& c) {
+  const int32_t per_tile = queries_per_tile(w);
+  fold_plan(w, ix, c.covered, per_tile,
+            planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), c.fold);
+  std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each unit and node
+  jobs.clear();
+  for (size_t u = 0; u < c.compact.size(); ++u) jobs.emplace_back(c.compact.tokens(u), 1);
+  for (const int32_t v : c.fold.planned)
+    jobs.emplace_back(w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v),
+                      planning::ceil_div(int64_t(m.sub[v].size()), int64_t(per_tile)));
+  const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
+  c.piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
+}
+
+// Appends the units of c's nodes to `units`: one per KV piece and Q tile of
+// each node, a folded node's segment opening its children's first pieces.
+void add_node_units(const Workload& w, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
+                    planning::ProtoUnits& units) {
+  const int32_t per_tile = queries_per_tile(w);
+  const planning::FoldPlan& fold = c.fold;
+  // The segments of v's folded ancestors, root-most first, into `prefix`.
+  std::array<Segment, kMaxFoldedSegments> prefix;
+  const auto prefix_of = [&](int32_t v) {
+    const int32_t p = w.tree.nodes[v].parent;
+    if (p < 0 || !fold.folded[p]) return size_t(0);
+    const size_t k = size_t(fold.chain[v]);
+    int32_t x = p;
+    for (size_t i = k; i-- > 0; x = w.tree.nodes[x].parent) prefix[i] = {x, 0, w.tree.nodes[x].num_tokens};
+    return k;
+  };
+  for (const int32_t v : fold.planned) {
     const auto queries = sub[v];
-    std::vector<Segment>& chunks = m.segments;
-    planning::split_evenly({v, 0, w.tree.nodes[v].num_tokens}, piece, chunks);
+    // v cut into k pieces whose sizes differ by at most one token.
+    const int32_t tokens = w.tree.nodes[v].num_tokens, k = piece_count(tokens, c.piece);
+    const int32_t size = tokens / k, longer = tokens % k;  // the first `longer` pieces have one token more
+    const size_t nprefix = prefix_of(v);
     for (size_t q0 = 0; q0 < queries.size(); q0 += per_tile) {
       const size_t q1 = std::min(queries.size(), q0 + per_tile);
-      for (const Segment& chunk : chunks) {
-        if (&chunk == &chunks.front())
-          for (const Segment& s : fold.prefix[v]) units.add_segment(s);
-        units.add_segment(chunk);
-        for (size_t i = q0; i < q1; ++i) units.add_query(queries[i], ~0ull);
+      for (int32_t i = 0, at = 0; i < k; ++i) {
+        if (i == 0)
+          for (size_t j = 0; j < nprefix; ++j) units.add_segment(prefix[j]);
+        const int32_t take = size + (i < longer ? 1 : 0);
+        units.add_segment({v, at, at + take});
+        at += take;
+        units.add_queries(queries.subspan(q0, q1 - q0), ~0ull);
         units.close();
       }
     }
@@ -154,21 +191,39 @@ int64_t longest_unit(const planning::ProtoUnits& units) {
   return n;
 }
 
-// The bytes a set of units moves: KV read (all kv heads) and the partial
-// slots of queries in more than one unit.
+// The bytes a candidate's units move: KV read (all kv heads) and the partial
+// slots of queries in more than one unit. Counted without building them
+// (add_node_units): a node's units hold tiles x (its tokens + its prefix's)
+// and put each query below it in k units, k its pieces. Packing the units
+// keeps both sums (each query stays in as many units, each unit's tokens
+// go whole into its pack). per_query, diff: memory.
 struct UnitBytes {
   int64_t kv = 0, partials = 0;
 };
-UnitBytes unit_bytes(const Workload& w, const planning::ProtoUnits& units, std::vector<int32_t>& per_query) {
-  per_query.assign(size_t(w.num_queries()), 0);
-  UnitBytes b;
-  for (size_t u = 0; u < units.size(); ++u) {
-    b.kv += units.tokens(u) * w.kv_bytes_per_token();
-    for (const int32_t q : units.queries(u)) ++per_query[q];
+UnitBytes candidate_bytes(const Workload& w, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
+                          std::vector<int32_t>& per_query, std::vector<int32_t>& diff) {
+  const size_t nq = w.query_nodes.size();
+  const int32_t per_tile = queries_per_tile(w);
+  per_query.assign(nq, 0);
+  int64_t tokens = 0, slots = 0;
+  for (size_t u = 0; u < c.compact.size(); ++u) {
+    tokens += c.compact.tokens(u);
+    for (const int32_t q : c.compact.queries(u)) ++per_query[q];
   }
+  // A node's k units per query, added over its range of sub.queries.
+  diff.assign(nq + 1, 0);
+  for (const int32_t v : c.fold.planned) {
+    const int32_t k = piece_count(w.tree.nodes[v].num_tokens, c.piece);
+    tokens += planning::ceil_div(int64_t(sub[v].size()), per_tile) *
+              (w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v));
+    diff[size_t(sub.begin[v])] += k;
+    diff[size_t(sub.end[v])] -= k;
+  }
+  int32_t below = 0;
+  for (size_t i = 0; i < nq; ++i) per_query[size_t(sub.queries[i])] += below += diff[i];
   for (const int32_t n : per_query)
-    if (n > 1) b.partials += n * slot_bytes(w);
-  return b;
+    if (n > 1) slots += n;
+  return {tokens * w.kv_bytes_per_token(), slots * slot_bytes(w)};
 }
 }  // namespace
 
@@ -178,26 +233,31 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
                        Plan& out) {
   PlanScratch::Buffers& m = scratch.buffers();
   m.sub.build(w, ix);
-  m.down.build(w, ix, m.sub);
+  m.down.build(w, ix);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
   const int64_t flat_rows = planning::integer_option(opt, "node", "flat_rows", 0, 0);
-  // node's units are built in two steps: compact_units puts the units of the
-  // compact subtrees of at most `flat_tokens` tokens per path (0: none) and
-  // leaves of at most `leaf_tokens` into raw (and says how many);
-  // packed_with_nodes adds the nodes they leave and packs the short units.
+  // A candidate plan is made in two steps: compact_units finds the compact
+  // subtrees of at most `flat_tokens` tokens per path (0: none) and leaves
+  // of at most `leaf_tokens`, and their units (and says how many);
+  // plan_nodes plans the nodes they leave. build adds those nodes' units to
+  // the compact subtrees' and packs the short units: only for the candidate
+  // taken (candidate_bytes compares them unbuilt).
   planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
-  const auto compact_units = [&](int64_t flat_tokens, int64_t leaf_tokens) {
-    planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, m.covered, raw,
-                                    m.compact);
-    return raw.size();
+  planning::NodeCandidate &a = m.candidates[0], &b = m.candidates[1];
+  const auto compact_units = [&](planning::NodeCandidate& c, int64_t flat_tokens, int64_t leaf_tokens) {
+    planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, c.covered,
+                                    c.compact, m.compact);
+    return c.compact.size();
   };
-  const auto packed_with_nodes = [&](planning::ProtoUnits& packed) {
-    add_node_units(w, ix, opt, m, raw);
+  const auto build = [&](const planning::NodeCandidate& c, planning::ProtoUnits& packed) {
+    raw = c.compact;
+    add_node_units(w, m.sub, c, raw);
     planning::pack_short_units(raw, pack, w, opt, packed, m.pack);
   };
-  size_t compact = compact_units(flat, kShortLeafTokens);
-  packed_with_nodes(units);
+  size_t compact = compact_units(a, flat, kShortLeafTokens);
+  plan_nodes(w, ix, opt, m, a);
+  const planning::NodeCandidate* taken = &a;
   // Compact subtrees with long leaves put several leaves in series in one
   // unit while node would stream them side by side: taken only where they
   // save at least 1 byte of partials per 2.5 bytes of KV they re-read
@@ -208,16 +268,18 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   // 15-29 MB re-read: its 256-token level under 16-row units) 1.18x and 1.40x
   // at 32/8 and 64/8, so not taken.
   if (flat > 0) {
-    const size_t long_compact = compact_units(flat, flat);
+    const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
-      packed_with_nodes(alternative);
-      const UnitBytes a = unit_bytes(w, units, m.units_of_query), b = unit_bytes(w, alternative, m.units_of_query);
-      if ((b.kv - a.kv) * 2 <= kMaxRereadPerSlotByte * (a.partials - b.partials)) {
-        std::swap(units, alternative);
+      plan_nodes(w, ix, opt, m, b);
+      const UnitBytes x = candidate_bytes(w, m.sub, a, m.units_of_query, m.query_diff),
+                      y = candidate_bytes(w, m.sub, b, m.units_of_query, m.query_diff);
+      if ((y.kv - x.kv) * 2 <= kMaxRereadPerSlotByte * (x.partials - y.partials)) {
+        taken = &b;
         compact = long_compact;
       }
     }
   }
+  build(*taken, units);
   // Units too few to fill the resident CTA slots run as long as the longest
   // one. Where a compact subtree's unit is longer than kMaxCompactStretch x
   // the longest unit of the plan without compact subtrees (whose pieces run
@@ -227,13 +289,15 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   // change the plan only the two ToT ones at iteration 2000 (1.30x, 1.39x
   // the time of the nodes) are taken out by this rule (ab_90ef9b2_session9.txt).
   if (compact > 0 && !planning::fills_slots(units.size(), w, opt)) {
-    compact_units(0, 0);
-    packed_with_nodes(alternative);
+    planning::NodeCandidate& nodes_only = taken == &a ? b : a;
+    compact_units(nodes_only, 0, 0);
+    plan_nodes(w, ix, opt, m, nodes_only);
+    build(nodes_only, alternative);
     if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) std::swap(units, alternative);
   }
-  PlanBuilder b(w, "node", std::move(out));
-  planning::emit_units(b, units);
-  out = b.finish();
+  PlanBuilder builder(w, "node", std::move(out));
+  units.emit(builder);
+  out = builder.finish();
 }
 
 }  // namespace treeattn

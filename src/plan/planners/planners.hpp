@@ -52,10 +52,6 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
 // the resident CTA slots.
 bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt);
 
-// [begin, end) of `seg` cut into ceil(size / max_tokens) pieces whose sizes
-// differ by at most one token, into `out` (replaced).
-void split_evenly(const Segment& seg, int64_t max_tokens, std::vector<Segment>& out);
-
 // The planner knob `key` of opt.extra as an integer >= `min` (`fallback` when
 // unset); throws Error naming the planner, the knob and the value otherwise.
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min);
@@ -89,10 +85,16 @@ class ProtoUnits {
     queries_.push_back(q);
     masks_.push_back(mask);
   }
+  void add_queries(std::span<const int32_t> qs, uint64_t mask) {
+    queries_.insert(queries_.end(), qs.begin(), qs.end());
+    masks_.resize(queries_.size(), mask);
+  }
   void close();
   void discard_open();
   // Appends unit i of `from` as a closed unit.
   void append(const ProtoUnits& from, size_t i);
+  // Hands the closed units to b (PlanBuilder::add_units).
+  void emit(PlanBuilder& b) const;
 
  private:
   static size_t first(const std::vector<int32_t>& end, size_t i) { return i == 0 ? 0 : size_t(end[i - 1]); }
@@ -114,16 +116,17 @@ struct SubtreeQueries {
   void build(const Workload& w, const TreeIndex& ix);
 
  private:
-  std::vector<int32_t> own_begin_, by_node_, stack_;  // memory of build()
+  std::vector<int32_t> fill_;  // memory of build()
 };
 
 // Per node v with queries below it: the longest path from v down to one of
 // them, in tokens and in non-empty segments, the longest leaf (node without
-// queries below) under v, and whether v has a child with queries.
+// queries below) under v, and whether v has a child with queries; zeros
+// for the other nodes.
 struct DownPaths {
   std::vector<int64_t> tokens, segments, leaf;
   std::vector<char> branches;
-  void build(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub);
+  void build(const Workload& w, const TreeIndex& ix);
 };
 
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
@@ -159,21 +162,36 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 // subtrees' nodes (the caller plans the rest). `out`: the units (replaced).
 // down: the tree's DownPaths (the same for every max_tokens).
 struct CompactScratch {
-  std::vector<int32_t> path, roots, best_roots, next;
+  std::vector<int32_t> path, roots, best_roots, next, opened_in, position;
+  std::vector<char> is_compact;
   ProtoUnits units;
 };
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
                            int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
                            std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch);
-void emit_units(PlanBuilder& b, const ProtoUnits& units);
 
-// node's folds (plan_node): prefix[v]: the segments of v's folded
-// ancestors, which open v's first KV piece; folded[v]: v has no units of its
-// own. Only uncovered nodes with tokens are folded into or receive a prefix,
-// so every query still sees each token of its path exactly once.
+// node's folds (plan_node): folded[v]: v has no units of its own; its
+// segment opens the first KV piece of each child with queries. The first
+// piece of a node whose parent is folded opens with the segments of the
+// chain[v] folded ancestors directly above it (chain_tokens[v] tokens); both
+// are read only for such nodes. Only uncovered nodes with tokens are folded
+// into or receive a prefix, so every query still sees each token of its path
+// exactly once. planned: the nodes planned as nodes, in BFS order.
 struct FoldPlan {
-  std::vector<std::vector<Segment>> prefix;
   std::vector<char> folded;
+  std::vector<int32_t> chain;
+  std::vector<int64_t> chain_tokens;
+  std::vector<int32_t> planned;
+};
+
+// One way node may plan a tree (plan_node): the units of its compact
+// subtrees and the nodes they cover, then the folds and the KV piece length
+// of the nodes left.
+struct NodeCandidate {
+  ProtoUnits compact;
+  std::vector<char> covered;
+  FoldPlan fold;
+  int64_t piece = 0;
 };
 
 }  // namespace planning
@@ -185,11 +203,10 @@ struct PlanScratch::Buffers {
   planning::ProtoUnits raw, units, alternative;
   planning::CompactScratch compact;
   planning::PackScratch pack;
-  planning::FoldPlan fold;
-  std::vector<char> covered;
+  planning::NodeCandidate candidates[2];
   std::vector<std::pair<int64_t, int64_t>> jobs;
   std::vector<int64_t> piece_lengths, slot_loads;
-  std::vector<int32_t> units_of_query, path;
+  std::vector<int32_t> units_of_query, query_diff, path;
   std::vector<Segment> segments;
 };
 
