@@ -17,6 +17,7 @@ lengths (compilation, tuning).
     # CPU smoke (seconds): --model random:tiny --device cpu --tasks 2 --scale 0.01
 """
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -46,10 +47,21 @@ def spec_of(path, args):
     return spec
 
 
+@contextlib.contextmanager
+def sized_engine(model, program, attention, args):
+    """A fresh engine sized by the schedule (the pool for its peak, max_batch for its
+    widest step), freed on exit."""
+    engine = build_engine(model, attention, args.cache, args.page_size, program.pages_needed(args.page_size),
+                          max_batch=program.max_batch, graphs=args.graphs == "on")
+    try:
+        yield engine
+    finally:
+        del engine
+        free_memory(model.model.embed_tokens.weight.device)
+
+
 def run_case(model, name, spec, attention, args):
-    """One file with one attention on a fresh engine sized by the schedule (the pool for
-    its peak, max_batch for its widest step); the engine is freed before returning."""
-    device = model.model.embed_tokens.weight.device
+    """One file with one attention on its own sized engine."""
     program = make_tot_program(spec, model.cfg.vocab_size, seed=args.seed)
     num_pages = program.pages_needed(args.page_size)
     row = dict(file=name, spec=spec, attention=attention, tasks=len(program.prompts),
@@ -57,9 +69,7 @@ def run_case(model, name, spec, attention, args):
                graphs=args.graphs)
     log(f"{name} / {attention}: {row['tasks']} tasks, {program.num_steps} steps planned, "
         f"widest step {program.max_batch} queries, {num_pages} pages")
-    engine = build_engine(model, attention, args.cache, args.page_size, num_pages,
-                          max_batch=program.max_batch, graphs=args.graphs == "on")
-    try:
+    with sized_engine(model, program, attention, args) as engine:
         result = run_tot(engine, program, seed=args.seed, time_attention=True,
                          attention_every=args.attention_every)
         row.update(result.summary())
@@ -67,9 +77,6 @@ def run_case(model, name, spec, attention, args):
             row.update(decode_s=sum(result.step_seconds),
                        tpot_ms_mean=1e3 * statistics.mean(result.step_seconds))
         del result
-    finally:
-        del engine
-        free_memory(device)
     log("  " + line_of(row))
     return row
 
@@ -78,19 +85,12 @@ def warm_up_file(model, spec, args):
     """The replay's first two steps (every task's prefill) on a throwaway engine, untimed,
     before the timed cases of a file: its prompt lengths are what the prefill compiles and
     tunes for (seconds on the first pass), so neither timed case pays for that."""
-    device = model.model.embed_tokens.weight.device
     program = make_tot_program(spec, model.cfg.vocab_size, seed=args.seed)
-    engine = build_engine(model, args.attentions[0], args.cache, args.page_size,
-                          program.pages_needed(args.page_size), max_batch=program.max_batch,
-                          graphs=args.graphs == "on")
-    try:
+    with sized_engine(model, program, args.attentions[0], args) as engine:
         started = time.perf_counter()
         run_tot(engine, program, seed=args.seed, max_steps=2)
-        sync(device)
+        sync(model.model.embed_tokens.weight.device)
         log(f"  warm-up (prefill of every task, 2 steps, untimed): {time.perf_counter() - started:.2f} s")
-    finally:
-        del engine
-        free_memory(device)
 
 
 def line_of(row):
