@@ -76,6 +76,7 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
   c.max_queries = 256;
   c.max_nodes = 16384;
   c.max_page_refs = int64_t(pages.size());
+  c.max_extension_tokens = 0;  // the same tree each step: planned afresh, not extended
   TreeAttention ta(c);
   const TreeArrays arrays{parents, num_tokens, offsets, pages, w.query_nodes, {}};
   for (auto _ : state) ta.plan_tree(arrays, nullptr);
@@ -84,6 +85,54 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
 #endif
   state.counters["units"] = double(ta.plan().num_units());
   state.counters["pages"] = double(pages.size());
+}
+
+// Decode steps as an engine plans them: the same tree, every query's node
+// one token longer each step (a page appended from the free pool when it
+// fills), 128 steps, then the first step again (a new batch). With the
+// default max_extension_tokens most steps extend the last plan; the fresh
+// plans (the first step, and each time a unit outgrows the limit) are in the
+// mean. The steps' arrays are made before the clock starts.
+void runtime_decode_steps(benchmark::State& state, int nodes) {
+  constexpr int kSteps = 128;
+  Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  std::vector<char> grows(w.tree.nodes.size(), 0);
+  for (const int32_t v : w.query_nodes) grows[v] = 1;
+  struct Step {
+    std::vector<int32_t> parents, num_tokens, offsets, pages;
+  };
+  std::vector<Step> steps(kSteps);
+  int64_t next_page = w.layout.num_pages;
+  for (Step& st : steps) {
+    st.offsets.push_back(0);
+    for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
+      Node& n = w.tree.nodes[v];
+      st.parents.push_back(n.parent);
+      st.num_tokens.push_back(n.num_tokens);
+      st.pages.insert(st.pages.end(), n.pages.begin(), n.pages.end());
+      st.offsets.push_back(int32_t(st.pages.size()));
+      if (grows[v] && ++n.num_tokens > int64_t(n.pages.size()) * w.layout.page_size)
+        n.pages.push_back(int32_t(next_page++));
+    }
+  }
+  TreeAttentionConfig c;
+  c.heads = w.heads;
+  c.dtype = w.layout.dtype;
+  c.page_size = w.layout.page_size;
+  c.num_pages = next_page;
+  c.device = Device::cpu;
+  c.max_queries = 256;
+  c.max_nodes = 16384;
+  c.max_page_refs = int64_t(steps.back().pages.size());
+  TreeAttention ta(c);
+  size_t i = 0;
+  for (auto _ : state) {
+    const Step& st = steps[i];
+    ta.plan_tree({st.parents, st.num_tokens, st.offsets, st.pages, w.query_nodes, {}}, nullptr);
+    i = (i + 1) % kSteps;
+  }
+  const PlanStats s = ta.plan_stats();
+  state.counters["fresh_%"] = 100.0 * double(s.planned) / double(s.planned + s.extended);
 }
 
 // The parts of a runtime plan step, each on its own with the memory a
@@ -181,6 +230,10 @@ int main(int argc, char** argv) {
   for (const int nodes : {100, 1000, 10000})
     benchmark::RegisterBenchmark(("runtime/plan_tree/cpu/" + std::to_string(nodes)).c_str(), runtime_plan, nodes,
                                  Device::cpu)
+        ->Unit(benchmark::kMicrosecond);
+  for (const int nodes : {100, 1000, 10000})
+    benchmark::RegisterBenchmark(("runtime/decode_steps/cpu/" + std::to_string(nodes)).c_str(), runtime_decode_steps,
+                                 nodes)
         ->Unit(benchmark::kMicrosecond);
 #if defined(TREEATTN_HAVE_CUDA)
   int gpus = 0;

@@ -36,6 +36,22 @@ struct TreeAttentionConfig {
   std::string planner = "auto";
   PlanOptions plan_options;  // num_sms = 0: the device's (132 on the CPU)
   int cpu_threads = 0;       // CPU executor threads, 0: all
+  // Plan extension (plan_tree only): a step whose tree differs from the last
+  // one only in that some childless nodes grew (more tokens, pages appended;
+  // the nodes, parents, queries and first slots the same: a decode step)
+  // reuses the last plan with those nodes' tail segments lengthened, until a
+  // unit would hold more than this many tokens beyond what the planner gave
+  // it; then the step is planned afresh. Coverage is exact either way and the
+  // extended plan is validated like any other; only the balance of the units
+  // can lag a fresh plan's, by at most this many tokens a unit. 0: every step
+  // is planned afresh.
+  int32_t max_extension_tokens = kDefaultKvTile;
+};
+
+// How the steps so far were planned: afresh or by extending the last plan.
+struct PlanStats {
+  int64_t planned = 0;   // plans made by the planner
+  int64_t extended = 0;  // steps that extended the last plan
 };
 
 // A tree as flat arrays, nodes in any order with parents given by index:
@@ -85,6 +101,7 @@ class TreeAttention {
   const Workload& workload() const; // the last plan's tree
   const Plan& plan() const;
   PlanSummary summary() const;
+  PlanStats plan_stats() const;
   std::string describe() const;     // the executor's launches (GPU) or "cpu"
 
  private:

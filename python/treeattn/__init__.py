@@ -123,12 +123,18 @@ class TreeAttention:
             is sized by them once. A step beyond one raises ValueError naming it.
         planner: "auto" (default), "node", "per-query", ... (``treeattn workloads``
             lists them).
+        max_extension_tokens: a ``plan_tree`` step whose tree is the last one
+            grown at childless nodes (a decode step: the same nodes, parents
+            and queries; more tokens, pages appended) extends the last plan
+            instead of planning afresh, until a unit would hold more than this
+            many tokens beyond its plan; 0: plan every step afresh. Extended
+            plans are validated like fresh ones (``plan_stats`` counts both).
     """
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, *,
                  dtype: Any = "fp16", device: str = "cuda", max_queries: int = 256, max_nodes: int = 4096,
                  max_page_refs: int = 65536, planner: str = "auto", num_sms: Optional[int] = None,
-                 cpu_threads: int = 0):
+                 cpu_threads: int = 0, max_extension_tokens: int = 64):
         device = str(device).split(":")[0]
         if device == "cuda" and not cuda_built:
             raise ValueError("device: 'cuda' needs a treeattn built with CUDA (this one was built without nvcc)")
@@ -152,7 +158,7 @@ class TreeAttention:
         self._stream_fn, self._stream_arg = stream_fn, stream_arg
         self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
                                               self.dtype, device, max_queries, max_nodes, max_page_refs, planner,
-                                              num_sms or 0, cpu_threads)
+                                              num_sms or 0, cpu_threads, max_extension_tokens)
         # run()'s C++ entry: reads and checks the tensors (PyTorch through a few
         # attribute reads, anything else through DLPack) and takes the stream
         # from the source above when none is given, in one call.
@@ -255,6 +261,10 @@ class TreeAttention:
     def plan_summary(self) -> dict:
         """The last plan's units, rows, KV bytes loaded vs unique, partial bytes... (as ``treeattn plan`` prints)."""
         return self._impl.plan_summary()
+
+    def plan_stats(self) -> dict:
+        """How the steps so far were planned: ``{"planned": fresh plans, "extended": steps that extended the last}``."""
+        return self._impl.plan_stats()
 
     def describe(self) -> str:
         """The executor's launches (CUDA) or "cpu executor"."""

@@ -507,7 +507,8 @@ void bind_runtime(nb::module_& m) {
           "__init__",
           [](TreeAttention* self, int num_qo_heads, int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
              const std::string& dtype, const std::string& device, int32_t max_queries, int32_t max_nodes,
-             int64_t max_page_refs, const std::string& planner, int num_sms, int cpu_threads) {
+             int64_t max_page_refs, const std::string& planner, int num_sms, int cpu_threads,
+             int32_t max_extension_tokens) {
             TreeAttentionConfig c;
             c.heads = {num_qo_heads, num_kv_heads, head_dim};
             c.dtype = parse_dtype(dtype);
@@ -522,11 +523,13 @@ void bind_runtime(nb::module_& m) {
             c.planner = planner;
             c.plan_options.num_sms = num_sms;
             c.cpu_threads = cpu_threads;
+            c.max_extension_tokens = max_extension_tokens;
             new (self) TreeAttention(c);
           },
           nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("page_size"),
           nb::arg("num_pages"), nb::arg("dtype"), nb::arg("device"), nb::arg("max_queries"), nb::arg("max_nodes"),
-          nb::arg("max_page_refs"), nb::arg("planner"), nb::arg("num_sms"), nb::arg("cpu_threads"))
+          nb::arg("max_page_refs"), nb::arg("planner"), nb::arg("num_sms"), nb::arg("cpu_threads"),
+          nb::arg("max_extension_tokens"))
       .def(
           "plan_tree",
           [](TreeAttention& ta, const Index& parents, const Index& num_tokens, const Index& page_offsets,
@@ -559,6 +562,14 @@ void bind_runtime(nb::module_& m) {
           nb::arg("draft_rows"), nb::arg("stream"))
       .def_prop_ro("num_queries", &TreeAttention::num_queries)
       .def("describe", &TreeAttention::describe)
+      .def("plan_stats",
+           [](const TreeAttention& ta) {
+             const PlanStats s = ta.plan_stats();
+             nb::dict d;
+             d["planned"] = s.planned;
+             d["extended"] = s.extended;
+             return d;
+           })
       .def("plan_summary", [](const TreeAttention& ta) {
         const PlanSummary s = ta.summary();
         nb::dict d;

@@ -2,6 +2,7 @@
 // Workload and Plan -> the CPU executor or a CudaStepExecutor.
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "treeattn/runtime.hpp"
@@ -37,27 +38,169 @@ struct TreeAttention::Impl {
   PlanScratch plan_scratch;
   ValidatePlanScratch validate_plan_scratch;
   bool planned = false;
+  PlanStats stats;
 #if defined(TREEATTN_HAVE_CUDA)
   std::unique_ptr<CudaStepExecutor> cuda;
 #endif
 
+  // Plan extension (TreeAttentionConfig::max_extension_tokens). Valid while
+  // `extendable`: w's pages, a bit each, when no two nodes share a page
+  // (w_page_bits); per unit of `plan`, the tokens added since the planner
+  // made it (unit_growth). Per node, scratch for one extension attempt.
+  bool extendable = false;
+  bool w_page_bits = false;       // page_bits holds w's pages (shared or not)
+  std::vector<uint64_t> page_bits;
+  std::vector<int32_t> unit_growth, next_unit_growth;
+  std::vector<int32_t> grown_to;  // per node: its new token count, -1: unchanged
+  std::vector<int32_t> new_pages; // pages appended by the attempt (their bits set)
+
   // Plans `scratch`, hands the plan to the executor, then makes it current.
   void commit(void* stream) {
-    scratch.validate(&validate_scratch);
-    Plan& p = next_plan;
-    plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, p);
-#if defined(TREEATTN_HAVE_CUDA)
-    if (cuda)
-      cuda->set_plan(scratch, p, static_cast<cudaStream_t>(stream));  // validates the plan before it packs it
-    else
-      validate_plan(scratch, p, &validate_plan_scratch);
-#else
-    (void)stream;
-    validate_plan(scratch, p, &validate_plan_scratch);
-#endif
+    const bool could_extend = extendable;
+    extendable = false;  // the index below is the new tree's from here on
+    try {
+      scratch.validate(&validate_scratch);
+      plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, next_plan);
+      hand_to_executor(scratch, next_plan, stream);
+    } catch (...) {
+      if (could_extend) {  // w stays in force, and extendable: its index again
+        validate_scratch.index.rebuild(w.tree, w.query_nodes);
+        extendable = true;
+      }
+      throw;
+    }
     std::swap(w, scratch);
     std::swap(plan, next_plan);
     planned = true;
+    ++stats.planned;
+    prepare_extension();
+  }
+
+  // Validates p for tree t (on the GPU set_plan does, before it packs it).
+  void hand_to_executor(const Workload& t, const Plan& p, void* stream) {
+#if defined(TREEATTN_HAVE_CUDA)
+    if (cuda) return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream));
+#endif
+    (void)stream;
+    validate_plan(t, p, &validate_plan_scratch);
+  }
+
+  // After a fresh plan: w's pages into page_bits (the previous tree's, now
+  // in scratch, cleared first), and whether w's plan may be extended.
+  void prepare_extension() {
+    const int64_t num_pages = cfg.num_pages;
+    if (cfg.max_extension_tokens <= 0 || num_pages > (int64_t(1) << 30)) return;
+    const size_t words = size_t((num_pages + 63) / 64);
+    if (page_bits.size() != words) page_bits.assign(words, 0);
+    if (w_page_bits)
+      for (const Node& n : scratch.tree.nodes)
+        for (const int32_t pg : n.pages) page_bits[size_t(pg) / 64] = 0;
+    bool shared = false;
+    for (const Node& n : w.tree.nodes)
+      for (const int32_t pg : n.pages) {
+        uint64_t& word = page_bits[size_t(pg) / 64];
+        const uint64_t bit = uint64_t(1) << (pg % 64);
+        shared |= (word & bit) != 0;
+        word |= bit;
+      }
+    w_page_bits = true;
+    unit_growth.assign(size_t(plan.num_units()), 0);
+    extendable = !shared;
+  }
+
+  // The extension of the last plan to tree t, if t is the last tree grown at
+  // childless nodes (see max_extension_tokens) and no unit outgrows the
+  // limit; false (nothing changed) otherwise, and for anything Workload::
+  // validate would reject, which the fresh plan then reports. Checks first,
+  // then changes w, plan and page_bits together.
+  bool try_extend(const TreeArrays& t, void* stream) {
+    if (!extendable) return false;
+    const size_t n = w.tree.nodes.size();
+    if (t.parents.size() != n || t.num_tokens.size() != n || t.page_offsets.size() != n + 1 ||
+        (!t.first_slots.empty() && t.first_slots.size() != n) || t.page_offsets[0] != 0 ||
+        size_t(t.page_offsets[n]) != t.page_ids.size() || int64_t(t.page_ids.size()) > cfg.max_page_refs ||
+        !std::equal(t.query_nodes.begin(), t.query_nodes.end(), w.query_nodes.begin(), w.query_nodes.end()))
+      return false;
+    const TreeIndex& ix = validate_scratch.index;  // w's
+    const int ps = cfg.page_size;
+    grown_to.resize(n);
+    new_pages.clear();
+    const auto undo_bits = [&] {
+      for (const int32_t pg : new_pages) page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64));
+      return false;
+    };
+    bool any = false;
+    for (size_t v = 0; v < n; ++v) {
+      const Node& a = w.tree.nodes[v];
+      const int32_t tokens = t.num_tokens[v], b = t.page_offsets[v], e = t.page_offsets[v + 1];
+      const size_t had = a.pages.size();
+      if (t.parents[v] != a.parent || (t.first_slots.empty() ? 0 : t.first_slots[v]) != a.first_slot || b < 0 ||
+          e < b || size_t(e) > t.page_ids.size() || size_t(e - b) < had || !std::equal(a.pages.begin(), a.pages.end(), t.page_ids.begin() + b))
+        return undo_bits();
+      grown_to[v] = -1;
+      if (tokens == a.num_tokens) {
+        if (size_t(e - b) != had) return undo_bits();
+        continue;
+      }
+      // Only a childless node with tokens (so with tail segments) may grow.
+      if (tokens < a.num_tokens || a.num_tokens == 0 || ix.num_children(int32_t(v)) != 0) return undo_bits();
+      const int64_t end_slot = int64_t(a.first_slot) + tokens, have = e - b;
+      if (!((have - 1) * ps < end_slot && end_slot <= have * ps)) return undo_bits();
+      if (ix.path_tokens[v] - a.num_tokens + tokens > kMaxPathTokens) return undo_bits();
+      for (int32_t i = b + int32_t(had); i < e; ++i) {
+        const int32_t pg = t.page_ids[size_t(i)];
+        if (pg < 0 || pg >= cfg.num_pages) return undo_bits();
+        uint64_t& word = page_bits[size_t(pg) / 64];
+        const uint64_t bit = uint64_t(1) << (pg % 64);
+        if (word & bit) return undo_bits();  // used by another node, or twice here
+        word |= bit;
+        new_pages.push_back(pg);
+      }
+      grown_to[v] = tokens;
+      any = true;
+    }
+    // The plan: each grown node's segments that end at its old end now end
+    // at its new one. A query sees exactly one of them (coverage), so each
+    // new token once.
+    Plan& p = next_plan;
+    p = plan;
+    next_unit_growth = unit_growth;
+    if (any)
+      for (int32_t u = 0; u < p.num_units(); ++u)
+        for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) {
+          Segment& s = p.segments[size_t(k)];
+          const int32_t to = grown_to[size_t(s.node)];
+          if (to < 0 || s.end != w.tree.nodes[size_t(s.node)].num_tokens || s.begin == s.end) continue;
+          next_unit_growth[u] += to - s.end;
+          s.end = to;
+          if (next_unit_growth[u] > cfg.max_extension_tokens) return undo_bits();
+        }
+    // w grows in place; undone if the executor refuses the plan.
+    for (size_t v = 0; v < n; ++v)
+      if (grown_to[v] >= 0) {
+        Node& a = w.tree.nodes[v];
+        validate_scratch.index.path_tokens[v] += grown_to[v] - a.num_tokens;
+        grown_to[v] = std::exchange(a.num_tokens, grown_to[v]);  // now the old count
+        a.pages.insert(a.pages.end(), t.page_ids.begin() + t.page_offsets[v] + int32_t(a.pages.size()),
+                       t.page_ids.begin() + t.page_offsets[v + 1]);
+      }
+    try {
+      hand_to_executor(w, p, stream);
+    } catch (...) {
+      for (size_t v = 0; v < n; ++v)
+        if (grown_to[v] >= 0) {
+          Node& a = w.tree.nodes[v];
+          validate_scratch.index.path_tokens[v] -= a.num_tokens - grown_to[v];
+          a.num_tokens = grown_to[v];
+          a.pages.resize(size_t((int64_t(a.first_slot) + a.num_tokens + ps - 1) / ps));
+        }
+      undo_bits();
+      throw;
+    }
+    std::swap(plan, next_plan);
+    std::swap(unit_growth, next_unit_growth);
+    ++stats.extended;
+    return true;
   }
 
   // Sets scratch's node count to n; nodes beyond it wait in spare_nodes, so
@@ -117,6 +260,8 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
       fail(std::string(name) + " = " + std::to_string(v) + " is out of range [1, " + std::to_string(hi) + "]");
   };
   range("max_queries", c.max_queries, 1 << 20);
+  if (c.max_extension_tokens < 0)
+    fail("max_extension_tokens = " + std::to_string(c.max_extension_tokens) + " must be >= 0 (0: plan every step afresh)");
   range("max_nodes", c.max_nodes, 1 << 24);
   range("max_page_refs", c.max_page_refs, int64_t(1) << 30);
   m.planner = &find_planner(c.planner);
@@ -161,6 +306,7 @@ TreeAttention::TreeAttention(TreeAttention&&) noexcept = default;
 TreeAttention& TreeAttention::operator=(TreeAttention&&) noexcept = default;
 
 void TreeAttention::plan_tree(const TreeArrays& tree, void* stream) {
+  if (impl_->try_extend(tree, stream)) return;
   impl_->load_tree(tree, 0, 0);
   impl_->commit(stream);
 }
@@ -249,6 +395,7 @@ PlanSummary TreeAttention::summary() const {
   if (!impl_->planned) fail("summary() before any plan_*() call");
   return summarize(impl_->w, impl_->plan);
 }
+PlanStats TreeAttention::plan_stats() const { return impl_->stats; }
 std::string TreeAttention::describe() const {
 #if defined(TREEATTN_HAVE_CUDA)
   if (impl_->cuda) return impl_->cuda->describe();

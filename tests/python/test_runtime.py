@@ -90,6 +90,44 @@ def test_plan_tree_numpy_matches_reference(planner, heads):
     assert attn.plan_summary()["queries"] == 9
 
 
+def test_decode_steps_extend_the_plan_and_match_the_reference():
+    """A tree whose query nodes grow a token a step: plan_tree extends the last plan (plan_stats counts it) until
+    a unit outgrows max_extension_tokens, and every step matches the reference; with 0 every step is planned."""
+    rng = np.random.default_rng(5)
+    ps, H, Hkv, D, steps = 4, 4, 2, 64, 24
+    tree = dict(parents=[-1, 0, 0, 0, 1, 1], num_tokens=[30, 9, 5, 7, 3, 6], query_nodes=[2, 3, 4, 5, 5])
+    pool = 200
+    free = list(rng.permutation(pool))
+    pages = [[int(free.pop()) for _ in range((t + ps - 1) // ps)] for t in tree["num_tokens"]]
+    k = rng.uniform(-1, 1, (pool, ps, Hkv, D)).astype(np.float16)
+    v = rng.uniform(-1, 1, (pool, ps, Hkv, D)).astype(np.float16)
+    for limit in (8, 0):
+        attn = treeattn.TreeAttention(H, Hkv, D, ps, pool, dtype="fp16", device="cpu", max_queries=8, max_nodes=8,
+                                      max_page_refs=pool, max_extension_tokens=limit)
+        t = dict(tree, num_tokens=list(tree["num_tokens"]))
+        pg = [list(p) for p in pages]
+        spare = list(free)
+        for step in range(steps):
+            t["page_ids"] = [p for node in pg for p in node]
+            t["page_offsets"] = list(np.cumsum([0] + [len(node) for node in pg]))
+            attn.plan_tree(**{name: np.asarray(a, dtype=np.int32) for name, a in t.items()})
+            q = rng.uniform(-1, 1, (5, H, D)).astype(np.float16)
+            ref, _ = reference(q, k, v, [token_rows(t, n, ps) for n in t["query_nodes"]])
+            assert rel_err(attn.run(q, k, v), ref) < 2e-3, (limit, step)
+            for n in set(t["query_nodes"]):  # a decode step: each query's node one token longer
+                t["num_tokens"][n] += 1
+                if t["num_tokens"][n] > len(pg[n]) * ps:
+                    pg[n].append(int(spare.pop()))
+        stats = attn.plan_stats()
+        assert stats["planned"] + stats["extended"] == steps
+        if limit:  # node 5 holds two queries, so a unit gains up to 2 tokens a step: a fresh plan every few steps
+            assert stats["extended"] >= steps // 2 and stats["planned"] >= 3, stats
+        else:
+            assert stats == {"planned": steps, "extended": 0}
+    with pytest.raises(ValueError, match="max_extension_tokens = -1"):
+        treeattn.TreeAttention(H, Hkv, D, ps, pool, device="cpu", max_extension_tokens=-1)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_torch_cpu_strided_layer_major_pools(dtype):
     """Pools as views into a [layers, 2, num_pages, page_size, Hkv, D] cache and q sliced from a fused QKV."""

@@ -139,5 +139,111 @@ TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
   EXPECT_NE(error_of([&] { fresh.run(h.args()); }).find("run() before any plan"), std::string::npos);
 }
 
+// A decode loop on one tree: every query's node one token longer per step,
+// a fresh page when its last fills. The steps extend the last plan until a
+// unit would outgrow max_extension_tokens; every step matches the fp64
+// reference (every fourth step) and holds the tree a fresh TreeAttention
+// holds; every plan is validated, the extended ones too.
+void grow_query_nodes(test_support::Arrays& a, int page_size, int32_t& next_page) {
+  std::vector<char> grows(a.parents.size(), 0);
+  for (const int32_t v : a.query_nodes) grows[size_t(v)] = 1;
+  std::vector<int32_t> pages, offsets{0};
+  for (size_t v = 0; v < a.parents.size(); ++v) {
+    pages.insert(pages.end(), a.page_ids.begin() + a.page_offsets[v], a.page_ids.begin() + a.page_offsets[v + 1]);
+    if (grows[v] && ++a.num_tokens[v] > (a.page_offsets[v + 1] - a.page_offsets[v]) * page_size)
+      pages.push_back(next_page++);
+    offsets.push_back(int32_t(pages.size()));
+  }
+  a.page_ids = pages;
+  a.page_offsets = offsets;
+}
+
+TEST(TreeAttentionCpu, DecodeStepsExtendTheLastPlanUntilAUnitOutgrowsTheLimit) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  p.page_size = 4;
+  for (const char* spec : {"fewshot:prompt=100:branches=6:len=9", "kary:arity=3:depth=3:total=300", "pat:B=2,4:L=30,7"}) {
+    const Workload w = make_workload(spec, p);
+    test_support::Arrays a(w);
+    int32_t next_page = int32_t(w.layout.num_pages);
+    TreeAttentionConfig c = cpu_config(p, w.layout.num_pages + 64 * 40);
+    c.max_extension_tokens = 16;
+    TreeAttention ta(c);
+    TreeAttentionConfig fc = c;
+    fc.max_extension_tokens = 0;
+    TreeAttention fresh(fc);
+    for (int step = 0; step < 40; ++step) {
+      ta.plan_tree(a.view());
+      fresh.plan_tree(a.view());
+      ASSERT_EQ(ta.workload().total_tokens(), fresh.workload().total_tokens()) << spec << " step " << step;
+      for (size_t v = 0; v < a.parents.size(); ++v)
+        ASSERT_EQ(ta.workload().tree.nodes[v].pages, fresh.workload().tree.nodes[v].pages) << spec << " node " << v;
+      if (step % 4 == 0 || ta.plan_stats().extended == 0)
+        EXPECT_LE(step_error(ta, uint64_t(step) + 1), 2e-3) << spec << " step " << step;
+      grow_query_nodes(a, p.page_size, next_page);
+    }
+    const PlanStats s = ta.plan_stats(), f = fresh.plan_stats();
+    EXPECT_EQ(f.planned, 40) << spec;
+    EXPECT_EQ(f.extended, 0) << spec;
+    EXPECT_EQ(s.planned + s.extended, 40) << spec;
+    // At most 16 tokens a unit between fresh plans: a step adds one or more.
+    EXPECT_GE(s.planned, 40 / 17 + 1) << spec;
+    EXPECT_GE(s.extended, 20) << spec;
+  }
+}
+
+TEST(TreeAttentionCpu, StepsThatAreNotAGrowthArePlannedAfresh) {
+  WorkloadParams p;
+  p.heads = {4, 4, 64};
+  p.page_size = 4;
+  const Workload w = make_workload("fewshot:prompt=20:branches=3:len=5", p);  // root 0, leaves 1..3
+  TreeAttentionConfig c = cpu_config(p, w.layout.num_pages + 8);
+  TreeAttention ta(c);
+  test_support::Arrays a(w);
+  ta.plan_tree(a.view());
+  const int32_t spare = int32_t(w.layout.num_pages);
+  auto grown = [&](int32_t node, int32_t page) {  // node + 4 tokens in one more page
+    test_support::Arrays g = a;
+    g.num_tokens[size_t(node)] += 4;
+    g.page_ids.insert(g.page_ids.begin() + g.page_offsets[size_t(node) + 1], page);
+    for (size_t v = size_t(node) + 1; v < g.page_offsets.size(); ++v) ++g.page_offsets[v];
+    return g;
+  };
+  // A page another node holds: the fresh plan's validation names it, and
+  // the plan in force (and its page bits) stay.
+  const int32_t taken = a.page_ids[0];
+  const test_support::Arrays reused = grown(1, taken);
+  try {
+    ta.plan_tree(reused.view());
+    ADD_FAILURE() << "a page used twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("page id " + std::to_string(taken)), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ta.workload().total_tokens(), w.total_tokens());
+  EXPECT_EQ(ta.plan_stats().planned, 1);
+  // The root has children: its growth is a new tree, not an extension.
+  const test_support::Arrays root = grown(0, spare);
+  ta.plan_tree(root.view());
+  EXPECT_EQ(ta.plan_stats().planned, 2);
+  EXPECT_EQ(ta.plan_stats().extended, 0);
+  EXPECT_LE(step_error(ta, 2), 2e-3);
+  // A leaf's growth extends; then the same page again (the tree as it was
+  // before plus the page) is not, and fails validation as a fresh plan.
+  a = root;
+  const test_support::Arrays leaf = grown(2, spare + 1);
+  ta.plan_tree(leaf.view());
+  EXPECT_EQ(ta.plan_stats().extended, 1);
+  EXPECT_LE(step_error(ta, 3), 2e-3);
+  a = leaf;
+  EXPECT_THROW(ta.plan_tree(grown(3, spare + 1).view()), Error);
+  EXPECT_EQ(ta.plan_stats().extended, 1);
+  ta.plan_tree(grown(3, spare + 2).view());  // the failed attempt left no page marked
+  EXPECT_EQ(ta.plan_stats().extended, 2);
+  EXPECT_LE(step_error(ta, 4), 2e-3);
+  TreeAttentionConfig bad = c;
+  bad.max_extension_tokens = -1;
+  EXPECT_THROW({ TreeAttention x(bad); }, Error);
+}
+
 }  // namespace
 }  // namespace treeattn
