@@ -8,8 +8,8 @@
 // search, a GQA-16 tree whose shared nodes are short). Without any shared KV
 // token the two plans are the same work, and per-query is taken without
 // pricing either. Per-query is planned only when a lower bound of its
-// predicted time (its KV bytes, its FLOPs, one launch and one CTA per query,
-// all priced at >= 0) leaves it a chance. docs/planners.md ("auto") has the
+// predicted time, from its piece length and the queries' path lengths
+// (coefficients are >= 0), leaves it a chance. docs/planners.md ("auto") has the
 // features, the fit and how it does on the suites.
 #include <algorithm>
 #include <bit>
@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/planners/planners.hpp"
+#include "plan/planners/tree_walk.hpp"
 #include "tree/builder_util.hpp"
 #include "tree/json_util.hpp"
 #include "treeattn/cost_models.hpp"
@@ -63,9 +64,9 @@ double gflop(const Workload& w, int64_t rows_tokens) {
   return double(rows_tokens) * w.heads.num_kv_heads * 4.0 * w.heads.head_dim * 1e-9;
 }
 
-}  // namespace
-
-AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p) {
+// auto_cost_features with the tree's unique KV in MB given (it costs a pass
+// over the nodes; auto computes it only where the choice depends on it).
+AutoCostFeatures features_of(const Workload& w, const Plan& p, double unique_kv_mb) {
   constexpr int kTile16 = tile_index(16, kDefaultKvTile), kTile16Short = tile_index(16, 32);
   int64_t tokens = 0, max_tokens = 0, padded_row_tokens = 0;
   uint32_t tiles = 0;  // bit t: tile t is used (m16 n64 units of <= 32 tokens apart)
@@ -87,7 +88,7 @@ AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p) {
   f[0] = 1;
   f[1] = std::popcount(tiles);
   f[2] = double(tokens) * w.kv_bytes_per_token() * mb;
-  f[3] = double(w.unique_kv_bytes()) * mb;
+  f[3] = unique_kv_mb;
   f[4] = double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2 * mb;
   f[5] = double(max_tokens) * 1e-3;
   f[6] = double(p.num_units()) * w.heads.num_kv_heads * 1e-3;
@@ -97,6 +98,12 @@ AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p) {
   // are as long. The H100 table prices it at 0 (memory-bound decode).
   f[8] = gflop(w, padded_row_tokens);
   return f;
+}
+
+}  // namespace
+
+AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p) {
+  return features_of(w, p, double(w.unique_kv_bytes()) * 1e-6);
 }
 
 double AutoCostModel::predict(const AutoCostFeatures& f) const {
@@ -207,30 +214,47 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
     return;
   }
   plan_node_reusing(w, ix, opt, scratch, out);
-  const double node_us = model.predict(auto_cost_features(w, out));
-  const double switch_below = (1 - model.margin) * node_us;
+  // The tree's unique KV is a feature of both plans, priced >= 0, at first
+  // left out (0): a per-query bound that loses without it loses with it.
+  AutoCostFeatures node = features_of(w, out, 0);
   // Per-query's features, each at most its value: every query's path loaded
-  // once (exact), one launch, one CTA and one segment per query and kv head,
-  // its unpadded FLOPs; partials and the longest unit at 0.
-  int64_t visible = 0, with_units = 0;
+  // once (exact), cut into pieces of split_length tokens (as per_query.cpp
+  // does; more where a piece would exceed 64 segments), one launch, a
+  // segment per piece, its unpadded FLOPs.
+  int64_t visible = 0;
+  for (const int32_t v : w.query_nodes) visible += ix.path_tokens[v];
+  const int64_t piece = planning::split_length(visible, w, opt);
+  int64_t pieces = 0, slots = 0, longest = 0;
   for (const int32_t v : w.query_nodes) {
-    visible += ix.path_tokens[v];
-    with_units += ix.path_tokens[v] > 0;
+    const int64_t n = planning::ceil_div(ix.path_tokens[v], piece);
+    pieces += n;
+    slots += n > 1 ? n : 0;
+    // A path of at most 64 nodes is never cut by the segment limit.
+    if (ix.depth[v] < kMaxSegmentsPerUnit) longest = std::max(longest, std::min(ix.path_tokens[v], piece));
   }
   AutoCostFeatures bound{};
   bound[0] = 1;
   bound[1] = 1;
   bound[2] = double(visible) * w.kv_bytes_per_token() * 1e-6;
-  bound[3] = double(w.unique_kv_bytes()) * 1e-6;
-  bound[6] = bound[7] = double(with_units) * w.heads.num_kv_heads * 1e-3;
+  bound[4] = double(slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2 * 1e-6;
+  bound[5] = double(longest) * 1e-3;
+  bound[6] = bound[7] = double(pieces) * w.heads.num_kv_heads * 1e-3;
   bound[8] = gflop(w, visible * w.heads.group_size());
+  const double keep = 1 - model.margin;
+  if (model.predict(bound) >= keep * model.predict(node)) {
+    out.planner = "auto";
+    return;
+  }
+  const double unique_kv_mb = double(w.unique_kv_bytes()) * 1e-6;
+  node[3] = bound[3] = unique_kv_mb;
+  const double switch_below = keep * model.predict(node);
   if (model.predict(bound) >= switch_below) {
     out.planner = "auto";
     return;
   }
   Plan& other = scratch.buffers().other;
   plan_per_query_reusing(w, ix, opt, scratch, other);
-  if (model.predict(auto_cost_features(w, other)) < switch_below) std::swap(out, other);
+  if (model.predict(features_of(w, other, unique_kv_mb)) < switch_below) std::swap(out, other);
   out.planner = "auto";
 }
 
