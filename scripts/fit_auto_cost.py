@@ -6,8 +6,11 @@ device: one file per suite), fits the coefficients of
 `treeattn::AutoCostModel` (include/treeattn/cost_models.hpp) and writes the
 table (data/auto_cost_h100.json is this script's output on the H100 data).
 
-The model prices a plan as coef . features, with the features of
-`auto_plan_features` (the same quantities, from the records' plan summary):
+The model prices a plan as coefficients . features. The features are
+computed by the library (`auto_cost_features`), read here from
+`treeattn plan --json` ("auto_features") for every config of the results
+and every candidate planner: so the CLI must plan what the suites ran (the
+same commit, and --sms as the suites had it). The features:
 
   const          1
   launches       attention launches (tile configs used)
@@ -18,6 +21,7 @@ The model prices a plan as coef . features, with the features of
   kctas          units x kv heads, thousands
   ksegments      segments x kv heads, thousands
   padded_gflop   attention GFLOP with the tiles' padded rows
+  wave_kt        per launch, waves of CTAs over the resident slots x its longest unit, thousands of tokens
 
 The fit is non-negative least squares on relative errors: for every config,
 each candidate's time (weight 0.3) and the difference between every two
@@ -38,32 +42,54 @@ import collections
 import datetime
 import itertools
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 
 FEATURES = ["const", "launches", "kv_mb", "unique_kv_mb", "partial_mb", "max_unit_kt", "kctas", "ksegments",
-            "padded_gflop"]
+            "padded_gflop", "wave_kt"]
 PLANNERS = ["per-query", "node", "node-chunk", "flatten", "fasttree", "pat", "forge"]
 PAIR_WEIGHT, ABS_WEIGHT = 1.0, 0.3
 
 
 def features(r):
-    """The features of one record (a plan's summary), as auto_plan_features computes them."""
-    kvh = r["num_kv_heads"]
-    rows = max(r["rows"], 1)
-    return np.array([
-        1.0,
-        r["launches"],
-        r["kv_bytes"] / 1e6,
-        r["unique_kv_bytes"] / 1e6,
-        r["partial_bytes"] / 1e6,
-        r["max_unit_tokens"] / 1e3,
-        r["units"] * kvh / 1e3,
-        r["segments"] * kvh / 1e3,
-        r["flops"] * (r["rows"] + r["padded_rows"]) / rows / 1e9,
-    ])
+    """The features of one record (attached by attach_features)."""
+    return r["_features"]
+
+
+def attach_features(configs, planners, treeattn, sms):
+    """Plans every config with each planner through `treeattn plan --json` and
+    attaches its auto_features to the record, as "_features"."""
+    groups = collections.defaultdict(list)  # the CLI options a config needs -> configs
+    for c in configs:
+        r = c[2]["node"]
+        groups[(r["num_qo_heads"], r["num_kv_heads"], r["head_dim"], r["page_size"], r["dtype"])].append(c)
+    for (qo, kv, d, page, dtype), group in groups.items():
+        cmd = [treeattn, "plan", "--json", "--heads", f"{qo}/{kv}", "--head-dim", str(d), "--page-size", str(page),
+               "--dtype", dtype, "--sms", str(sms)]
+        for c in group:
+            cmd += ["-w", c[1][0]]
+        for p in planners:
+            cmd += ["-p", p]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"{' '.join(cmd[:12])} ...: {out.stderr.strip()}")
+        records = json.loads(out.stdout)
+        if len(records) != len(group) * len(planners):
+            sys.exit(f"treeattn plan gave {len(records)} plans for {len(group)} workloads x {len(planners)} planners")
+        for i, c in enumerate(group):
+            for j, p in enumerate(planners):
+                f = records[i * len(planners) + j]["auto_features"]
+                if sorted(f) != sorted(FEATURES):
+                    sys.exit(f"treeattn plan's auto_features {sorted(f)} are not this script's {sorted(FEATURES)}")
+                rec = c[2][p]
+                for key in ("units", "segments", "kv_bytes", "partial_bytes"):
+                    if records[i * len(planners) + j][key] != rec[key]:
+                        sys.exit(f"{c[1][0]} {qo}/{kv} {p}: treeattn plan's {key} {records[i * len(planners) + j][key]}"
+                                 f" is not the results' {rec[key]}: plan with the commit (and --sms) of the suite run")
+                rec["_features"] = np.array([f[n] for n in FEATURES])
 
 
 def load(paths):
@@ -165,10 +191,17 @@ def main():
     ap.add_argument("--out", help="write the table here")
     ap.add_argument("--loso", action="store_true", help="leave one suite out: fit on the others, score on it")
     ap.add_argument("--show", action="store_true", help="list the configs that miss a criterion")
+    ap.add_argument("--treeattn", default=None, help="the treeattn CLI (default: build/cpu/treeattn, build/default/treeattn)")
+    ap.add_argument("--sms", type=int, default=132, help="the SM count the suites planned for (treeattn --sms)")
     args = ap.parse_args()
     cands = args.candidates.split(",")
     configs, devices = load(args.results)
     configs = [c for c in configs if all(p in c[2] for p in set(cands) | {"node", "per-query"})]
+    treeattn = args.treeattn or next((p for p in ["build/cpu/treeattn", "build/default/treeattn"] if os.path.exists(p)),
+                                     None)
+    if not treeattn:
+        sys.exit("no treeattn CLI found: build it or pass --treeattn")
+    attach_features(configs, cands, treeattn, args.sms)
     coef, margin = fit_with_margin(configs, cands)
     print("coefficients (us per unit):", ", ".join(f"{n} {c:.4g}" for n, c in zip(FEATURES, coef)), f"margin {margin}")
     print("in sample:", fmt(score(configs, coef, cands, margin, args.show)))

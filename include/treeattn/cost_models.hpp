@@ -192,9 +192,9 @@ Plan plan_forge_with(const Workload& w, const PlanOptions& opt, const ForgeCostT
 
 // What the auto cost model prices in a plan: cheap sums over its units (one
 // pass), in the units of the table's coefficients (microseconds per unit).
-// scripts/fit_auto_cost.py computes the same quantities from the plan
-// summaries of suite results (PlanSummary fields, bench's `launches`).
-inline constexpr int kAutoCostFeatures = 9;
+// scripts/fit_auto_cost.py reads them from `treeattn plan --json`
+// ("auto_features"), so they are defined here only.
+inline constexpr int kAutoCostFeatures = 10;
 inline constexpr std::array<const char*, kAutoCostFeatures> kAutoCostFeatureNames = {
     "const",         // 1
     "launches",      // attention launches: tile configs used (m16 units of <= 32 tokens apart)
@@ -205,10 +205,15 @@ inline constexpr std::array<const char*, kAutoCostFeatures> kAutoCostFeatureName
     "kctas",         // units x kv heads, thousands
     "ksegments",     // segments x kv heads, thousands
     "padded_gflop",  // attention GFLOP over the units' tile rows (padding included)
+    "wave_kt",       // per launch, waves of CTAs over the resident slots x its longest unit, summed, thousands of tokens
 };
 using AutoCostFeatures = std::array<double, kAutoCostFeatures>;
-// The features of plan p of w.
-AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p);
+// The features of plan p of w, planned with opt (its SM count). A launch
+// runs the units of one tile config (as the CUDA executor groups them); its
+// resident slots are opt.num_sms x the CTAs of that tile whose shared memory
+// ((m + 4n) x head_dim x 2 bytes + 8 KB, as tile_fits_head_dim) fits in an
+// SM's 228 KB, at most 8.
+AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p, const PlanOptions& opt = {});
 
 // The GPU-time model of `auto`: time_us = coefficients . features, fitted per
 // device by scripts/fit_auto_cost.py from `treeattn bench --suite` results.

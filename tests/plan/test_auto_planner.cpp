@@ -34,8 +34,8 @@ Workload tot(const std::string& file, int task, int iter) {
 // What auto must pick: per-query when the model predicts it faster than node
 // by more than the margin, else node.
 std::string expected_choice(const Workload& w, const AutoCostModel& m, const PlanOptions& opt = {}) {
-  const double node = m.predict(auto_cost_features(w, make_plan("node", w, opt)));
-  const double pq = m.predict(auto_cost_features(w, make_plan("per-query", w, opt)));
+  const double node = m.predict(auto_cost_features(w, make_plan("node", w, opt), opt));
+  const double pq = m.predict(auto_cost_features(w, make_plan("per-query", w, opt), opt));
   return pq < (1 - m.margin) * node ? "per-query" : "node";
 }
 
@@ -137,6 +137,7 @@ TEST(AutoCostModel, FeaturesAgreeWithThePlanSummary) {
     EXPECT_DOUBLE_EQ(f[6], s.units * w.heads.num_kv_heads * 1e-3) << planner;
     EXPECT_DOUBLE_EQ(f[7], s.segments * w.heads.num_kv_heads * 1e-3) << planner;
     EXPECT_GE(f[8] * 1.000001, s.flops * 1e-9) << planner;
+    EXPECT_GE(f[9], f[5]) << planner << ": the launch of the longest unit runs at least one wave of it";
   }
 }
 

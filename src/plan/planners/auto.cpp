@@ -12,7 +12,7 @@
 // (coefficients are >= 0), leaves it a chance. docs/planners.md ("auto") has the
 // features, the fit and how it does on the suites.
 #include <algorithm>
-#include <bit>
+#include <array>
 #include <cmath>
 #include <mutex>
 
@@ -36,20 +36,21 @@ constexpr const char* kBuiltinAutoCost = R"json({
   "format": "treeattn-auto-cost/1",
   "device": "NVIDIA H100 80GB HBM3",
   "date": "2026-11-24",
-  "commit": "6b2bea1",
+  "commit": "ae45c08",
   "source": "suites deft, fasttree, pat (175 configs, measured at commit 6b2bea1)",
   "fit": "scripts/fit_auto_cost.py bench/results/NVIDIA_H100_80GB_HBM3/fasttree/results.json bench/results/NVIDIA_H100_80GB_HBM3/pat/results.json bench/results/NVIDIA_H100_80GB_HBM3/deft/results.json --out data/auto_cost_h100.json",
   "margin": 0.0,
   "coefficients": {
-    "const": 0.0,
-    "launches": 8.47828,
-    "kv_mb": 0.133508,
-    "unique_kv_mb": 0.163893,
-    "partial_mb": 0.54256,
-    "max_unit_kt": 9.67533,
-    "kctas": 6.81153,
-    "ksegments": 0.147039,
-    "padded_gflop": 0.0
+    "const": 0.707341,
+    "launches": 7.611,
+    "kv_mb": 0.12194,
+    "unique_kv_mb": 0.170269,
+    "partial_mb": 0.554255,
+    "max_unit_kt": 7.12092,
+    "kctas": 6.34676,
+    "ksegments": 0.209556,
+    "padded_gflop": 0.0,
+    "wave_kt": 2.47109
   }
 })json";
 
@@ -64,29 +65,50 @@ double gflop(const Workload& w, int64_t rows_tokens) {
   return double(rows_tokens) * w.heads.num_kv_heads * 4.0 * w.heads.head_dim * 1e-9;
 }
 
+constexpr int kTile16 = tile_index(16, kDefaultKvTile), kTile16Short = tile_index(16, 32);
+
+// CTAs of tile t resident on all SMs (auto_cost_features).
+int64_t resident_ctas(int t, const Workload& w, const PlanOptions& opt) {
+  const int64_t smem = int64_t(kTileConfigs[t].m + 4 * kTileConfigs[t].n) * w.heads.head_dim * 2 + 8 * 1024;
+  return int64_t(opt.num_sms) * std::clamp<int64_t>(228 * 1024 / smem, 1, 8);
+}
+
 // auto_cost_features with the tree's unique KV in MB given (it costs a pass
 // over the nodes; auto computes it only where the choice depends on it).
-AutoCostFeatures features_of(const Workload& w, const Plan& p, double unique_kv_mb) {
-  constexpr int kTile16 = tile_index(16, kDefaultKvTile), kTile16Short = tile_index(16, 32);
+AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions& opt, double unique_kv_mb) {
   int64_t tokens = 0, max_tokens = 0, padded_row_tokens = 0;
-  uint32_t tiles = 0;  // bit t: tile t is used (m16 n64 units of <= 32 tokens apart)
+  std::array<int64_t, kTileConfigs.size()> units{}, longest{};  // per tile
   bool m16_long = false;
   for (int32_t u = 0; u < p.num_units(); ++u) {
     int64_t t = 0;
     for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) t += p.segments[k].size();
+    const int tile = p.unit_tile[u];
     tokens += t;
     max_tokens = std::max(max_tokens, t);
-    padded_row_tokens += int64_t(kTileConfigs[p.unit_tile[u]].m) * t;
-    tiles |= 1u << p.unit_tile[u];
-    m16_long = m16_long || (p.unit_tile[u] == kTile16 && t > 32);
+    padded_row_tokens += int64_t(kTileConfigs[tile].m) * t;
+    ++units[tile];
+    longest[tile] = std::max(longest[tile], t);
+    m16_long = m16_long || (tile == kTile16 && t > 32);
   }
   // The CUDA executor runs a launch of m16 n64 units that all have <= 32
   // tokens with the m16 n32 tile (joining the plan's own m16 n32 units).
-  if ((tiles >> kTile16 & 1) && !m16_long) tiles = (tiles & ~(1u << kTile16)) | (1u << kTile16Short);
+  if (units[kTile16] > 0 && !m16_long) {
+    units[kTile16Short] += units[kTile16];
+    longest[kTile16Short] = std::max(longest[kTile16Short], longest[kTile16]);
+    units[kTile16] = longest[kTile16] = 0;
+  }
+  int launches = 0;
+  double wave_tokens = 0;
+  for (size_t t = 0; t < units.size(); ++t) {
+    if (units[t] == 0) continue;
+    ++launches;
+    const int64_t ctas = units[t] * w.heads.num_kv_heads, resident = resident_ctas(int(t), w, opt);
+    wave_tokens += double((ctas + resident - 1) / resident) * double(longest[t]);
+  }
   const double mb = 1e-6;
   AutoCostFeatures f{};
   f[0] = 1;
-  f[1] = std::popcount(tiles);
+  f[1] = launches;
   f[2] = double(tokens) * w.kv_bytes_per_token() * mb;
   f[3] = unique_kv_mb;
   f[4] = double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2 * mb;
@@ -97,13 +119,14 @@ AutoCostFeatures features_of(const Workload& w, const Plan& p, double unique_kv_
   // summary (flops x (rows + padded rows) / rows) equals it when all units
   // are as long. The H100 table prices it at 0 (memory-bound decode).
   f[8] = gflop(w, padded_row_tokens);
+  f[9] = wave_tokens * 1e-3;
   return f;
 }
 
 }  // namespace
 
-AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p) {
-  return features_of(w, p, double(w.unique_kv_bytes()) * 1e-6);
+AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p, const PlanOptions& opt) {
+  return features_of(w, p, opt, double(w.unique_kv_bytes()) * 1e-6);
 }
 
 double AutoCostModel::predict(const AutoCostFeatures& f) const {
@@ -216,11 +239,12 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   plan_node_reusing(w, ix, opt, scratch, out);
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
-  AutoCostFeatures node = features_of(w, out, 0);
+  AutoCostFeatures node = features_of(w, out, opt, 0);
   // Per-query's features, each at most its value: every query's path loaded
   // once (exact), cut into pieces of split_length tokens (as per_query.cpp
   // does; more where a piece would exceed 64 segments), one launch, a
-  // segment per piece, its unpadded FLOPs.
+  // segment per piece, its unpadded FLOPs, one launch (all its units have
+  // the rows of one query) of the pieces' waves.
   int64_t visible = 0;
   for (const int32_t v : w.query_nodes) visible += ix.path_tokens[v];
   const int64_t piece = planning::split_length(visible, w, opt);
@@ -240,6 +264,12 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   bound[5] = double(longest) * 1e-3;
   bound[6] = bound[7] = double(pieces) * w.heads.num_kv_heads * 1e-3;
   bound[8] = gflop(w, visible * w.heads.group_size());
+  // Its tile, or the m16 n32 one the executor may run instead (more resident
+  // CTAs: fewer waves).
+  int tile = smallest_tile_for_rows(w.heads.group_size());
+  if (tile == kTile16) tile = kTile16Short;
+  const int64_t resident = resident_ctas(tile, w, opt);
+  bound[9] = double((pieces * w.heads.num_kv_heads + resident - 1) / resident) * double(longest) * 1e-3;
   const double keep = 1 - model.margin;
   if (model.predict(bound) >= keep * model.predict(node)) {
     out.planner = "auto";
@@ -254,7 +284,7 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   }
   Plan& other = scratch.buffers().other;
   plan_per_query_reusing(w, ix, opt, scratch, other);
-  if (model.predict(features_of(w, other, unique_kv_mb)) < switch_below) std::swap(out, other);
+  if (model.predict(features_of(w, other, opt, unique_kv_mb)) < switch_below) std::swap(out, other);
   out.planner = "auto";
 }
 
