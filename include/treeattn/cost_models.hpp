@@ -205,7 +205,8 @@ inline constexpr std::array<const char*, kAutoCostFeatures> kAutoCostFeatureName
     "kctas",         // units x kv heads, thousands
     "ksegments",     // segments x kv heads, thousands
     "padded_gflop",  // attention GFLOP over the units' tile rows (padding included)
-    "wave_kt",       // per launch, waves of CTAs over the resident slots x its longest unit, summed, thousands of tokens
+    "wave_kt",       // per launch, waves of CTAs over the resident slots x its longest unit:
+                     // summed, thousands of tokens
 };
 using AutoCostFeatures = std::array<double, kAutoCostFeatures>;
 // The features of plan p of w, planned with opt (its SM count). A launch

@@ -184,7 +184,8 @@ TEST(AutoCostModel, ParseErrorsNameTheField) {
   EXPECT_NE(error_of(replaced("\"margin\": 0", "\"margin\": 1")).find("margin = 1"), std::string::npos);
   EXPECT_NE(error_of(replaced("\"kv_mb\"", "\"kv_bytes\"")).find("coefficients.kv_mb is missing"),
             std::string::npos);
-  EXPECT_NE(error_of(replaced("\"kv_mb\"", "\"kv_bytes\": 1, \"kv_mb\"")).find("coefficients.kv_bytes is not a feature"),
+  EXPECT_NE(error_of(replaced("\"kv_mb\"", "\"kv_bytes\": 1, \"kv_mb\""))
+                .find("coefficients.kv_bytes is not a feature"),
             std::string::npos);
   EXPECT_NE(error_of(replaced("\"kv_mb\": ", "\"kv_mb\": -")).find("coefficients.kv_mb"), std::string::npos);
   EXPECT_NE(error_of(replaced("\"kctas\": ", "\"kctas\": \"x\", \"_\": ")).find("coefficients.kctas"),

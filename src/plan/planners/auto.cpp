@@ -36,7 +36,7 @@ constexpr const char* kBuiltinAutoCost = R"json({
   "format": "treeattn-auto-cost/1",
   "device": "NVIDIA H100 80GB HBM3",
   "date": "2026-11-24",
-  "commit": "ae45c08",
+  "commit": "e3f93e4",
   "source": "suites deft, fasttree, pat (175 configs, measured at commit 6b2bea1)",
   "fit": "scripts/fit_auto_cost.py bench/results/NVIDIA_H100_80GB_HBM3/fasttree/results.json bench/results/NVIDIA_H100_80GB_HBM3/pat/results.json bench/results/NVIDIA_H100_80GB_HBM3/deft/results.json --out data/auto_cost_h100.json",
   "margin": 0.0,
@@ -59,8 +59,8 @@ constexpr const char* kFormat = "treeattn-auto-cost/1";
 std::mutex g_model_mutex;
 std::shared_ptr<const AutoCostModel> g_model;
 
-// Attention GFLOP of `tokens` KV tokens for `rows` Q rows of every kv head
-// (q.k and p.v, 2 * head_dim each).
+// Attention GFLOP of `rows_tokens` (Q rows x KV tokens, summed) of every kv
+// head: q.k and p.v, 2 * head_dim each.
 double gflop(const Workload& w, int64_t rows_tokens) {
   return double(rows_tokens) * w.heads.num_kv_heads * 4.0 * w.heads.head_dim * 1e-9;
 }
@@ -115,9 +115,8 @@ AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions
   f[5] = double(max_tokens) * 1e-3;
   f[6] = double(p.num_units()) * w.heads.num_kv_heads * 1e-3;
   f[7] = double(p.segments.size()) * w.heads.num_kv_heads * 1e-3;
-  // Tile rows x tokens per kv head; the fit script's estimate from the
-  // summary (flops x (rows + padded rows) / rows) equals it when all units
-  // are as long. The H100 table prices it at 0 (memory-bound decode).
+  // Tile rows x tokens: padded rows compute too. The H100 table prices it at
+  // 0 (decode is memory-bound there).
   f[8] = gflop(w, padded_row_tokens);
   f[9] = wave_tokens * 1e-3;
   return f;
@@ -136,7 +135,8 @@ double AutoCostModel::predict(const AutoCostFeatures& f) const {
 }
 
 void AutoCostModel::validate() const {
-  if (!(margin >= 0 && margin < 1)) throw Error("auto cost model: margin = " + std::to_string(margin) + " is out of range [0, 1)");
+  if (!(margin >= 0 && margin < 1))
+    throw Error("auto cost model: margin = " + std::to_string(margin) + " is out of range [0, 1)");
   for (int i = 0; i < kAutoCostFeatures; ++i)
     if (!(coefficients[i] >= 0) || !std::isfinite(coefficients[i]))
       throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " = " +
@@ -153,7 +153,8 @@ AutoCostModel parse_auto_cost_model(std::string_view text) {
   const auto str = [&](const char* key) {
     const auto f = j.find(key);
     if (f == j.end()) return std::string();
-    if (!f->is_string()) throw Error(std::string("auto cost model: ") + key + " = " + detail::brief(*f) + " is not a string");
+    if (!f->is_string())
+      throw Error(std::string("auto cost model: ") + key + " = " + detail::brief(*f) + " is not a string");
     return f->get<std::string>();
   };
   m.device = str("device");
@@ -169,7 +170,8 @@ AutoCostModel parse_auto_cost_model(std::string_view text) {
   if (c == j.end() || !c->is_object()) throw Error("auto cost model: coefficients is missing or not an object");
   for (int i = 0; i < kAutoCostFeatures; ++i) {
     const auto v = c->find(kAutoCostFeatureNames[i]);
-    if (v == c->end()) throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " is missing");
+    if (v == c->end())
+      throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " is missing");
     if (!v->is_number())
       throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " = " + detail::brief(*v) +
                   " is not a number");
