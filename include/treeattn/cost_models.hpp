@@ -1,7 +1,8 @@
 // The cost models and decision rules of the paper planners, as plain functions
 // that the planners call and the tests check against the papers' worked cases:
 // FastTree's padding + reduction costs and Algorithm 1, PAT's merge rule and
-// tile-rule table, FlashForge's cost table, makespan bound and LPT schedule.
+// tile-rule table, FlashForge's cost table, makespan bound and LPT schedule;
+// and the calibrated cost model by which `auto` chooses its plan.
 // docs/planners.md explains each rule and where it deviates from its paper.
 #pragma once
 
@@ -186,5 +187,60 @@ ForgeAssignment forge_lpt(const std::vector<double>& cost, int64_t slots);
 
 // FlashForge with an explicit cost table.
 Plan plan_forge_with(const Workload& w, const PlanOptions& opt, const ForgeCostTable& table);
+
+// ---- auto --------------------------------------------------------------------
+
+// What the auto cost model prices in a plan: cheap sums over its units (one
+// pass), in the units of the table's coefficients (microseconds per unit).
+// scripts/fit_auto_cost.py reads them from `treeattn plan --json`
+// ("auto_features"), so they are defined here only.
+inline constexpr int kAutoCostFeatures = 10;
+inline constexpr std::array<const char*, kAutoCostFeatures> kAutoCostFeatureNames = {
+    "const",         // 1
+    "launches",      // attention launches: tile configs used (m16 units of <= 32 tokens apart)
+    "kv_mb",         // KV bytes the plan loads, MB (1e6 bytes)
+    "unique_kv_mb",  // the tree's KV bytes, MB
+    "partial_mb",    // partial bytes, written and read by the merge, MB
+    "max_unit_kt",   // tokens of the longest unit, thousands
+    "kctas",         // units x kv heads, thousands
+    "ksegments",     // segments x kv heads, thousands
+    "padded_gflop",  // attention GFLOP over the units' tile rows (padding included)
+    "wave_kt",       // per launch, waves of CTAs over the resident slots x its longest unit:
+                     // summed, thousands of tokens
+};
+using AutoCostFeatures = std::array<double, kAutoCostFeatures>;
+// The features of plan p of w, planned with opt (its SM count). A launch
+// runs the units of one tile config (as the CUDA executor groups them); its
+// resident slots are opt.num_sms x the CTAs of that tile whose shared memory
+// ((m + 4n) x head_dim x 2 bytes + 8 KB, as tile_fits_head_dim) fits in an
+// SM's 228 KB, at most 8.
+AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p, const PlanOptions& opt = {});
+
+// The GPU-time model of `auto`: time_us = coefficients . features, fitted per
+// device by scripts/fit_auto_cost.py from `treeattn bench --suite` results.
+// auto plans node, and switches to per-query when the model predicts it
+// faster by more than `margin` (a fraction of node's predicted time).
+struct AutoCostModel {
+  std::string device, date, commit;
+  std::string source;  // the results the fit read
+  std::string fit;     // the command that wrote the table
+  double margin = 0;
+  AutoCostFeatures coefficients{};  // >= 0 (auto's lower bounds rely on it)
+
+  double predict(const AutoCostFeatures& f) const;
+  void validate() const;  // throws Error naming the field
+};
+AutoCostModel parse_auto_cost_model(std::string_view json_text);  // throws Error naming the field
+AutoCostModel load_auto_cost_model(const std::string& path);       // throws Error (path first)
+std::string to_json(const AutoCostModel& model);
+// The table shipped in data/auto_cost_h100.json (a test keeps them equal).
+const AutoCostModel& builtin_auto_cost_model();
+// The model the registered `auto` planner uses: the built-in table unless
+// replaced (the CLI's --auto-cost FILE). Thread-safe.
+std::shared_ptr<const AutoCostModel> default_auto_cost_model();
+void set_default_auto_cost_model(std::shared_ptr<const AutoCostModel> model);
+
+// auto with an explicit model.
+Plan plan_auto_with(const Workload& w, const PlanOptions& opt, const AutoCostModel& model);
 
 }  // namespace treeattn

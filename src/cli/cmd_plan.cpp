@@ -3,6 +3,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
+#include "treeattn/cost_models.hpp"
 
 namespace treeattn::cli {
 
@@ -35,6 +36,9 @@ void add_plan_command(CLI::App& app) {
         const PlanSummary s = summarize(w, p);
         if (o->json) {
           records.push_back(summary_json(w, s));
+          // What auto's cost model prices (scripts/fit_auto_cost.py reads it).
+          const AutoCostFeatures f = auto_cost_features(w, p, opt);
+          for (int i = 0; i < kAutoCostFeatures; ++i) records.back()["auto_features"][kAutoCostFeatureNames[i]] = f[i];
         } else {
           progress.clear();
           std::printf("  %-12s %7lld %8lld %9lld %12s %9.3f %12s %8lld\n", name.c_str(), (long long)s.units,

@@ -46,6 +46,9 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
                   "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)");
   cmd->add_option("--pat-rules", o.pat_rules,
                   "pat's KV-tile rules (treeattn calibrate --pat-tiles output; default: data/pat_tile_rules.json)");
+  cmd->add_option("--auto-cost", o.auto_cost,
+                  "auto's cost model (scripts/fit_auto_cost.py output; default: the built-in copy of "
+                  "data/auto_cost_h100.json)");
   cmd->add_option("--plan-opt", o.plan_opts,
                   "planner option KEY=NUMBER, repeatable: ctas_per_sm, chunk_tokens, min_split_tokens, or a "
                   "planner's own knob (node: split_tokens, pack_tokens, flat_tokens, flat_rows, fold_tokens; "
@@ -120,6 +123,8 @@ PlanOptions plan_options(const CommonOptions& o) {
                             : !shipped_rules.empty() && std::filesystem::exists(shipped_rules) ? shipped_rules
                                                                                                : "";
   if (!rules.empty()) set_default_pat_tile_rules(std::make_shared<PatTileRules>(load_pat_tile_rules(rules)));
+  if (!o.auto_cost.empty())
+    set_default_auto_cost_model(std::make_shared<AutoCostModel>(load_auto_cost_model(o.auto_cost)));
   return opt;
 }
 

@@ -24,16 +24,17 @@ struct CommonOptions {
   int num_sms = 132;
   std::string forge_table;  // cost table of the forge planner (default: data/forge_cost_h100.json)
   std::string pat_rules;    // tile rules of the pat planner (default: data/pat_tile_rules.json)
+  std::string auto_cost;    // cost model of the auto planner (default: the built-in H100 table)
   std::vector<std::string> plan_opts;  // --plan-opt KEY=NUMBER: PlanOptions fields and planner knobs
 };
 
 // Adds --workload/-w, --heads, --head-dim, --dtype, --page-size, --planner/-p,
-// --json, --seed, --sms, --forge-table, --pat-rules, --plan-opt to `cmd`.
+// --json, --seed, --sms, --forge-table, --pat-rules, --auto-cost, --plan-opt to `cmd`.
 void add_common_options(CLI::App* cmd, CommonOptions& o);
 
 WorkloadParams workload_params(const CommonOptions& o);
 // Also installs --forge-table as the forge planner's cost table and
-// --pat-rules as the pat planner's tile rules.
+// --pat-rules as the pat planner's tile rules, --auto-cost as auto's cost model.
 PlanOptions plan_options(const CommonOptions& o);
 // Builds every --workload (or `fallback` when none was given). A relative FILE
 // that does not exist is also looked up in the repository's data/workloads/.

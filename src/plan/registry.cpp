@@ -15,7 +15,7 @@ double PlanOptions::get(const std::string& key, double fallback) const {
 
 const std::vector<PlannerInfo>& planners() {
   static const std::vector<PlannerInfo> table = {
-      {"auto", "the default: node where queries share KV, per-query where none do (a first rule; a calibrated cost model replaces it)", plan_auto,
+      {"auto", "the default: node, or per-query where the GPU's calibrated cost model (data/auto_cost_h100.json, --auto-cost) predicts it faster", plan_auto,
        plan_auto_reusing},
       {"per-query", "query-centric baseline: one unit per query over its whole path, KV split to fill the GPU (FlashAttention/FlashInfer decode)", plan_per_query,
        plan_per_query_reusing},

@@ -70,7 +70,7 @@ TEST_P(CorePlanners, ValidAndMatchReferenceOnRandomTrees) {
   EXPECT_GT(split_plans, 100) << "the random cases should exercise partials and the merge";
 }
 
-INSTANTIATE_TEST_SUITE_P(Foundation, CorePlanners, ::testing::Values("per-query", "node"));
+INSTANTIATE_TEST_SUITE_P(Foundation, CorePlanners, ::testing::Values("per-query", "node", "auto"));
 
 TEST(CorePlanners, NodePlannerLoadsSharedPrefixOnce) {
   WorkloadParams p;

@@ -1,24 +1,310 @@
-// auto: the default planner. A first rule, to be replaced by a cost model
-// calibrated on the GPU: when no KV token is read by more than one query
-// (independent sequences) the query-centric plan is the right one (nothing to
-// share, and its units need no merge of shared parts); otherwise node, which
-// loads each shared node once per Q tile of the queries below it.
+// auto: the default planner. It plans node (each shared node loaded once per
+// Q tile of the queries below it) and switches to per-query (one unit per
+// query over its whole path) when the calibrated cost model (AutoCostModel,
+// data/auto_cost_h100.json, fitted on the GPU's suite results by
+// scripts/fit_auto_cost.py) predicts per-query faster by more than the
+// table's margin: where little KV is shared, node's partials, merge and
+// extra launch cost more than the re-read prefixes (a ToT tree early in its
+// search, a GQA-16 tree whose shared nodes are short). Without any shared KV
+// token the two plans are the same work, and per-query is taken without
+// pricing either. Per-query is planned only when a lower bound of its
+// predicted time, from its piece length and the queries' path lengths
+// (coefficients are >= 0), leaves it a chance. docs/planners.md ("auto") has the
+// features, the fit and how it does on the suites.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
 #include "plan/planners/planners.hpp"
+#include "plan/planners/tree_walk.hpp"
+#include "tree/builder_util.hpp"
+#include "tree/json_util.hpp"
+#include "treeattn/cost_models.hpp"
 
 namespace treeattn {
+
+namespace {
+
+using json = nlohmann::json;
+
+// The shipped table; data/auto_cost_h100.json holds the same text (a test
+// checks that they agree). scripts/fit_auto_cost.py --out writes it.
+constexpr const char* kBuiltinAutoCost = R"json({
+  "format": "treeattn-auto-cost/1",
+  "device": "NVIDIA H100 80GB HBM3",
+  "date": "2026-11-24",
+  "commit": "e3f93e4",
+  "source": "suites deft, fasttree, pat (175 configs, measured at commit 6b2bea1)",
+  "fit": "scripts/fit_auto_cost.py bench/results/NVIDIA_H100_80GB_HBM3/fasttree/results.json bench/results/NVIDIA_H100_80GB_HBM3/pat/results.json bench/results/NVIDIA_H100_80GB_HBM3/deft/results.json --out data/auto_cost_h100.json",
+  "margin": 0.0,
+  "coefficients": {
+    "const": 0.707341,
+    "launches": 7.611,
+    "kv_mb": 0.12194,
+    "unique_kv_mb": 0.170269,
+    "partial_mb": 0.554255,
+    "max_unit_kt": 7.12092,
+    "kctas": 6.34676,
+    "ksegments": 0.209556,
+    "padded_gflop": 0.0,
+    "wave_kt": 2.47109
+  }
+})json";
+
+constexpr const char* kFormat = "treeattn-auto-cost/1";
+
+std::mutex g_model_mutex;
+std::shared_ptr<const AutoCostModel> g_model;
+
+// Attention GFLOP of `rows_tokens` (Q rows x KV tokens, summed) of every kv
+// head: q.k and p.v, 2 * head_dim each.
+double gflop(const Workload& w, int64_t rows_tokens) {
+  return double(rows_tokens) * w.heads.num_kv_heads * 4.0 * w.heads.head_dim * 1e-9;
+}
+
+constexpr int kTile16 = tile_index(16, kDefaultKvTile), kTile16Short = tile_index(16, 32);
+
+// CTAs of tile t resident on all SMs (auto_cost_features).
+int64_t resident_ctas(int t, const Workload& w, const PlanOptions& opt) {
+  const int64_t smem = int64_t(kTileConfigs[t].m + 4 * kTileConfigs[t].n) * w.heads.head_dim * 2 + 8 * 1024;
+  return int64_t(opt.num_sms) * std::clamp<int64_t>(228 * 1024 / smem, 1, 8);
+}
+
+// auto_cost_features with the tree's unique KV in MB given (it costs a pass
+// over the nodes; auto computes it only where the choice depends on it).
+AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions& opt, double unique_kv_mb) {
+  int64_t tokens = 0, max_tokens = 0, padded_row_tokens = 0;
+  std::array<int64_t, kTileConfigs.size()> units{}, longest{};  // per tile
+  bool m16_long = false;
+  for (int32_t u = 0; u < p.num_units(); ++u) {
+    int64_t t = 0;
+    for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) t += p.segments[k].size();
+    const int tile = p.unit_tile[u];
+    tokens += t;
+    max_tokens = std::max(max_tokens, t);
+    padded_row_tokens += int64_t(kTileConfigs[tile].m) * t;
+    ++units[tile];
+    longest[tile] = std::max(longest[tile], t);
+    m16_long = m16_long || (tile == kTile16 && t > 32);
+  }
+  // The CUDA executor runs a launch of m16 n64 units that all have <= 32
+  // tokens with the m16 n32 tile (joining the plan's own m16 n32 units).
+  if (units[kTile16] > 0 && !m16_long) {
+    units[kTile16Short] += units[kTile16];
+    longest[kTile16Short] = std::max(longest[kTile16Short], longest[kTile16]);
+    units[kTile16] = longest[kTile16] = 0;
+  }
+  int launches = 0;
+  double wave_tokens = 0;
+  for (size_t t = 0; t < units.size(); ++t) {
+    if (units[t] == 0) continue;
+    ++launches;
+    const int64_t ctas = units[t] * w.heads.num_kv_heads, resident = resident_ctas(int(t), w, opt);
+    wave_tokens += double((ctas + resident - 1) / resident) * double(longest[t]);
+  }
+  const double mb = 1e-6;
+  AutoCostFeatures f{};
+  f[0] = 1;
+  f[1] = launches;
+  f[2] = double(tokens) * w.kv_bytes_per_token() * mb;
+  f[3] = unique_kv_mb;
+  f[4] = double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2 * mb;
+  f[5] = double(max_tokens) * 1e-3;
+  f[6] = double(p.num_units()) * w.heads.num_kv_heads * 1e-3;
+  f[7] = double(p.segments.size()) * w.heads.num_kv_heads * 1e-3;
+  // Tile rows x tokens: padded rows compute too. The H100 table prices it at
+  // 0 (decode is memory-bound there).
+  f[8] = gflop(w, padded_row_tokens);
+  f[9] = wave_tokens * 1e-3;
+  return f;
+}
+
+}  // namespace
+
+AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p, const PlanOptions& opt) {
+  return features_of(w, p, opt, double(w.unique_kv_bytes()) * 1e-6);
+}
+
+double AutoCostModel::predict(const AutoCostFeatures& f) const {
+  double t = 0;
+  for (int i = 0; i < kAutoCostFeatures; ++i) t += coefficients[i] * f[i];
+  return t;
+}
+
+void AutoCostModel::validate() const {
+  if (!(margin >= 0 && margin < 1))
+    throw Error("auto cost model: margin = " + std::to_string(margin) + " is out of range [0, 1)");
+  for (int i = 0; i < kAutoCostFeatures; ++i)
+    if (!(coefficients[i] >= 0) || !std::isfinite(coefficients[i]))
+      throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " = " +
+                  std::to_string(coefficients[i]) + " is not a finite number >= 0");
+}
+
+AutoCostModel parse_auto_cost_model(std::string_view text) {
+  const json j = detail::parse_json(text, "auto cost model");
+  if (!j.is_object()) throw Error("auto cost model: the top level is not an object");
+  if (j.value("format", std::string()) != kFormat)
+    throw Error("auto cost model: format = " + (j.contains("format") ? j["format"].dump() : std::string("(missing)")) +
+                " (expected \"" + kFormat + "\")");
+  AutoCostModel m;
+  const auto str = [&](const char* key) {
+    const auto f = j.find(key);
+    if (f == j.end()) return std::string();
+    if (!f->is_string())
+      throw Error(std::string("auto cost model: ") + key + " = " + detail::brief(*f) + " is not a string");
+    return f->get<std::string>();
+  };
+  m.device = str("device");
+  m.date = str("date");
+  m.commit = str("commit");
+  m.source = str("source");
+  m.fit = str("fit");
+  const auto margin = j.find("margin");
+  if (margin == j.end()) throw Error("auto cost model: margin is missing");
+  if (!margin->is_number()) throw Error("auto cost model: margin = " + detail::brief(*margin) + " is not a number");
+  m.margin = margin->get<double>();
+  const auto c = j.find("coefficients");
+  if (c == j.end() || !c->is_object()) throw Error("auto cost model: coefficients is missing or not an object");
+  for (int i = 0; i < kAutoCostFeatures; ++i) {
+    const auto v = c->find(kAutoCostFeatureNames[i]);
+    if (v == c->end())
+      throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " is missing");
+    if (!v->is_number())
+      throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " = " + detail::brief(*v) +
+                  " is not a number");
+    m.coefficients[i] = v->get<double>();
+  }
+  for (const auto& [key, value] : c->items())
+    if (std::find_if(kAutoCostFeatureNames.begin(), kAutoCostFeatureNames.end(),
+                     [&](const char* n) { return key == n; }) == kAutoCostFeatureNames.end())
+      throw Error("auto cost model: coefficients." + key + " is not a feature (" + kAutoCostFeatureNames[0] + ", " +
+                  kAutoCostFeatureNames[1] + ", ...: include/treeattn/cost_models.hpp)");
+  m.validate();
+  return m;
+}
+
+AutoCostModel load_auto_cost_model(const std::string& path) {
+  try {
+    return parse_auto_cost_model(detail::read_text_file(path, "auto cost model"));
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+std::string to_json(const AutoCostModel& m) {
+  // The layout of scripts/fit_auto_cost.py's output.
+  const auto q = [](const std::string& x) { return json(x).dump(); };
+  const auto num = [](double x) { return json(x).dump(); };
+  std::string out = std::string("{\n  \"format\": \"") + kFormat + "\",\n";
+  out += "  \"device\": " + q(m.device) + ",\n  \"date\": " + q(m.date) + ",\n  \"commit\": " + q(m.commit) +
+         ",\n  \"source\": " + q(m.source) + ",\n  \"fit\": " + q(m.fit) + ",\n  \"margin\": " + num(m.margin) +
+         ",\n  \"coefficients\": {\n";
+  for (int i = 0; i < kAutoCostFeatures; ++i)
+    out += std::string("    \"") + kAutoCostFeatureNames[i] + "\": " + num(m.coefficients[i]) +
+           (i + 1 < kAutoCostFeatures ? ",\n" : "\n");
+  return out + "  }\n}\n";
+}
+
+const AutoCostModel& builtin_auto_cost_model() {
+  static const AutoCostModel m = parse_auto_cost_model(kBuiltinAutoCost);
+  return m;
+}
+
+std::shared_ptr<const AutoCostModel> default_auto_cost_model() {
+  std::lock_guard<std::mutex> lock(g_model_mutex);
+  if (!g_model) g_model = std::make_shared<const AutoCostModel>(builtin_auto_cost_model());
+  return g_model;
+}
+
+void set_default_auto_cost_model(std::shared_ptr<const AutoCostModel> model) {
+  if (model) model->validate();
+  std::lock_guard<std::mutex> lock(g_model_mutex);
+  g_model = std::move(model);
+}
+
+namespace {
+
+// auto into `out` with `model` (see the top of the file).
+void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, const AutoCostModel& model,
+                    PlanScratch& scratch, Plan& out) {
+  bool shared = false;
+  for (size_t v = 0; v < w.tree.nodes.size() && !shared; ++v)
+    shared = w.tree.nodes[v].num_tokens > 0 && ix.subtree_queries[v] > 1;
+  if (!shared) {
+    plan_per_query_reusing(w, ix, opt, scratch, out);
+    out.planner = "auto";
+    return;
+  }
+  plan_node_reusing(w, ix, opt, scratch, out);
+  // The tree's unique KV is a feature of both plans, priced >= 0, at first
+  // left out (0): a per-query bound that loses without it loses with it.
+  AutoCostFeatures node = features_of(w, out, opt, 0);
+  // Per-query's features, each at most its value: every query's path loaded
+  // once (exact), cut into pieces of split_length tokens (as per_query.cpp
+  // does; more where a piece would exceed 64 segments), one launch, a
+  // segment per piece, its unpadded FLOPs, one launch (all its units have
+  // the rows of one query) of the pieces' waves.
+  int64_t visible = 0;
+  for (const int32_t v : w.query_nodes) visible += ix.path_tokens[v];
+  const int64_t piece = planning::split_length(visible, w, opt);
+  int64_t pieces = 0, slots = 0, longest = 0;
+  for (const int32_t v : w.query_nodes) {
+    const int64_t n = planning::ceil_div(ix.path_tokens[v], piece);
+    pieces += n;
+    slots += n > 1 ? n : 0;
+    // A path of at most 64 nodes is never cut by the segment limit.
+    if (ix.depth[v] < kMaxSegmentsPerUnit) longest = std::max(longest, std::min(ix.path_tokens[v], piece));
+  }
+  AutoCostFeatures bound{};
+  bound[0] = 1;
+  bound[1] = 1;
+  bound[2] = double(visible) * w.kv_bytes_per_token() * 1e-6;
+  bound[4] = double(slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2 * 1e-6;
+  bound[5] = double(longest) * 1e-3;
+  bound[6] = bound[7] = double(pieces) * w.heads.num_kv_heads * 1e-3;
+  bound[8] = gflop(w, visible * w.heads.group_size());
+  // Its tile, or the m16 n32 one the executor may run instead (more resident
+  // CTAs: fewer waves).
+  int tile = smallest_tile_for_rows(w.heads.group_size());
+  if (tile == kTile16) tile = kTile16Short;
+  const int64_t resident = resident_ctas(tile, w, opt);
+  bound[9] = double((pieces * w.heads.num_kv_heads + resident - 1) / resident) * double(longest) * 1e-3;
+  const double keep = 1 - model.margin;
+  if (model.predict(bound) >= keep * model.predict(node)) {
+    out.planner = "auto";
+    return;
+  }
+  const double unique_kv_mb = double(w.unique_kv_bytes()) * 1e-6;
+  node[3] = bound[3] = unique_kv_mb;
+  const double switch_below = keep * model.predict(node);
+  if (model.predict(bound) >= switch_below) {
+    out.planner = "auto";
+    return;
+  }
+  Plan& other = scratch.buffers().other;
+  plan_per_query_reusing(w, ix, opt, scratch, other);
+  if (model.predict(features_of(w, other, opt, unique_kv_mb)) < switch_below) std::swap(out, other);
+  out.planner = "auto";
+}
+
+}  // namespace
 
 Plan plan_auto(const Workload& w, const PlanOptions& opt) { return planning::plan_once(plan_auto_reusing, w, opt); }
 
 void plan_auto_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
                        Plan& out) {
-  bool shared = false;
-  for (size_t v = 0; v < w.tree.nodes.size() && !shared; ++v)
-    shared = w.tree.nodes[v].num_tokens > 0 && ix.subtree_queries[v] > 1;
-  if (shared)
-    plan_node_reusing(w, ix, opt, scratch, out);
-  else
-    plan_per_query_reusing(w, ix, opt, scratch, out);
-  out.planner = "auto";
+  plan_auto_into(w, ix, opt, *default_auto_cost_model(), scratch, out);
+}
+
+Plan plan_auto_with(const Workload& w, const PlanOptions& opt, const AutoCostModel& model) {
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  PlanScratch scratch;
+  Plan out;
+  plan_auto_into(w, ix, opt, model, scratch, out);
+  return out;
 }
 
 }  // namespace treeattn

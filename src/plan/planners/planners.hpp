@@ -208,6 +208,7 @@ struct PlanScratch::Buffers {
   std::vector<int64_t> piece_lengths, slot_loads;
   std::vector<int32_t> units_of_query, query_diff, path;
   std::vector<Segment> segments;
+  Plan other;  // auto: the candidate beside `out`
 };
 
 }  // namespace treeattn

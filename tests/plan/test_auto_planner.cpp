@@ -1,0 +1,201 @@
+// The auto planner and its cost model (AutoCostModel): what it picks on
+// trees whose answer is known, that the lower bound that skips per-query
+// never changes the choice, the features against PlanSummary, the table's
+// parse errors, and that the built-in table is data/auto_cost_h100.json.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "treeattn/cost_models.hpp"
+#include "treeattn/planner.hpp"
+#include "treeattn/workloads.hpp"
+
+using namespace treeattn;
+
+namespace {
+
+const std::string kData = std::string(TREEATTN_SOURCE_DIR) + "/data/";
+
+bool same_plan(const Plan& a, const Plan& b) {
+  return a.unit_segment_offset == b.unit_segment_offset && a.unit_query_offset == b.unit_query_offset &&
+         a.entry_query == b.entry_query && a.entry_mask == b.entry_mask && a.entry_slot == b.entry_slot &&
+         a.unit_tile == b.unit_tile && a.query_slots == b.query_slots && a.num_slots == b.num_slots &&
+         a.segments.size() == b.segments.size();
+}
+
+Workload tot(const std::string& file, int task, int iter) {
+  WorkloadParams p;  // 32/8
+  return make_workload("tot:" + kData + "workloads/" + file + ":task=" + std::to_string(task) +
+                           ":iter=" + std::to_string(iter),
+                       p);
+}
+
+// What auto must pick: per-query when the model predicts it faster than node
+// by more than the margin, else node.
+std::string expected_choice(const Workload& w, const AutoCostModel& m, const PlanOptions& opt = {}) {
+  const double node = m.predict(auto_cost_features(w, make_plan("node", w, opt), opt));
+  const double pq = m.predict(auto_cost_features(w, make_plan("per-query", w, opt), opt));
+  return pq < (1 - m.margin) * node ? "per-query" : "node";
+}
+
+}  // namespace
+
+TEST(AutoPlanner, PerQueryForIndependentSequences) {
+  WorkloadParams p;
+  const Workload w = make_workload("pat:B=256:L=1024", p);
+  const Plan a = make_plan("auto", w);
+  EXPECT_EQ(a.planner, "auto");
+  EXPECT_TRUE(same_plan(a, make_plan("per-query", w)));
+  validate_plan(w, a);
+}
+
+TEST(AutoPlanner, NodeForHeavilySharedTrees) {
+  WorkloadParams p;
+  for (const char* spec : {"pat:B=1,1024:L=2048,32", "fasttree:N=1,256:C=256,32", "pat:B=1,8,512:L=32,2048,256"}) {
+    const Workload w = make_workload(spec, p);
+    const Plan a = make_plan("auto", w);
+    EXPECT_TRUE(same_plan(a, make_plan("node", w))) << spec;
+    EXPECT_GT(summarize(w, make_plan("per-query", w)).kv_bytes, 3 * summarize(w, a).kv_bytes) << spec;
+  }
+}
+
+// Early ToT trees share little and node's partials, merge and second launch
+// cost more than the short prefixes it saves (H100, 6b2bea1: sorting128 task
+// 1 at iteration 100 per-query 17.4 us, node 21.7): the H100 table picks
+// per-query there, and node once the tree has grown (iteration 2000: node
+// 26.6, per-query 36.1).
+TEST(AutoPlanner, ModelPicksPerQueryForEarlyToTTrees) {
+  const Workload early = tot("sorting128ToT.json", 1, 100), late = tot("sorting128ToT.json", 1, 2000);
+  EXPECT_TRUE(same_plan(make_plan("auto", early), make_plan("per-query", early)));
+  EXPECT_TRUE(same_plan(make_plan("auto", late), make_plan("node", late)));
+}
+
+// The lower bound that lets auto skip planning per-query never skips a
+// per-query plan the model would have picked; the plan validates and is the
+// same on a second call (deterministic).
+TEST(AutoPlanner, ChoosesByTheModelOnRandomTrees) {
+  const AutoCostModel& m = builtin_auto_cost_model();
+  RandomTreeOptions shape;
+  shape.max_nodes = 40;
+  shape.max_tokens = 300;
+  int per_query = 0, node = 0;
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    WorkloadParams p;
+    p.heads.num_kv_heads = seed % 3 == 0 ? 1 : 8;
+    p.heads.num_qo_heads = seed % 2 ? 32 : 16;
+    p.seed = seed;
+    PlanOptions opt;
+    opt.num_sms = int(8 + seed % 5 * 31);
+    const Workload w = random_workload(seed, p, shape);
+    const Plan a = make_plan("auto", w, opt);
+    ASSERT_NO_THROW(validate_plan(w, a)) << "seed " << seed;
+    EXPECT_TRUE(same_plan(a, make_plan("auto", w, opt))) << "seed " << seed;
+    const std::string want = expected_choice(w, m, opt);
+    const Plan chosen = make_plan(want, w, opt);
+    // Without shared KV the two are the same work; auto takes per-query unpriced.
+    EXPECT_TRUE(same_plan(a, chosen) || same_plan(a, make_plan("per-query", w, opt))) << "seed " << seed << " " << want;
+    (same_plan(a, make_plan("per-query", w, opt)) ? per_query : node)++;
+  }
+  EXPECT_GT(per_query, 10);
+  EXPECT_GT(node, 10);
+}
+
+TEST(AutoPlanner, ReplacingTheDefaultModelChangesTheChoice) {
+  WorkloadParams p;
+  const Workload w = make_workload("fasttree:N=1,256:C=256,32", p);
+  AutoCostModel only_kv = builtin_auto_cost_model();
+  only_kv.coefficients = {};
+  only_kv.coefficients[2] = 1;  // kv_mb: node loads far fewer bytes
+  AutoCostModel only_launches = only_kv;
+  only_launches.coefficients = {};
+  only_launches.coefficients[6] = 1;  // kctas: per-query has one unit per query, node more
+  only_launches.coefficients[4] = 1;  // partial_mb
+  EXPECT_TRUE(same_plan(plan_auto_with(w, {}, only_kv), make_plan("node", w)));
+  const std::string want = expected_choice(w, only_launches);
+  EXPECT_TRUE(same_plan(plan_auto_with(w, {}, only_launches), make_plan(want, w))) << want;
+  set_default_auto_cost_model(std::make_shared<AutoCostModel>(only_launches));
+  EXPECT_TRUE(same_plan(make_plan("auto", w), make_plan(want, w)));
+  set_default_auto_cost_model(nullptr);  // back to the built-in table
+  EXPECT_EQ(default_auto_cost_model()->commit, builtin_auto_cost_model().commit);
+  EXPECT_TRUE(same_plan(make_plan("auto", w), make_plan("node", w)));
+}
+
+TEST(AutoCostModel, FeaturesAgreeWithThePlanSummary) {
+  WorkloadParams p;
+  const Workload w = make_workload("pat:B=1,4,16:L=128,256,1024", p);
+  for (const char* planner : {"node", "per-query", "fasttree", "flatten"}) {
+    const Plan plan = make_plan(planner, w);
+    const PlanSummary s = summarize(w, plan);
+    const AutoCostFeatures f = auto_cost_features(w, plan);
+    EXPECT_EQ(f[0], 1);
+    EXPECT_GE(f[1], 1);
+    EXPECT_DOUBLE_EQ(f[2], s.kv_bytes * 1e-6) << planner;
+    EXPECT_DOUBLE_EQ(f[3], s.unique_kv_bytes * 1e-6) << planner;
+    EXPECT_DOUBLE_EQ(f[4], s.partial_bytes * 1e-6) << planner;
+    EXPECT_DOUBLE_EQ(f[5], s.max_unit_tokens * 1e-3) << planner;
+    EXPECT_DOUBLE_EQ(f[6], s.units * w.heads.num_kv_heads * 1e-3) << planner;
+    EXPECT_DOUBLE_EQ(f[7], s.segments * w.heads.num_kv_heads * 1e-3) << planner;
+    EXPECT_GE(f[8] * 1.000001, s.flops * 1e-9) << planner;
+    EXPECT_GE(f[9], f[5]) << planner << ": the launch of the longest unit runs at least one wave of it";
+  }
+}
+
+// The library's default (kBuiltinAutoCost in src/plan/planners/auto.cpp) and
+// data/auto_cost_h100.json are the same table: after
+// `scripts/fit_auto_cost.py ... --out data/auto_cost_h100.json`, paste the
+// file into kBuiltinAutoCost.
+TEST(AutoCostModel, ShippedFileMatchesBuiltinTable) {
+  const AutoCostModel file = load_auto_cost_model(kData + "auto_cost_h100.json");
+  const AutoCostModel& builtin = builtin_auto_cost_model();
+  const char* hint = "data/auto_cost_h100.json and kBuiltinAutoCost in src/plan/planners/auto.cpp differ";
+  EXPECT_EQ(to_json(file), to_json(builtin)) << hint;
+  EXPECT_EQ(file.coefficients, builtin.coefficients) << hint;
+  EXPECT_EQ(file.margin, builtin.margin) << hint;
+  EXPECT_FALSE(file.device.empty());
+  EXPECT_FALSE(file.commit.empty());
+  EXPECT_FALSE(file.fit.empty());
+  const AutoCostModel again = parse_auto_cost_model(to_json(builtin));
+  EXPECT_EQ(again.coefficients, builtin.coefficients);
+  EXPECT_EQ(to_json(again), to_json(builtin));
+}
+
+TEST(AutoCostModel, ParseErrorsNameTheField) {
+  const std::string good = to_json(builtin_auto_cost_model());
+  const auto error_of = [](const std::string& text) {
+    try {
+      parse_auto_cost_model(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    const size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  EXPECT_NE(error_of("[1]").find("top level"), std::string::npos);
+  EXPECT_NE(error_of("{").find("parse error"), std::string::npos);
+  EXPECT_NE(error_of(replaced("treeattn-auto-cost/1", "treeattn-auto-cost/2")).find("format"), std::string::npos);
+  EXPECT_NE(error_of(replaced("\"margin\"", "\"marge\"")).find("margin is missing"), std::string::npos);
+  EXPECT_NE(error_of(replaced("\"margin\": 0", "\"margin\": \"0\", \"x\": 0")).find("margin"), std::string::npos);
+  EXPECT_NE(error_of(replaced("\"margin\": 0", "\"margin\": 1")).find("margin = 1"), std::string::npos);
+  EXPECT_NE(error_of(replaced("\"kv_mb\"", "\"kv_bytes\"")).find("coefficients.kv_mb is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced("\"kv_mb\"", "\"kv_bytes\": 1, \"kv_mb\""))
+                .find("coefficients.kv_bytes is not a feature"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced("\"kv_mb\": ", "\"kv_mb\": -")).find("coefficients.kv_mb"), std::string::npos);
+  EXPECT_NE(error_of(replaced("\"kctas\": ", "\"kctas\": \"x\", \"_\": ")).find("coefficients.kctas"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced("\"device\": ", "\"device\": 1, \"_\": ")).find("device"), std::string::npos);
+  EXPECT_EQ(error_of(good), "(no error)");
+  try {
+    load_auto_cost_model(kData + "no_such_table.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no_such_table.json"), std::string::npos);
+  }
+}
