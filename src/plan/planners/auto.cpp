@@ -38,7 +38,7 @@ constexpr const char* kBuiltinAutoCost = R"json({
   "date": "2026-11-24",
   "commit": "e3f93e4",
   "source": "suites deft, fasttree, pat (175 configs, measured at commit 6b2bea1)",
-  "fit": "scripts/fit_auto_cost.py bench/results/NVIDIA_H100_80GB_HBM3/fasttree/results.json bench/results/NVIDIA_H100_80GB_HBM3/pat/results.json bench/results/NVIDIA_H100_80GB_HBM3/deft/results.json --out data/auto_cost_h100.json",
+  "fit": "scripts/fit_auto_cost.py bench/results/NVIDIA_H100_80GB_HBM3/suites_6b2bea1/fasttree/results.json bench/results/NVIDIA_H100_80GB_HBM3/suites_6b2bea1/pat/results.json bench/results/NVIDIA_H100_80GB_HBM3/suites_6b2bea1/deft/results.json --out data/auto_cost_h100.json",
   "margin": 0.0,
   "coefficients": {
     "const": 0.707341,
