@@ -93,7 +93,7 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
 // default max_extension_tokens most steps extend the last plan; the fresh
 // plans (the first step, and each time a unit outgrows the limit) are in the
 // mean. The steps' arrays are made before the clock starts.
-void runtime_decode_steps(benchmark::State& state, int nodes) {
+void runtime_decode_steps(benchmark::State& state, int nodes, Device device) {
   constexpr int kSteps = 128;
   Workload w = bench::planning_bench_tree(nodes, 256, 42);
   std::vector<char> grows(w.tree.nodes.size(), 0);
@@ -120,7 +120,7 @@ void runtime_decode_steps(benchmark::State& state, int nodes) {
   c.dtype = w.layout.dtype;
   c.page_size = w.layout.page_size;
   c.num_pages = next_page;
-  c.device = Device::cpu;
+  c.device = device;
   c.max_queries = 256;
   c.max_nodes = 16384;
   c.max_page_refs = int64_t(steps.back().pages.size());
@@ -131,6 +131,9 @@ void runtime_decode_steps(benchmark::State& state, int nodes) {
     ta.plan_tree({st.parents, st.num_tokens, st.offsets, st.pages, w.query_nodes, {}}, nullptr);
     i = (i + 1) % kSteps;
   }
+#if defined(TREEATTN_HAVE_CUDA)
+  if (device == Device::cuda) cudaDeviceSynchronize();
+#endif
   const PlanStats s = ta.plan_stats();
   state.counters["fresh_%"] = 100.0 * double(s.planned) / double(s.planned + s.extended);
 }
@@ -233,7 +236,7 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMicrosecond);
   for (const int nodes : {100, 1000, 10000})
     benchmark::RegisterBenchmark(("runtime/decode_steps/cpu/" + std::to_string(nodes)).c_str(), runtime_decode_steps,
-                                 nodes)
+                                 nodes, Device::cpu)
         ->Unit(benchmark::kMicrosecond);
 #if defined(TREEATTN_HAVE_CUDA)
   int gpus = 0;
@@ -241,6 +244,11 @@ int main(int argc, char** argv) {
     for (const int nodes : {100, 1000, 10000})
       benchmark::RegisterBenchmark(("runtime/plan_tree/cuda/" + std::to_string(nodes)).c_str(), runtime_plan, nodes,
                                    Device::cuda)
+          ->Unit(benchmark::kMicrosecond);
+  if (gpus > 0)
+    for (const int nodes : {100, 1000, 10000})
+      benchmark::RegisterBenchmark(("runtime/decode_steps/cuda/" + std::to_string(nodes)).c_str(), runtime_decode_steps,
+                                   nodes, Device::cuda)
           ->Unit(benchmark::kMicrosecond);
   if (gpus > 0) benchmark::RegisterBenchmark("runtime/run/cuda", runtime_run)->Unit(benchmark::kMicrosecond);
 #endif

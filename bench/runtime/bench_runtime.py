@@ -56,6 +56,27 @@ def tree_arrays(parents, tokens, query_nodes, seed=0):
                 page_ids=perm, query_nodes=np.array(query_nodes, np.int32)), int(sum(counts))
 
 
+def decode_steps(arrays, pages, steps=128):
+    """The tree's arrays for `steps` decode steps: each query's node one token longer a step, a new page (from
+    beyond the tree's) when its last fills. Returns the steps and the pages they use."""
+    tokens = arrays["num_tokens"].astype(np.int64).copy()
+    node_pages = [list(arrays["page_ids"][a:b]) for a, b in zip(arrays["page_offsets"][:-1], arrays["page_offsets"][1:])]
+    grows = sorted(set(arrays["query_nodes"].tolist()))
+    out = []
+    for _ in range(steps):
+        flat = np.array([p for ps in node_pages for p in ps], np.int32)
+        offsets = np.concatenate([[0], np.cumsum([len(ps) for ps in node_pages])]).astype(np.int32)
+        out.append(dict(parents=arrays["parents"], num_tokens=tokens.astype(np.int32), page_offsets=offsets,
+                        page_ids=flat, query_nodes=arrays["query_nodes"]))
+        tokens = tokens.copy()
+        for v in grows:
+            tokens[v] += 1
+            if tokens[v] > len(node_pages[v]) * PAGE:
+                node_pages[v].append(pages)
+                pages += 1
+    return out, pages
+
+
 def fewshot(prompt=4000, branches=32, length=256):
     return tree_arrays([-1] + [0] * branches, [prompt] + [length] * branches, list(range(1, branches + 1)))
 
@@ -164,14 +185,29 @@ def main():
 
     # 1. plan() from Python on the 1000-node / 256-query tree.
     arrays, pages = serving_tree(1000, 256)
+    # Planned afresh each call (the same tree: max_extension_tokens=0), then
+    # decode steps (every query's node a token longer a step, 128 steps
+    # cycled) where most calls extend the last plan.
     attn = treeattn.TreeAttention(H, HKV, D, PAGE, pages, dtype=DT, device="cuda", max_queries=256, max_nodes=4096,
-                                  max_page_refs=pages)
+                                  max_page_refs=pages, max_extension_tokens=0)
     attn.plan_tree(**arrays)
     py_plan = median_host_us(lambda: attn.plan_tree(**arrays), 300)
     lists = {k: v.tolist() for k, v in arrays.items()}
     py_plan_lists = median_host_us(lambda: attn.plan_tree(**lists), 100)
+    steps, step_pages = decode_steps(arrays, pages)
+    attn = treeattn.TreeAttention(H, HKV, D, PAGE, step_pages, dtype=DT, device="cuda", max_queries=256,
+                                  max_nodes=4096, max_page_refs=step_pages)
+    for st in steps:  # warm-up: one pass over the steps
+        attn.plan_tree(**st)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        for st in steps:
+            attn.plan_tree(**st)
+    py_decode = (time.perf_counter() - t0) * 1e6 / (4 * len(steps))
+    torch.cuda.synchronize()
     cpp = cpp_bench(args.build)
-    res["plan"] = dict(python_numpy_us=py_plan, python_lists_us=py_plan_lists, cpp=cpp, pages=pages)
+    res["plan"] = dict(python_numpy_us=py_plan, python_lists_us=py_plan_lists, python_decode_step_us=py_decode,
+                       decode_stats=attn.plan_stats(), cpp=cpp, pages=pages)
 
     # 2. run() host time per call, Python vs C++.
     small, spages = tree_arrays([-1], [16], [0])
@@ -219,7 +255,10 @@ def main():
 
     p = res["plan"]
     print(f"\nHBM {bw:.0f} GB/s (copy, read + write)")
-    print(f"plan() 1000 nodes / 256 queries / {p['pages']} pages: Python (NumPy) {p['python_numpy_us']:.1f} us, "
+    print(f"plan() decode steps (1000 nodes / 256 queries, {p['decode_stats']}): Python {p['python_decode_step_us']:.1f} us "
+          f"a step; C++ cpu {cpp.get('runtime/decode_steps/cpu/1000', float('nan')):.1f} us, cuda "
+          f"{cpp.get('runtime/decode_steps/cuda/1000', float('nan')):.1f} us")
+    print(f"plan() afresh, 1000 nodes / 256 queries / {p['pages']} pages: Python (NumPy) {p['python_numpy_us']:.1f} us, "
           f"Python (lists) {p['python_lists_us']:.1f} us; C++ runtime step cpu "
           f"{cpp.get('runtime/plan_tree/cpu/1000', float('nan')):.1f} us, cuda "
           f"{cpp.get('runtime/plan_tree/cuda/1000', float('nan')):.1f} us; planners alone: "
