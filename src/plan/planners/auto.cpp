@@ -177,11 +177,13 @@ AutoCostModel parse_auto_cost_model(std::string_view text) {
                   " is not a number");
     m.coefficients[i] = v->get<double>();
   }
-  for (const auto& [key, value] : c->items())
+  for (const auto& item : c->items()) {
+    const std::string& key = item.key();  // a named copy: clang 14 cannot capture a structured binding
     if (std::find_if(kAutoCostFeatureNames.begin(), kAutoCostFeatureNames.end(),
                      [&](const char* n) { return key == n; }) == kAutoCostFeatureNames.end())
       throw Error("auto cost model: coefficients." + key + " is not a feature (" + kAutoCostFeatureNames[0] + ", " +
                   kAutoCostFeatureNames[1] + ", ...: include/treeattn/cost_models.hpp)");
+  }
   m.validate();
   return m;
 }
