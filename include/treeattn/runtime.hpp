@@ -27,6 +27,10 @@ struct TreeAttentionConfig {
   int page_size = 16;
   int64_t num_pages = 0;  // pages of the KV pools run() will be given (> 0)
   Device device = Device::cuda;
+  // The CUDA device that holds the buffers and runs the kernels; -1: the
+  // device current at construction (config() then reports it). plan_*() and
+  // run() make it current for their CUDA calls and restore the caller's.
+  int device_index = -1;
   // Capacities: a plan beyond one of them is refused with an Error naming it.
   int32_t max_queries = 256;
   int32_t max_nodes = 4096;

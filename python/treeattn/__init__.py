@@ -73,19 +73,28 @@ def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def _torch_stream_source():
+def _torch_stream_source(device: int):
     """(fn, arg): ``fn(arg)`` (``fn()`` when arg is None) returns PyTorch's
-    current CUDA stream handle on the device that is current now (the
+    current CUDA stream handle on CUDA device ``device`` (the
     TreeAttention's: its buffers live there), through the raw accessor where
-    this PyTorch has it (~20x cheaper than current_stream(), and the device
-    index looked up once). run() calls it from C++."""
+    this PyTorch has it (~20x cheaper than current_stream()). run() calls it
+    from C++."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    device = torch.cuda.current_device()
     if raw is not None:
         return raw, device
     return (lambda: torch.cuda.current_stream(device).cuda_stream), None
+
+
+def _parse_device(device: Any) -> "tuple[str, int]":
+    """("cuda", index) or ("cpu", -1) from "cuda", "cuda:1", "cpu" or a
+    torch.device; index -1: the current CUDA device."""
+    text = str(device)
+    kind, sep, index = text.partition(":")
+    if kind not in ("cuda", "cpu") or (sep and (kind == "cpu" or not index.isdigit())):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:<index>', got {text!r}")
+    return kind, int(index) if index else -1
 
 
 # TreeAttention objects by handle, for the PyTorch custom op (torch_ops.py),
@@ -118,7 +127,9 @@ class TreeAttention:
         page_size: tokens per page of the KV pools.
         num_pages: pages of the pools ``run`` will be given (page ids must be below).
         dtype: "fp16"/"bf16" or a torch dtype; q, pools and out use it.
-        device: "cuda" or "cpu".
+        device: "cuda" (the current CUDA device), "cuda:<index>", a
+            torch.device, or "cpu". plan and run switch to that device for
+            their CUDA calls and back; tensors on another device are refused.
         max_queries, max_nodes, max_page_refs: capacities; every device buffer
             is sized by them once. A step beyond one raises ValueError naming it.
         planner: "auto" (default), "node", "per-query", ... (``treeattn workloads``
@@ -135,34 +146,37 @@ class TreeAttention:
                  dtype: Any = "fp16", device: str = "cuda", max_queries: int = 256, max_nodes: int = 4096,
                  max_page_refs: int = 65536, planner: str = "auto", num_sms: Optional[int] = None,
                  cpu_threads: int = 0, max_extension_tokens: int = 64):
-        device = str(device).split(":")[0]
+        device, device_index = _parse_device(device)
         if device == "cuda" and not cuda_built:
             raise ValueError("device: 'cuda' needs a treeattn built with CUDA (this one was built without nvcc)")
-        if device == "cuda" and num_sms is None:
+        torch_gpus = 0  # CUDA devices PyTorch sees (0: no PyTorch)
+        if device == "cuda":
             try:
                 import torch
 
-                num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-            except Exception:  # no torch: the C++ default
-                num_sms = 0
+                torch_gpus = torch.cuda.device_count()
+                if device_index < 0:
+                    device_index = torch.cuda.current_device()
+                if num_sms is None and device_index < torch_gpus:
+                    num_sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+            except ImportError:  # no torch: the C++ defaults (the current device, 132 SMs)
+                pass
         self.device = device
         self.dtype = _dtype_name(dtype)
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.num_pages = page_size, num_pages
-        stream_fn, stream_arg = None, None  # None: the default stream unless stream= is given (CPU; no PyTorch)
-        if device == "cuda":
-            try:
-                stream_fn, stream_arg = _torch_stream_source()
-            except ImportError:
-                pass
-        self._stream_fn, self._stream_arg = stream_fn, stream_arg
         self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
                                               self.dtype, device, max_queries, max_nodes, max_page_refs, planner,
-                                              num_sms or 0, cpu_threads, max_extension_tokens)
+                                              num_sms or 0, cpu_threads, max_extension_tokens, device_index)
+        self.device_index = self._impl.device_index  # -1 on the cpu
+        stream_fn, stream_arg = None, None  # None: the default stream unless stream= is given (CPU; no PyTorch)
+        if device == "cuda" and torch_gpus > 0:
+            stream_fn, stream_arg = _torch_stream_source(self.device_index)
+        self._stream_fn, self._stream_arg = stream_fn, stream_arg
         # run()'s C++ entry: reads and checks the tensors (PyTorch through a few
         # attribute reads, anything else through DLPack) and takes the stream
         # from the source above when none is given, in one call.
-        self._run = _treeattn._Runner(self._impl, stream_fn, stream_arg)
+        self._run = _treeattn._Runner(self._impl, stream_fn, stream_arg, torch_gpus > 1)
         self.op_handle = next(_HANDLES)  # this object in torch.ops.treeattn.run (run_op)
         _BY_HANDLE[self.op_handle] = self
 

@@ -55,6 +55,7 @@ struct View {
   int64_t shape[kMaxDims] = {}, strides[kMaxDims] = {};  // strides in elements
   Code dtype = Code::other;
   bool on_device = false;  // on the TreeAttention's device (cuda / cpu)
+  int32_t device_index = -1;  // CUDA tensors: the device's index, where read (-1: not read)
   nb::dlpack::dtype dl_dtype{};
   int32_t dl_device = 0;
   Tensor nd;  // the DLPack import, kept while the view is used
@@ -276,7 +277,15 @@ int read_ints(const char* name, const char* what, PyObject* tuple, int64_t* dst)
   return int(n);
 }
 
-void read_torch(const char* name, PyObject* o, View& v, bool want_cuda, bool dir, const Torch& T) {
+// Where the runtime's tensors must be: cuda (and on which device) or the cpu.
+struct Where {
+  bool cuda = false;
+  int device_index = -1;       // the TreeAttention's CUDA device
+  bool torch_index = false;    // read a PyTorch tensor's device index (a process that sees several GPUs)
+};
+
+void read_torch(const char* name, PyObject* o, View& v, const Where& where, bool dir, const Torch& T) {
+  const bool want_cuda = where.cuda;
   v.torch = true;
   nb::object ptr = nb::steal(T.data_ptr(o, dir));
   if (!ptr.is_valid()) torch_read_error(name, "data_ptr()");
@@ -299,9 +308,16 @@ void read_torch(const char* name, PyObject* o, View& v, bool want_cuda, bool dir
   if (!flag) torch_read_error(name, want_cuda ? "is_cuda" : "is_cpu");
   v.on_device = flag == Py_True;
   Py_DECREF(flag);
+  if (want_cuda && v.on_device && where.torch_index) {
+    nb::object i = nb::steal(PyObject_CallMethod(o, "get_device", nullptr));
+    if (!i.is_valid()) torch_read_error(name, "get_device()");
+    v.device_index = int32_t(PyLong_AsLong(i.ptr()));
+    if (v.device_index == -1 && PyErr_Occurred()) torch_read_error(name, "get_device()");
+  }
 }
 
-void read_dlpack(const char* name, PyObject* o, View& v, bool want_cuda) {
+void read_dlpack(const char* name, PyObject* o, View& v, const Where& where) {
+  const bool want_cuda = where.cuda;
   try {
     v.nd = nb::cast<Tensor>(nb::handle(o), /*convert=*/false);  // no copies: out must be the caller's memory
   } catch (const nb::cast_error&) {
@@ -321,16 +337,17 @@ void read_dlpack(const char* name, PyObject* o, View& v, bool want_cuda) {
   v.dl_device = t.device_type();
   v.on_device = want_cuda ? v.dl_device == nb::device::cuda::value
                           : v.dl_device == nb::device::cpu::value || v.dl_device == nb::device::cuda_host::value;
+  if (want_cuda && v.on_device) v.device_index = t.device_id();
 }
 
-void read_view(const char* name, nb::handle h, View& v, bool want_cuda) {
+void read_view(const char* name, nb::handle h, View& v, const Where& where) {
   v.obj = h.ptr();
   Torch& T = torch_info();
   bool dir = false;
   if (T.is_tensor(h.ptr(), &dir))
-    read_torch(name, h.ptr(), v, want_cuda, dir, T);
+    read_torch(name, h.ptr(), v, where, dir, T);
   else
-    read_dlpack(name, h.ptr(), v, want_cuda);
+    read_dlpack(name, h.ptr(), v, where);
 }
 
 // A tensor of the runtime's dtype on its device with `ndim` dimensions whose
@@ -338,8 +355,12 @@ void read_view(const char* name, nb::handle h, View& v, bool want_cuda) {
 void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c, int ndim, int64_t heads) {
   const bool want_cuda = c.device == Device::cuda;
   if (!t.on_device)
-    value_error(std::string(name) + ": expected a tensor on " + (want_cuda ? "cuda" : "the cpu") +
+    value_error(std::string(name) + ": expected a tensor on " +
+                (want_cuda ? "cuda:" + std::to_string(c.device_index) : std::string("the cpu")) +
                 " (the TreeAttention's device), got one on " + device_desc(t));
+  if (want_cuda && t.device_index >= 0 && t.device_index != c.device_index)
+    value_error(std::string(name) + ": expected a tensor on cuda:" + std::to_string(c.device_index) +
+                " (the TreeAttention's device), got one on cuda:" + std::to_string(t.device_index));
   const Code want = c.dtype == DType::fp16 ? Code::fp16 : Code::bf16;
   if (t.dtype != want)
     throw nb::type_error((std::string(name) + ": expected dtype " + (c.dtype == DType::fp16 ? "float16" : "bfloat16") +
@@ -396,7 +417,9 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
         l.strides[0] != c.heads.num_qo_heads)
       value_error("lse: expected a contiguous [" + std::to_string(Q) + ", " + std::to_string(c.heads.num_qo_heads) +
                   "] tensor, got shape " + shape_str(l));
-    if (!l.on_device) value_error("lse: must be on the same device as q, got one on " + device_desc(l));
+    if (!l.on_device || (l.device_index >= 0 && l.device_index != c.device_index))
+      value_error("lse: must be on the TreeAttention's device, as q, got one on " +
+                  (l.device_index >= 0 ? "cuda:" + std::to_string(l.device_index) : device_desc(l)));
     a.lse = reinterpret_cast<float*>(l.ptr);
   }
   if (q.ptr == out.ptr) value_error("out: must not alias q");
@@ -414,16 +437,15 @@ float scale_of(nb::handle scale) {
 }
 
 // The tensors of a run, read and checked.
-AttentionArgs read_args(const TreeAttention& ta, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
-                        nb::handle lse, nb::handle scale) {
-  const bool cuda = ta.config().device == Device::cuda;
+AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle q, nb::handle k, nb::handle v,
+                        nb::handle out, nb::handle lse, nb::handle scale) {
   View vq, vk, vv, vo, vl;
-  read_view("q", q, vq, cuda);
-  read_view("k_pool", k, vk, cuda);
-  read_view("v_pool", v, vv, cuda);
-  read_view("out", out, vo, cuda);
+  read_view("q", q, vq, where);
+  read_view("k_pool", k, vk, where);
+  read_view("v_pool", v, vv, where);
+  read_view("out", out, vo, where);
   const bool has_lse = !lse.is_none();
-  if (has_lse) read_view("lse", lse, vl, cuda);
+  if (has_lse) read_view("lse", lse, vl, where);
   return checked_args(ta, vq, vk, vv, vo, has_lse ? &vl : nullptr, scale_of(scale));
 }
 
@@ -477,15 +499,16 @@ struct BoundRun {
 struct Runner {
   const TreeAttention* ta;
   StreamSource stream_source;
+  Where where;
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale,
            nb::handle stream) const {
-    const AttentionArgs a = read_args(*ta, q, k, v, out, lse, scale);
+    const AttentionArgs a = read_args(*ta, where, q, k, v, out, lse, scale);
     const uintptr_t s = stream_source.get(stream);
     nb::gil_scoped_release release;  // the CPU executor may run for a while
     ta->run(a, reinterpret_cast<void*>(s));
   }
   BoundRun bind(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale) const {
-    return {ta, read_args(*ta, q, k, v, out, lse, scale), ta->num_queries(), stream_source};
+    return {ta, read_args(*ta, where, q, k, v, out, lse, scale), ta->num_queries(), stream_source};
   }
 };
 
@@ -508,7 +531,7 @@ void bind_runtime(nb::module_& m) {
           [](TreeAttention* self, int num_qo_heads, int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
              const std::string& dtype, const std::string& device, int32_t max_queries, int32_t max_nodes,
              int64_t max_page_refs, const std::string& planner, int num_sms, int cpu_threads,
-             int32_t max_extension_tokens) {
+             int32_t max_extension_tokens, int device_index) {
             TreeAttentionConfig c;
             c.heads = {num_qo_heads, num_kv_heads, head_dim};
             c.dtype = parse_dtype(dtype);
@@ -517,6 +540,7 @@ void bind_runtime(nb::module_& m) {
             if (device != "cpu" && device != "cuda")
               value_error("device: expected 'cpu' or 'cuda', got '" + device + "'");
             c.device = device == "cuda" ? Device::cuda : Device::cpu;
+            c.device_index = device_index;
             c.max_queries = max_queries;
             c.max_nodes = max_nodes;
             c.max_page_refs = max_page_refs;
@@ -529,7 +553,7 @@ void bind_runtime(nb::module_& m) {
           nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("page_size"),
           nb::arg("num_pages"), nb::arg("dtype"), nb::arg("device"), nb::arg("max_queries"), nb::arg("max_nodes"),
           nb::arg("max_page_refs"), nb::arg("planner"), nb::arg("num_sms"), nb::arg("cpu_threads"),
-          nb::arg("max_extension_tokens"))
+          nb::arg("max_extension_tokens"), nb::arg("device_index"))
       .def(
           "plan_tree",
           [](TreeAttention& ta, const Index& parents, const Index& num_tokens, const Index& page_offsets,
@@ -561,6 +585,7 @@ void bind_runtime(nb::module_& m) {
           nb::arg("query_nodes"), nb::arg("first_slots").none(), nb::arg("draft_nodes"), nb::arg("draft_parents"),
           nb::arg("draft_rows"), nb::arg("stream"))
       .def_prop_ro("num_queries", &TreeAttention::num_queries)
+      .def_prop_ro("device_index", [](const TreeAttention& ta) { return ta.config().device_index; })
       .def("describe", &TreeAttention::describe)
       .def("plan_stats",
            [](const TreeAttention& ta) {
@@ -591,12 +616,16 @@ void bind_runtime(nb::module_& m) {
   nb::class_<Runner>(m, "_Runner")
       .def(
           "__init__",
-          [](Runner* self, const TreeAttention& ta, nb::object stream_fn, nb::object stream_arg) {
-            new (self) Runner{&ta, {std::move(stream_fn), std::move(stream_arg)}};
+          [](Runner* self, const TreeAttention& ta, nb::object stream_fn, nb::object stream_arg, bool torch_index) {
+            const TreeAttentionConfig& c = ta.config();
+            new (self) Runner{&ta, {std::move(stream_fn), std::move(stream_arg)},
+                              {c.device == Device::cuda, c.device_index, torch_index}};
           },
-          nb::arg("attn"), nb::arg("stream_fn").none(), nb::arg("stream_arg").none(), nb::keep_alive<1, 2>(),
+          nb::arg("attn"), nb::arg("stream_fn").none(), nb::arg("stream_arg").none(), nb::arg("torch_device_index"),
+          nb::keep_alive<1, 2>(),
           "TreeAttention.run()'s entry: `stream_fn(stream_arg)` (or `stream_fn()` when stream_arg is None) gives "
-          "the stream when run() is given none; stream_fn None: the default stream.")
+          "the stream when run() is given none; stream_fn None: the default stream. torch_device_index: check "
+          "PyTorch tensors' device index (one more attribute call each; DLPack tensors always carry theirs).")
       .def("__call__", &Runner::run, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
            nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("stream").none(),
            "Reads and checks the tensors (PyTorch: attributes; others: DLPack), then runs.")

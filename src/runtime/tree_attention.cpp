@@ -17,6 +17,30 @@ namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw Error("tree attention: " + what); }
 
+#if defined(TREEATTN_HAVE_CUDA)
+// Makes `device` current for a scope, then the caller's again (no driver
+// call when it already is).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), "tree attention: cudaGetDevice");
+    if (current != device) {
+      check_cuda(cudaSetDevice(device), "tree attention: cudaSetDevice");
+      previous_ = current;
+    }
+  }
+  ~DeviceGuard() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+#endif
+
 void check_capacity(const char* name, int64_t value, int64_t cap) {
   if (value > cap)
     fail(std::string(name) + " = " + std::to_string(value) + " exceeds the capacity " + std::to_string(cap) +
@@ -41,6 +65,14 @@ struct TreeAttention::Impl {
   PlanStats stats;
 #if defined(TREEATTN_HAVE_CUDA)
   std::unique_ptr<CudaStepExecutor> cuda;
+  ~Impl() {  // frees the executor's buffers on their device; never throws
+    if (!cuda) return;
+    int current = 0;
+    const bool switched = cudaGetDevice(&current) == cudaSuccess && current != cfg.device_index &&
+                          cudaSetDevice(cfg.device_index) == cudaSuccess;
+    cuda.reset();
+    if (switched) cudaSetDevice(current);
+  }
 #endif
 
   // Plan extension (TreeAttentionConfig::max_extension_tokens). Valid while
@@ -79,7 +111,10 @@ struct TreeAttention::Impl {
   // Validates p for tree t (on the GPU set_plan does, before it packs it).
   void hand_to_executor(const Workload& t, const Plan& p, void* stream) {
 #if defined(TREEATTN_HAVE_CUDA)
-    if (cuda) return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream));
+    if (cuda) {
+      DeviceGuard on(cfg.device_index);
+      return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream));
+    }
 #endif
     (void)stream;
     validate_plan(t, p, &validate_plan_scratch);
@@ -294,6 +329,13 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
     cap.max_entries = c.max_entries;
     cap.max_slots = c.max_slots;
     cap.max_page_refs = c.max_page_refs;
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "tree attention: cudaGetDeviceCount");
+    if (c.device_index < 0) check_cuda(cudaGetDevice(&c.device_index), "tree attention: cudaGetDevice");
+    if (c.device_index >= devices)
+      fail("device_index = " + std::to_string(c.device_index) + " is out of range [0, " + std::to_string(devices) +
+           ") (the CUDA devices this process sees)");
+    DeviceGuard on(c.device_index);
     m.cuda = std::make_unique<CudaStepExecutor>(c.heads, c.dtype, c.page_size, c.num_pages, cap);
 #else
     fail("device cuda: this build of treeattn has no CUDA executor (built without nvcc)");
@@ -380,7 +422,10 @@ void TreeAttention::run(const AttentionArgs& args, void* stream) const {
   const Impl& m = *impl_;
   if (!m.planned) fail("run() before any plan_*() call");
 #if defined(TREEATTN_HAVE_CUDA)
-  if (m.cuda) return m.cuda->run(args, static_cast<cudaStream_t>(stream));
+  if (m.cuda) {
+    DeviceGuard on(m.cfg.device_index);
+    return m.cuda->run(args, static_cast<cudaStream_t>(stream));
+  }
 #endif
   (void)stream;
   if (!args.q || !args.k || !args.v || !args.out) fail("run(): null tensor pointer");

@@ -275,5 +275,36 @@ TEST(Runtime, CapacityErrorsNameTheCapacity) {
   }
 }
 
+// The device index: -1 resolves to the current device; past the devices the
+// process sees is an error naming it; plan and run leave the caller's current
+// device as it was.
+TEST(Runtime, DeviceIndexIsResolvedCheckedAndRestored) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  const Workload w = make_workload("fewshot:prompt=100:branches=4:len=8", p);
+  int devices = 0, current = -1;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  TreeAttentionConfig c = config_for(w, "auto", w.layout.num_pages);
+  TreeAttention ta(c);
+  EXPECT_EQ(ta.config().device_index, current);
+  c.device_index = devices;
+  try {
+    TreeAttention past(c);
+    FAIL() << "expected a device-index error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device_index = " + std::to_string(devices) + " is out of range [0, " +
+                                         std::to_string(devices) + ")"),
+              std::string::npos)
+        << e.what();
+  }
+  c.device_index = devices - 1;  // the last device, while `current` stays current
+  TreeAttention last(c);
+  last.plan_tree(Arrays(w).view(), nullptr);
+  int after = -1;
+  ASSERT_EQ(cudaGetDevice(&after), cudaSuccess);
+  EXPECT_EQ(after, current);
+}
+
 }  // namespace
 }  // namespace treeattn

@@ -239,8 +239,10 @@ def test_bad_run_arguments_name_the_argument():
         attn.run(q[:, :, ::2].repeat(2, axis=2)[:, :, ::1][:, ::-1], k, k)
     with pytest.raises(ValueError, match="out: must not alias q"):
         attn.run(q, k, k, out=q)
-    with pytest.raises(ValueError, match="device"):
-        treeattn.TreeAttention(4, 2, 64, 4, 16, device="tpu")
+    for device in ("tpu", "cpu:0", "cuda:x", "cuda:-1", "cuda:"):
+        with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:<index>', got '" + device):
+            treeattn.TreeAttention(4, 2, 64, 4, 16, device=device)
+    assert treeattn.TreeAttention(4, 2, 64, 4, 16, device=torch.device("cpu")).device_index == -1
     with pytest.raises(TypeError, match="dtype"):
         treeattn.TreeAttention(4, 2, 64, 4, 16, dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="max_queries"):
@@ -292,6 +294,55 @@ def test_gpu_matches_torch_reference(dtype, heads):
         torch.cuda.synchronize()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         assert err < (1e-2 if dtype == torch.bfloat16 else 2e-3), err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
+def test_gpu_device_index_is_kept_and_checked():
+    """device="cuda:<i>" holds its buffers and runs on device i whatever device
+    is current; an index past the GPUs is refused; with two GPUs, tensors on
+    the other device are refused (PyTorch and DLPack) and a TreeAttention on
+    device 1 runs correctly while device 0 is current."""
+    gpus = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=f"device_index = {gpus} is out of range \\[0, {gpus}\\)"):
+        treeattn.TreeAttention(8, 2, 64, 16, 8, device=f"cuda:{gpus}")
+    assert treeattn.TreeAttention(8, 2, 64, 16, 8, device="cuda").device_index == torch.cuda.current_device()
+    if gpus < 2:
+        pytest.skip("the cross-device checks need two GPUs")
+    rng = np.random.default_rng(8)
+    tree, pages = random_tree(rng, 12, 6, 16, max_tokens=100)
+    rows = [token_rows(tree, n, 16) for n in tree["query_nodes"]]
+    torch.cuda.set_device(0)
+    attn = treeattn.TreeAttention(8, 2, 64, 16, pages, device=torch.device("cuda", 1))
+    assert attn.device_index == 1
+    attn.plan_tree(**tree)
+    q = torch.randn(6, 8, 64, dtype=torch.float16, device="cuda:1")
+    k = torch.randn(pages, 16, 2, 64, dtype=torch.float16, device="cuda:1")
+    v = torch.randn_like(k)
+    out = attn.run(q, k, v)
+    torch.cuda.synchronize(1)
+    assert torch.cuda.current_device() == 0
+    ref = torch_reference(q, k, v, rows)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-3
+    with pytest.raises(ValueError, match="q: expected a tensor on cuda:1 .* got one on cuda:0"):
+        attn.run(q.to("cuda:0"), k, v)
+    with pytest.raises(ValueError, match="out: expected a tensor on cuda:1 .* got one on cuda:0"):
+        attn.run(q, k, v, out=torch.empty(6, 8, 64, dtype=torch.float16, device="cuda:0"))
+    with pytest.raises(ValueError, match="lse: must be on the TreeAttention's device, as q, got one on cuda:0"):
+        attn.run(q, k, v, lse=torch.empty(6, 8, device="cuda:0"))
+
+    class DLPackOnly:  # not a torch.Tensor: read through DLPack, whose device id is checked
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, **kw):
+            return self.t.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    with pytest.raises(ValueError, match="k_pool: expected a tensor on cuda:1 .* got one on cuda:0"):
+        attn.run(q, DLPackOnly(k.to("cuda:0")), v, out=torch.empty_like(q))
 
 
 @pytest.mark.gpu
@@ -504,7 +555,7 @@ def test_torch_bad_run_arguments_name_the_argument():
         attn.run(q, k, v, out, lse=torch.zeros(2, 4, dtype=torch.float16))
     with pytest.raises(ValueError, match=r"lse: expected a contiguous \[2, 4\] tensor, got shape \[4, 2\]"):
         attn.run(q, k, v, out, lse=torch.zeros(2, 4).t())
-    with pytest.raises(ValueError, match="lse: must be on the same device as q, got one on meta"):
+    with pytest.raises(ValueError, match="lse: must be on the TreeAttention.s device, as q, got one on meta"):
         attn.run(q, k, v, out, lse=torch.zeros(2, 4, device="meta"))
     with pytest.raises(TypeError, match="scale: expected a number"):
         attn.run(q, k, v, out, scale="x")
@@ -605,7 +656,7 @@ def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
 
     for arg, seen in [(7, (7,)), (None, ())]:
         calls.clear()
-        runner = treeattn._treeattn._Runner(attn._impl, source, arg)
+        runner = treeattn._treeattn._Runner(attn._impl, source, arg, False)
         runner(q, k, v, out, None, None, None)
         assert calls == [seen]
         runner(q, k, v, out, None, None, 0)
@@ -614,7 +665,7 @@ def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
         bound(None)
         bound(5)
         assert calls == [seen, seen]
-    runner = treeattn._treeattn._Runner(attn._impl, lambda: "not a stream", None)
+    runner = treeattn._treeattn._Runner(attn._impl, lambda: "not a stream", None, False)
     with pytest.raises(TypeError, match="stream: expected a stream handle"):
         runner(q, k, v, out, None, None, None)
 

@@ -168,9 +168,9 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
 
   // Kernel-side unit descriptors and segment records (attention_params.hpp).
   const int U = p.num_units();
-  std::vector<cuda::UnitDesc> desc;
-  std::vector<cuda::SegDesc> segs;
-  cuda::build_unit_descs(w, p, node_page_offset, desc, segs);
+  std::vector<cuda::UnitDesc> desc(static_cast<size_t>(U));
+  std::vector<cuda::SegDesc> segs(p.segments.size());
+  cuda::build_unit_descs(w, p, node_page_offset.data(), desc.data(), segs.data());
 
   // Units grouped by tile config, longest first within each group (the
   // longest CTAs start first, so the tail is short ones).
@@ -238,8 +238,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   std::stable_sort(m.launches.begin(), m.launches.end(),
                    [](const Launch& a, const Launch& b) { return a.max_len > b.max_len; });
 
-  std::vector<cuda::MergeDesc> merges;
-  cuda::build_merge_descs(p, w.num_queries(), merges);
+  std::vector<cuda::MergeDesc> merges(size_t(w.num_queries()));
+  merges.resize(size_t(cuda::build_merge_descs(p, w.num_queries(), merges.data())));
 
   Packer pk;
   const size_t o_units = pk.add(unit_order);

@@ -58,4 +58,19 @@ KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile);
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained);
 int64_t merge_ctas(const MergeParams& p);  // its grid
 
+// Byte ranges packed one after another in src (each starting 16-byte
+// aligned, src_off ascending, src_bytes in all, a multiple of 16), each
+// copied to dst + dst_off[k] (16-byte aligned, with room for its bytes
+// rounded up to 16: the padding is copied too).
+struct CopyRanges {
+  static constexpr int kMax = 12;
+  const uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  size_t src_bytes = 0;
+  int count = 0;
+  size_t src_off[kMax] = {}, dst_off[kMax] = {};
+};
+// One launch on `stream`; returns without syncing.
+void launch_copy_ranges(const CopyRanges& r, cudaStream_t stream);
+
 }  // namespace treeattn::cuda

@@ -24,11 +24,9 @@ DeviceLimits DeviceLimits::current() {
   return d;
 }
 
-void build_unit_descs(const Workload& w, const Plan& p, const std::vector<int32_t>& node_page_offset,
-                      std::vector<UnitDesc>& desc, std::vector<SegDesc>& segs) {
+void build_unit_descs(const Workload& w, const Plan& p, const int32_t* node_page_offset, UnitDesc* desc,
+                      SegDesc* segs) {
   const int U = p.num_units();
-  desc.resize(U);
-  segs.resize(p.segments.size());
   for (int u = 0; u < U; ++u) {
     UnitDesc& d = desc[u];
     d.seg_off = p.unit_segment_offset[u];
@@ -53,14 +51,15 @@ void build_unit_descs(const Workload& w, const Plan& p, const std::vector<int32_
   }
 }
 
-void build_merge_descs(const Plan& p, int32_t num_queries, std::vector<MergeDesc>& merges) {
-  merges.clear();
+int32_t build_merge_descs(const Plan& p, int32_t num_queries, MergeDesc* merges) {
+  int32_t n = 0;
   for (int32_t q = 0; q < num_queries; ++q)
     if (p.query_slot_offset[q + 1] > p.query_slot_offset[q]) {
       MergeDesc md{q, p.query_slot_offset[q], p.query_slot_offset[q + 1] - p.query_slot_offset[q], 0, {}};
       for (int i = 0; i < MergeDesc::kInline; ++i) md.slot[i] = i < md.count ? p.query_slots[md.first + i] : 0;
-      merges.push_back(md);
+      merges[n++] = md;
     }
+  return n;
 }
 
 void set_kernel_attributes(const KernelEntry& k, const DeviceLimits& dl) {

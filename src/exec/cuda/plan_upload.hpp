@@ -24,11 +24,13 @@ struct DeviceLimits {
 
 // The kernels' view of the plan's units: desc[u] for unit u (its segments at
 // segs[desc[u].seg_off ..]); page-table offsets of every node's first page
-// come from node_page_offset (the tree's pages, concatenated).
-void build_unit_descs(const Workload& w, const Plan& p, const std::vector<int32_t>& node_page_offset,
-                      std::vector<UnitDesc>& desc, std::vector<SegDesc>& segs);
-// One descriptor per query that has partial slots, in query order.
-void build_merge_descs(const Plan& p, int32_t num_queries, std::vector<MergeDesc>& merges);
+// come from node_page_offset (the tree's pages, concatenated). desc has room
+// for p.num_units(), segs for p.segments.size().
+void build_unit_descs(const Workload& w, const Plan& p, const int32_t* node_page_offset, UnitDesc* desc,
+                      SegDesc* segs);
+// One descriptor per query that has partial slots, in query order, into
+// merges (room for num_queries); returns their number.
+int32_t build_merge_descs(const Plan& p, int32_t num_queries, MergeDesc* merges);
 
 struct Launch {
   KernelEntry kernel;

@@ -2,12 +2,13 @@
 // fixed at construction, so that one CUDA graph per batch shape survives a new
 // plan every decode step (cuda_executor.hpp).
 //
-// Layout of the plan buffer (device) and of each pinned staging buffer (host):
-// a header of per-launch (first unit, unit count) pairs and the merge count,
-// then every array at the offset its capacity gives it. set_plan() writes the
-// used part of each array into a staging buffer and copies each used range
-// (no copy of unused capacity); the kernels read the counts from the header,
-// so their grids never change.
+// Layout of the plan buffer (device): a header of per-launch (first unit,
+// unit count) pairs and the merge count, then every array at the offset its
+// capacity gives it; the kernels read the counts from the header, so their
+// grids never change. set_plan() writes the used part of each array, packed
+// one after another, into a pinned staging buffer, copies that in one
+// cudaMemcpyAsync and places the arrays with one copy_ranges launch: two
+// driver calls a step whatever the plan, and no copy of unused capacity.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -79,6 +80,7 @@ struct CudaStepExecutor::Impl {
   std::vector<cuda::Launch> launches;
   std::array<int8_t, kTileConfigs.size()> launch_of_tile{};  // plan tile -> launch (-1: none holds it)
   DeviceBuffer plan_buf, workspace;
+  DeviceBuffer packed;  // the staged copy lands here, then copy_ranges places it in plan_buf
   std::vector<std::unique_ptr<PinnedBuffer>> staging;
   std::array<cudaEvent_t, kStaging> staged{};  // the copies out of staging[i] have run
   int next_staging = 0;
@@ -88,11 +90,9 @@ struct CudaStepExecutor::Impl {
   cuda::MergeParams merge{};
   int64_t merge_grid = 0;
   // Reused host scratch (no allocation once grown to a step's size).
-  std::vector<int32_t> node_page_offset, page_ids;
-  std::vector<cuda::UnitDesc> desc, unit_order;
-  std::vector<cuda::SegDesc> segs;
-  std::vector<cuda::MergeDesc> merges;
-  std::vector<int32_t> counts;
+  std::vector<int32_t> node_page_offset, unit_order;
+  std::vector<int8_t> unit_launch;
+  std::vector<cuda::UnitDesc> desc;
   ValidatePlanScratch validate_scratch;
 
   ~Impl() {
@@ -177,6 +177,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int pag
 
   m.layout = Layout::make(cap, int(m.launches.size()));
   m.plan_buf = DeviceBuffer(m.layout.total);
+  m.packed = DeviceBuffer(m.layout.total);  // packed arrays never take more than their capacities
   check_cuda(cudaMemset(m.plan_buf.get(), 0, m.layout.total), "step executor: plan buffer");
   for (int i = 0; i < kStaging; ++i) {
     m.staging.push_back(std::make_unique<PinnedBuffer>(m.layout.total));
@@ -267,61 +268,79 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
   check_capacity("max_page_refs", refs, m.cap.max_page_refs);
 
-  // The tree's page table and the kernels' descriptors.
-  m.node_page_offset.assign(w.tree.nodes.size() + 1, 0);
-  m.page_ids.clear();
-  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
-    const auto& pages = w.tree.nodes[v].pages;
-    m.page_ids.insert(m.page_ids.end(), pages.begin(), pages.end());
-    m.node_page_offset[v + 1] = int32_t(m.page_ids.size());
+  // Which launch runs each unit; units grouped by launch, longest first
+  // within each (the tail is short ones).
+  const int U = p.num_units(), L = int(m.launches.size());
+  m.desc.resize(size_t(U));
+  m.unit_launch.resize(size_t(U));
+  for (int u = 0; u < U; ++u) {
+    m.unit_launch[u] = m.launch_of_tile[p.unit_tile[u]];
+    if (m.unit_launch[u] < 0)
+      throw Error("step executor: unit " + std::to_string(u) + " needs tile m=" +
+                  std::to_string(kTileConfigs[p.unit_tile[u]].m) + ", larger than any tile this executor launches");
   }
-  cuda::build_unit_descs(w, p, m.node_page_offset, m.desc, m.segs);
-  cuda::build_merge_descs(p, w.num_queries(), m.merges);
 
-  // Units grouped by launch, longest first within each (the tail is short ones).
-  const int L = int(m.launches.size());
-  std::vector<int32_t>& counts = m.counts;
-  counts.assign(size_t(2 * L + 1), 0);
-  m.unit_order.clear();
-  for (int l = 0; l < L; ++l) {
-    const size_t first = m.unit_order.size();
-    for (int u = 0; u < p.num_units(); ++u) {
-      const int8_t target = m.launch_of_tile[p.unit_tile[u]];
-      if (target < 0)
-        throw Error("step executor: unit " + std::to_string(u) + " needs tile m=" +
-                    std::to_string(kTileConfigs[p.unit_tile[u]].m) + ", larger than any tile this executor launches");
-      if (target == l) m.unit_order.push_back(m.desc[u]);
-    }
-    std::stable_sort(m.unit_order.begin() + first, m.unit_order.end(),
-                     [](const cuda::UnitDesc& a, const cuda::UnitDesc& b) { return a.len > b.len; });
-    counts[2 * l] = int32_t(first);
-    counts[2 * l + 1] = int32_t(m.unit_order.size() - first);
-  }
-  counts[2 * L] = int32_t(m.merges.size());
-
-  // Stage into the next pinned buffer once the copies out of it have run.
+  // Stage into the next pinned buffer once the copy out of it has run. The
+  // arrays are written straight into it, packed in the order of `ranges`.
   const int si = m.next_staging;
   m.next_staging = (si + 1) % kStaging;
   check_cuda(cudaEventSynchronize(m.staged[si]), "step executor: staging buffer wait");
-  uint8_t* host = static_cast<uint8_t*>(m.staging[si]->ptr);
-  uint8_t* dev = m.plan_buf.as<uint8_t>();
-  auto put = [&](size_t offset, const void* src, size_t bytes) {
-    if (bytes == 0) return;
-    std::memcpy(host + offset, src, bytes);
-    check_cuda(cudaMemcpyAsync(dev + offset, host + offset, bytes, cudaMemcpyHostToDevice, stream),
-               "step executor: plan copy");
+  uint8_t* const host = static_cast<uint8_t*>(m.staging[si]->ptr);
+  cuda::CopyRanges ranges;
+  ranges.src = m.packed.as<uint8_t>();
+  ranges.dst = m.plan_buf.as<uint8_t>();
+  auto stage = [&](size_t placed_at, size_t bytes) {
+    const size_t at = ranges.src_bytes;
+    ranges.src_off[ranges.count] = at;
+    ranges.dst_off[ranges.count] = placed_at;
+    ++ranges.count;
+    ranges.src_bytes = (at + bytes + 15) / 16 * 16;
+    return host + at;
   };
   const Layout& ly = m.layout;
-  put(ly.counts, counts.data(), counts.size() * sizeof(int32_t));
-  put(ly.units, m.unit_order.data(), m.unit_order.size() * sizeof(cuda::UnitDesc));
-  put(ly.segs, m.segs.data(), m.segs.size() * sizeof(cuda::SegDesc));
-  put(ly.entry_query, p.entry_query.data(), p.entry_query.size() * sizeof(int32_t));
-  put(ly.entry_mask, p.entry_mask.data(), p.entry_mask.size() * sizeof(uint64_t));
-  put(ly.entry_slot, p.entry_slot.data(), p.entry_slot.size() * sizeof(int32_t));
-  put(ly.page_ids, m.page_ids.data(), m.page_ids.size() * sizeof(int32_t));
-  put(ly.query_slots, p.query_slots.data(), p.query_slots.size() * sizeof(int32_t));
-  put(ly.merges, m.merges.data(), m.merges.size() * sizeof(cuda::MergeDesc));
+  auto* counts = reinterpret_cast<int32_t*>(stage(ly.counts, sizeof(int32_t) * (2 * L + 1)));
+  auto* units = reinterpret_cast<cuda::UnitDesc*>(stage(ly.units, sizeof(cuda::UnitDesc) * U));
+  auto* segs = reinterpret_cast<cuda::SegDesc*>(stage(ly.segs, sizeof(cuda::SegDesc) * p.segments.size()));
+  auto copy = [&](size_t placed_at, const auto& v) {
+    std::memcpy(stage(placed_at, sizeof(v[0]) * v.size()), v.data(), sizeof(v[0]) * v.size());
+  };
+  copy(ly.entry_query, p.entry_query);
+  copy(ly.entry_mask, p.entry_mask);
+  copy(ly.entry_slot, p.entry_slot);
+  copy(ly.query_slots, p.query_slots);
+  // The tree's page table: every node's pages, concatenated.
+  auto* page_ids = reinterpret_cast<int32_t*>(stage(ly.page_ids, sizeof(int32_t) * size_t(refs)));
+  m.node_page_offset.resize(w.tree.nodes.size() + 1);
+  m.node_page_offset[0] = 0;
+  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
+    const auto& pages = w.tree.nodes[v].pages;
+    if (!pages.empty()) std::memcpy(page_ids + m.node_page_offset[v], pages.data(), sizeof(int32_t) * pages.size());
+    m.node_page_offset[v + 1] = m.node_page_offset[v] + int32_t(pages.size());
+  }
+  cuda::build_unit_descs(w, p, m.node_page_offset.data(), m.desc.data(), segs);
+  // Last, as its size is known only once written: at most one per query.
+  const size_t merges_at = ranges.src_bytes;
+  const int32_t num_merges =
+      cuda::build_merge_descs(p, w.num_queries(), reinterpret_cast<cuda::MergeDesc*>(stage(ly.merges, 0)));
+  ranges.src_bytes = merges_at + sizeof(cuda::MergeDesc) * size_t(num_merges);  // a multiple of 16
+
+  m.unit_order.resize(size_t(U));
+  for (int u = 0; u < U; ++u) m.unit_order[u] = u;
+  std::stable_sort(m.unit_order.begin(), m.unit_order.end(), [&](int32_t a, int32_t b) {
+    return m.unit_launch[a] != m.unit_launch[b] ? m.unit_launch[a] < m.unit_launch[b] : m.desc[a].len > m.desc[b].len;
+  });
+  for (int l = 0; l < 2 * L; ++l) counts[l] = 0;
+  for (int i = 0; i < U; ++i) {
+    units[i] = m.desc[m.unit_order[i]];
+    ++counts[2 * m.unit_launch[m.unit_order[i]] + 1];
+  }
+  for (int l = 1; l < L; ++l) counts[2 * l] = counts[2 * l - 2] + counts[2 * l - 1];
+  counts[2 * L] = num_merges;
+
+  check_cuda(cudaMemcpyAsync(m.packed.get(), host, ranges.src_bytes, cudaMemcpyHostToDevice, stream),
+             "step executor: plan copy");
   check_cuda(cudaEventRecord(m.staged[si], stream), "step executor: cudaEventRecord");
+  cuda::launch_copy_ranges(ranges, stream);
   m.has_plan = true;
 }
 
