@@ -152,6 +152,11 @@ struct CudaStepOptions {
 // set_plan() is called between replays with another plan within capacity.
 // set_plan() and run() must use the same stream (or streams ordered so that a
 // plan's copy comes after the previous plan's runs).
+// Whether CudaStepExecutor::set_plan validates the plan: always, unless the
+// caller made it from a validated plan by a change that keeps it valid
+// (TreeAttention's plan extension) and says so with `trusted`.
+enum class PlanCheck { validate, trusted };
+
 class CudaStepExecutor {
  public:
   CudaStepExecutor(const HeadConfig& heads, DType dtype, int page_size, int64_t num_pages,
@@ -161,8 +166,9 @@ class CudaStepExecutor {
   CudaStepExecutor& operator=(CudaStepExecutor&&) noexcept;
 
   // Validates w (against the construction's heads, dtype, page size and
-  // pool) and p, then uploads p asynchronously on `stream`.
-  void set_plan(const Workload& w, const Plan& p, cudaStream_t stream);
+  // pool) and p (unless `check` is PlanCheck::trusted), then uploads p
+  // asynchronously on `stream`. Capacities are checked either way.
+  void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate);
   // Attention of the last plan set, for device tensors `a`: the fixed
   // launches, then the merge. Throws if no plan was set.
   void run(const AttentionArgs& a, cudaStream_t stream) const;

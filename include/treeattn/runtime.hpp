@@ -45,10 +45,11 @@ struct TreeAttentionConfig {
   // the nodes, parents, queries and first slots the same: a decode step)
   // reuses the last plan with those nodes' tail segments lengthened, until a
   // unit would hold more than this many tokens beyond what the planner gave
-  // it; then the step is planned afresh. Coverage is exact either way and the
-  // extended plan is validated like any other; only the balance of the units
-  // can lag a fresh plan's, by at most this many tokens a unit. 0: every step
-  // is planned afresh.
+  // it; then the step is planned afresh. Coverage is exact either way: the
+  // tree's growth is checked as a fresh tree would be, and a plan valid for
+  // the last tree, extended so, is valid for the grown one (it is not
+  // validated again). Only the balance of the units can lag a fresh plan's,
+  // by at most this many tokens a unit. 0: every step is planned afresh.
   int32_t max_extension_tokens = kDefaultKvTile;
 };
 
@@ -86,8 +87,9 @@ class TreeAttention {
   TreeAttention& operator=(TreeAttention&&) noexcept;
 
   // Plans a step; stream: the cudaStream_t of the runs that follow (ignored
-  // on the CPU). The tree is validated, the plan too, before anything
-  // reaches the device. On an error the previous plan stays in force.
+  // on the CPU). The tree is validated, and a fresh plan too, before
+  // anything reaches the device (an extension, max_extension_tokens, is
+  // valid by construction). On an error the previous plan stays in force.
   void plan_tree(const TreeArrays& tree, void* stream = nullptr);
   // A batch of sequences: block_tables row-major [batch, width] page ids,
   // seq_lens [batch]; equal leading page ids are a shared prefix.

@@ -138,8 +138,9 @@ class TreeAttention:
             grown at childless nodes (a decode step: the same nodes, parents
             and queries; more tokens, pages appended) extends the last plan
             instead of planning afresh, until a unit would hold more than this
-            many tokens beyond its plan; 0: plan every step afresh. Extended
-            plans are validated like fresh ones (``plan_stats`` counts both).
+            many tokens beyond its plan; 0: plan every step afresh. The
+            growth is checked as a fresh tree would be; the extended plan is
+            valid by construction (``plan_stats`` counts both kinds).
     """
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, *,

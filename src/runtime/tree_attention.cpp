@@ -82,7 +82,11 @@ struct TreeAttention::Impl {
   bool extendable = false;
   bool w_page_bits = false;       // page_bits holds w's pages (shared or not)
   std::vector<uint64_t> page_bits;
-  std::vector<int32_t> unit_growth, next_unit_growth;
+  std::vector<int32_t> unit_growth;
+  struct SegmentEnd {
+    int32_t unit, segment, end;  // a segment an attempt lengthened, and its end before
+  };
+  std::vector<SegmentEnd> lengthened;
   std::vector<int32_t> grown_to;  // per node: its new token count, -1: unchanged
   std::vector<int32_t> new_pages; // pages appended by the attempt (their bits set)
 
@@ -93,7 +97,7 @@ struct TreeAttention::Impl {
     try {
       scratch.validate(&validate_scratch);
       plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, next_plan);
-      hand_to_executor(scratch, next_plan, stream);
+      hand_to_executor(scratch, next_plan, stream, /*validated=*/false);
     } catch (...) {
       if (could_extend) {  // w stays in force, and extendable: its index again
         validate_scratch.index.rebuild(w.tree, w.query_nodes);
@@ -108,16 +112,18 @@ struct TreeAttention::Impl {
     prepare_extension();
   }
 
-  // Validates p for tree t (on the GPU set_plan does, before it packs it).
-  void hand_to_executor(const Workload& t, const Plan& p, void* stream) {
+  // Validates p for tree t (on the GPU set_plan does, before it packs it)
+  // unless it is `validated`: an extension of a validated plan (try_extend).
+  void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool validated) {
 #if defined(TREEATTN_HAVE_CUDA)
     if (cuda) {
       DeviceGuard on(cfg.device_index);
-      return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream));
+      return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream),
+                            validated ? PlanCheck::trusted : PlanCheck::validate);
     }
 #endif
     (void)stream;
-    validate_plan(t, p, &validate_plan_scratch);
+    if (!validated) validate_plan(t, p, &validate_plan_scratch);
   }
 
   // After a fresh plan: w's pages into page_bits (the previous tree's, now
@@ -194,21 +200,32 @@ struct TreeAttention::Impl {
       grown_to[v] = tokens;
       any = true;
     }
-    // The plan: each grown node's segments that end at its old end now end
-    // at its new one. A query sees exactly one of them (coverage), so each
-    // new token once.
-    Plan& p = next_plan;
-    p = plan;
-    next_unit_growth = unit_growth;
+    // The plan, in place: each grown node's segments that end at its old end
+    // now end at its new one. The plan was valid for w, so each query on a
+    // grown node's path saw exactly one of them (its visible ranges tiled the
+    // node), and now sees each new token once: the extension is valid for
+    // the grown tree by construction, and is not validated again (the tree
+    // growth itself was checked above as Workload::validate would). Units,
+    // entries, masks and slots are unchanged.
+    lengthened.clear();
+    const auto undo_plan = [&] {
+      for (const SegmentEnd& x : lengthened) {
+        Segment& sg = plan.segments[size_t(x.segment)];
+        unit_growth[size_t(x.unit)] -= sg.end - x.end;
+        sg.end = x.end;
+      }
+      return undo_bits();
+    };
     if (any)
-      for (int32_t u = 0; u < p.num_units(); ++u)
-        for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) {
-          Segment& s = p.segments[size_t(k)];
-          const int32_t to = grown_to[size_t(s.node)];
-          if (to < 0 || s.end != w.tree.nodes[size_t(s.node)].num_tokens || s.begin == s.end) continue;
-          next_unit_growth[u] += to - s.end;
-          s.end = to;
-          if (next_unit_growth[u] > cfg.max_extension_tokens) return undo_bits();
+      for (int32_t u = 0; u < plan.num_units(); ++u)
+        for (int32_t k = plan.unit_segment_offset[u]; k < plan.unit_segment_offset[u + 1]; ++k) {
+          Segment& sg = plan.segments[size_t(k)];
+          const int32_t to = grown_to[size_t(sg.node)];
+          if (to < 0 || sg.end != w.tree.nodes[size_t(sg.node)].num_tokens || sg.begin == sg.end) continue;
+          lengthened.push_back({u, k, sg.end});
+          unit_growth[size_t(u)] += to - sg.end;
+          sg.end = to;
+          if (unit_growth[size_t(u)] > cfg.max_extension_tokens) return undo_plan();
         }
     // w grows in place; undone if the executor refuses the plan.
     for (size_t v = 0; v < n; ++v)
@@ -220,7 +237,7 @@ struct TreeAttention::Impl {
                        t.page_ids.begin() + t.page_offsets[v + 1]);
       }
     try {
-      hand_to_executor(w, p, stream);
+      hand_to_executor(w, plan, stream, /*validated=*/true);
     } catch (...) {
       for (size_t v = 0; v < n; ++v)
         if (grown_to[v] >= 0) {
@@ -229,11 +246,9 @@ struct TreeAttention::Impl {
           a.num_tokens = grown_to[v];
           a.pages.resize(size_t((int64_t(a.first_slot) + a.num_tokens + ps - 1) / ps));
         }
-      undo_bits();
+      undo_plan();
       throw;
     }
-    std::swap(plan, next_plan);
-    std::swap(unit_growth, next_unit_growth);
     ++stats.extended;
     return true;
   }

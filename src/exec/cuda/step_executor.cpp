@@ -15,6 +15,7 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "exec/cuda/attention_params.hpp"
@@ -244,7 +245,7 @@ std::string CudaStepExecutor::describe() const {
   return out + "; merge ctas=" + std::to_string(impl_->merge_grid);
 }
 
-void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t stream) {
+void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check) {
   Impl& m = *impl_;
   const cuda::TensorShape& t = m.shape;
   if (w.heads.num_qo_heads != t.heads.num_qo_heads || w.heads.num_kv_heads != t.heads.num_kv_heads ||
@@ -258,7 +259,7 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
                 std::to_string(w.layout.page_size) + ", num_pages " + std::to_string(w.layout.num_pages) +
                 ") does not fit the executor's (dtype " + std::string(to_string(t.dtype)) + ", page_size " +
                 std::to_string(t.page_size) + ", num_pages " + std::to_string(t.num_pages) + ")");
-  validate_plan(w, p, &m.validate_scratch);
+  if (check == PlanCheck::validate) validate_plan(w, p, &m.validate_scratch);
   check_capacity("max_queries", w.num_queries(), m.cap.max_queries);
   check_capacity("max_units", p.num_units(), m.cap.max_units);
   check_capacity("max_segments", int64_t(p.segments.size()), m.cap.max_segments);
@@ -326,8 +327,9 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
 
   m.unit_order.resize(size_t(U));
   for (int u = 0; u < U; ++u) m.unit_order[u] = u;
-  std::stable_sort(m.unit_order.begin(), m.unit_order.end(), [&](int32_t a, int32_t b) {
-    return m.unit_launch[a] != m.unit_launch[b] ? m.unit_launch[a] < m.unit_launch[b] : m.desc[a].len > m.desc[b].len;
+  std::sort(m.unit_order.begin(), m.unit_order.end(), [&](int32_t a, int32_t b) {  // ties: plan order
+    const auto key = [&](int32_t u) { return std::tuple(m.unit_launch[u], -m.desc[u].len, u); };
+    return key(a) < key(b);
   });
   for (int l = 0; l < 2 * L; ++l) counts[l] = 0;
   for (int i = 0; i < U; ++i) {
