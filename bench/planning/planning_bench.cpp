@@ -16,6 +16,10 @@
 #include "treeattn/runtime.hpp"
 #if defined(TREEATTN_HAVE_CUDA)
 #include <cuda_runtime_api.h>
+
+#include <array>
+
+#include "exec/cuda/step_pack.hpp"
 #endif
 
 using namespace treeattn;
@@ -167,6 +171,35 @@ void step_validate_plan(benchmark::State& state, int nodes) {
 }
 
 #if defined(TREEATTN_HAVE_CUDA)
+// The host half of a CUDA step's plan upload (CudaStepExecutor::set_plan
+// past its checks): the plan's kernel arrays packed into a staging buffer
+// (here pageable) for its one copy. Needs no GPU. A decode step on the CUDA
+// path costs runtime/decode_steps/cpu (which validates nothing an extension
+// keeps valid) + this + two driver calls (the copy and the placing launch).
+void step_pack(benchmark::State& state, int nodes) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  const Plan p = make_plan("auto", w);
+  StepCapacity cap;
+  cap.max_units = p.num_units();
+  cap.max_segments = int32_t(p.segments.size());
+  cap.max_entries = int32_t(p.entry_query.size());
+  cap.max_slots = p.num_slots;
+  cap.max_page_refs = 0;
+  for (const Node& n : w.tree.nodes) cap.max_page_refs += int64_t(n.pages.size());
+  constexpr int kLaunches = 4;  // the step executor's default: one per n = 64 tile, m 128 .. 16
+  const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
+  std::array<int8_t, kTileConfigs.size()> launch_of_tile{};
+  for (size_t t = 0; t < kTileConfigs.size(); ++t)
+    launch_of_tile[t] = int8_t(kTileConfigs[t].m >= 128 ? 0 : kTileConfigs[t].m >= 64 ? 1 : kTileConfigs[t].m >= 32 ? 2 : 3);
+  std::vector<uint8_t> host(layout.total);
+  cuda::StepPackScratch scratch;
+  for (auto _ : state) {
+    const cuda::CopyRanges r = cuda::pack_step_plan(w, p, layout, launch_of_tile, kLaunches, host.data(), scratch);
+    benchmark::DoNotOptimize(r.src_bytes);
+  }
+  state.counters["bytes"] = double(cuda::pack_step_plan(w, p, layout, launch_of_tile, kLaunches, host.data(), scratch).src_bytes);
+}
+
 // Host time of one run() of the C++ runtime (checks + launches, no GPU wait):
 // the baseline of the Python binding's overhead. A one-query, 16-token tree so
 // the GPU keeps up; the device is synchronised every 256 calls, off the clock.
@@ -239,6 +272,9 @@ int main(int argc, char** argv) {
                                  nodes, Device::cpu)
         ->Unit(benchmark::kMicrosecond);
 #if defined(TREEATTN_HAVE_CUDA)
+  for (const int nodes : {100, 1000, 10000})
+    benchmark::RegisterBenchmark(("step/pack/cuda/" + std::to_string(nodes)).c_str(), step_pack, nodes)
+        ->Unit(benchmark::kMicrosecond);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0)
     for (const int nodes : {100, 1000, 10000})

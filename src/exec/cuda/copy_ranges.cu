@@ -40,8 +40,12 @@ void launch_copy_ranges(const CopyRanges& r, cudaStream_t stream) {
                 " packed bytes (need 1.." + std::to_string(CopyRanges::kMax) + " ranges, a multiple of 16 bytes)");
   const int64_t chunks = int64_t(r.src_bytes / 16);
   const int64_t ctas = std::min<int64_t>(kMaxCopyCtas, (chunks + kCopyThreads - 1) / kCopyThreads);
-  copy_ranges_kernel<<<unsigned(ctas), kCopyThreads, 0, stream>>>(r);
-  check_cuda(cudaGetLastError(), "copy ranges launch");
+  // The launch's own status (cudaGetLastError would also report an earlier,
+  // unrelated failure of the caller's).
+  void* args[] = {const_cast<CopyRanges*>(&r)};
+  check_cuda(cudaLaunchKernel(reinterpret_cast<const void*>(&copy_ranges_kernel), dim3(unsigned(ctas)),
+                              dim3(kCopyThreads), args, 0, stream),
+             "copy ranges launch");
 }
 
 }  // namespace treeattn::cuda

@@ -13,14 +13,13 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "exec/cuda/attention_params.hpp"
 #include "exec/cuda/kernels.hpp"
 #include "exec/cuda/plan_upload.hpp"
+#include "exec/cuda/step_pack.hpp"
 #include "treeattn/cuda_executor.hpp"
 
 namespace treeattn {
@@ -28,32 +27,6 @@ namespace treeattn {
 namespace {
 
 constexpr int kStaging = 2;  // pinned staging buffers used in turn
-
-// Byte offsets of the arrays in the plan buffer.
-struct Layout {
-  size_t counts, units, segs, entry_query, entry_mask, entry_slot, page_ids, query_slots, merges, total;
-
-  static Layout make(const StepCapacity& c, int num_launches) {
-    Layout l{};
-    size_t at = 0;
-    auto take = [&](size_t bytes) {
-      const size_t off = at;
-      at = (at + bytes + 15) / 16 * 16;
-      return off;
-    };
-    l.counts = take(sizeof(int32_t) * (2 * size_t(num_launches) + 1));  // + the merge count
-    l.units = take(sizeof(cuda::UnitDesc) * size_t(c.max_units));
-    l.segs = take(sizeof(cuda::SegDesc) * size_t(c.max_segments));
-    l.entry_query = take(sizeof(int32_t) * size_t(c.max_entries));
-    l.entry_mask = take(sizeof(uint64_t) * size_t(c.max_entries));
-    l.entry_slot = take(sizeof(int32_t) * size_t(c.max_entries));
-    l.page_ids = take(sizeof(int32_t) * size_t(c.max_page_refs));
-    l.query_slots = take(sizeof(int32_t) * size_t(c.max_slots));
-    l.merges = take(sizeof(cuda::MergeDesc) * size_t(c.max_queries));
-    l.total = std::max<size_t>(at, 16);
-    return l;
-  }
-};
 
 void check_capacity(const char* name, int64_t value, int64_t cap) {
   if (value > cap)
@@ -77,7 +50,7 @@ struct PinnedBuffer {
 struct CudaStepExecutor::Impl {
   cuda::TensorShape shape;
   StepCapacity cap;
-  Layout layout{};
+  cuda::StepLayout layout{};
   std::vector<cuda::Launch> launches;
   std::array<int8_t, kTileConfigs.size()> launch_of_tile{};  // plan tile -> launch (-1: none holds it)
   DeviceBuffer plan_buf, workspace;
@@ -91,9 +64,7 @@ struct CudaStepExecutor::Impl {
   cuda::MergeParams merge{};
   int64_t merge_grid = 0;
   // Reused host scratch (no allocation once grown to a step's size).
-  std::vector<int32_t> node_page_offset, unit_order;
-  std::vector<int8_t> unit_launch;
-  std::vector<cuda::UnitDesc> desc;
+  cuda::StepPackScratch pack_scratch;
   ValidatePlanScratch validate_scratch;
 
   ~Impl() {
@@ -176,7 +147,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int pag
   m.workspace = DeviceBuffer(counters + counter_bytes);
   check_cuda(cudaMemset(m.workspace.as<uint8_t>() + counters, 0, counter_bytes), "step executor: counters");
 
-  m.layout = Layout::make(cap, int(m.launches.size()));
+  m.layout = cuda::StepLayout::make(cap, int(m.launches.size()));
   m.plan_buf = DeviceBuffer(m.layout.total);
   m.packed = DeviceBuffer(m.layout.total);  // packed arrays never take more than their capacities
   check_cuda(cudaMemset(m.plan_buf.get(), 0, m.layout.total), "step executor: plan buffer");
@@ -269,76 +240,15 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
   check_capacity("max_page_refs", refs, m.cap.max_page_refs);
 
-  // Which launch runs each unit; units grouped by launch, longest first
-  // within each (the tail is short ones).
-  const int U = p.num_units(), L = int(m.launches.size());
-  m.desc.resize(size_t(U));
-  m.unit_launch.resize(size_t(U));
-  for (int u = 0; u < U; ++u) {
-    m.unit_launch[u] = m.launch_of_tile[p.unit_tile[u]];
-    if (m.unit_launch[u] < 0)
-      throw Error("step executor: unit " + std::to_string(u) + " needs tile m=" +
-                  std::to_string(kTileConfigs[p.unit_tile[u]].m) + ", larger than any tile this executor launches");
-  }
-
-  // Stage into the next pinned buffer once the copy out of it has run. The
-  // arrays are written straight into it, packed in the order of `ranges`.
+  // Stage into the next pinned buffer once the copy out of it has run.
   const int si = m.next_staging;
   m.next_staging = (si + 1) % kStaging;
   check_cuda(cudaEventSynchronize(m.staged[si]), "step executor: staging buffer wait");
   uint8_t* const host = static_cast<uint8_t*>(m.staging[si]->ptr);
-  cuda::CopyRanges ranges;
+  cuda::CopyRanges ranges =
+      cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()), host, m.pack_scratch);
   ranges.src = m.packed.as<uint8_t>();
   ranges.dst = m.plan_buf.as<uint8_t>();
-  auto stage = [&](size_t placed_at, size_t bytes) {
-    const size_t at = ranges.src_bytes;
-    ranges.src_off[ranges.count] = at;
-    ranges.dst_off[ranges.count] = placed_at;
-    ++ranges.count;
-    ranges.src_bytes = (at + bytes + 15) / 16 * 16;
-    return host + at;
-  };
-  const Layout& ly = m.layout;
-  auto* counts = reinterpret_cast<int32_t*>(stage(ly.counts, sizeof(int32_t) * (2 * L + 1)));
-  auto* units = reinterpret_cast<cuda::UnitDesc*>(stage(ly.units, sizeof(cuda::UnitDesc) * U));
-  auto* segs = reinterpret_cast<cuda::SegDesc*>(stage(ly.segs, sizeof(cuda::SegDesc) * p.segments.size()));
-  auto copy = [&](size_t placed_at, const auto& v) {
-    std::memcpy(stage(placed_at, sizeof(v[0]) * v.size()), v.data(), sizeof(v[0]) * v.size());
-  };
-  copy(ly.entry_query, p.entry_query);
-  copy(ly.entry_mask, p.entry_mask);
-  copy(ly.entry_slot, p.entry_slot);
-  copy(ly.query_slots, p.query_slots);
-  // The tree's page table: every node's pages, concatenated.
-  auto* page_ids = reinterpret_cast<int32_t*>(stage(ly.page_ids, sizeof(int32_t) * size_t(refs)));
-  m.node_page_offset.resize(w.tree.nodes.size() + 1);
-  m.node_page_offset[0] = 0;
-  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
-    const auto& pages = w.tree.nodes[v].pages;
-    if (!pages.empty()) std::memcpy(page_ids + m.node_page_offset[v], pages.data(), sizeof(int32_t) * pages.size());
-    m.node_page_offset[v + 1] = m.node_page_offset[v] + int32_t(pages.size());
-  }
-  cuda::build_unit_descs(w, p, m.node_page_offset.data(), m.desc.data(), segs);
-  // Last, as its size is known only once written: at most one per query.
-  const size_t merges_at = ranges.src_bytes;
-  const int32_t num_merges =
-      cuda::build_merge_descs(p, w.num_queries(), reinterpret_cast<cuda::MergeDesc*>(stage(ly.merges, 0)));
-  ranges.src_bytes = merges_at + sizeof(cuda::MergeDesc) * size_t(num_merges);  // a multiple of 16
-
-  m.unit_order.resize(size_t(U));
-  for (int u = 0; u < U; ++u) m.unit_order[u] = u;
-  std::sort(m.unit_order.begin(), m.unit_order.end(), [&](int32_t a, int32_t b) {  // ties: plan order
-    const auto key = [&](int32_t u) { return std::tuple(m.unit_launch[u], -m.desc[u].len, u); };
-    return key(a) < key(b);
-  });
-  for (int l = 0; l < 2 * L; ++l) counts[l] = 0;
-  for (int i = 0; i < U; ++i) {
-    units[i] = m.desc[m.unit_order[i]];
-    ++counts[2 * m.unit_launch[m.unit_order[i]] + 1];
-  }
-  for (int l = 1; l < L; ++l) counts[2 * l] = counts[2 * l - 2] + counts[2 * l - 1];
-  counts[2 * L] = num_merges;
-
   check_cuda(cudaMemcpyAsync(m.packed.get(), host, ranges.src_bytes, cudaMemcpyHostToDevice, stream),
              "step executor: plan copy");
   check_cuda(cudaEventRecord(m.staged[si], stream), "step executor: cudaEventRecord");

@@ -1,0 +1,103 @@
+// CudaStepExecutor's plan pack (step_pack.hpp).
+#include "exec/cuda/step_pack.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "exec/cuda/plan_upload.hpp"
+
+namespace treeattn::cuda {
+
+StepLayout StepLayout::make(const StepCapacity& c, int num_launches) {
+  StepLayout l{};
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t off = at;
+    at = (at + bytes + 15) / 16 * 16;
+    return off;
+  };
+  l.counts = take(sizeof(int32_t) * (2 * size_t(num_launches) + 1));  // + the merge count
+  l.units = take(sizeof(UnitDesc) * size_t(c.max_units));
+  l.segs = take(sizeof(SegDesc) * size_t(c.max_segments));
+  l.entry_query = take(sizeof(int32_t) * size_t(c.max_entries));
+  l.entry_mask = take(sizeof(uint64_t) * size_t(c.max_entries));
+  l.entry_slot = take(sizeof(int32_t) * size_t(c.max_entries));
+  l.page_ids = take(sizeof(int32_t) * size_t(c.max_page_refs));
+  l.query_slots = take(sizeof(int32_t) * size_t(c.max_slots));
+  l.merges = take(sizeof(MergeDesc) * size_t(c.max_queries));
+  l.total = std::max<size_t>(at, 16);
+  return l;
+}
+
+CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly,
+                          const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
+                          uint8_t* host, StepPackScratch& sc) {
+  const int U = p.num_units(), L = num_launches;
+  sc.desc.resize(size_t(U));
+  sc.unit_launch.resize(size_t(U));
+  for (int u = 0; u < U; ++u) {
+    sc.unit_launch[u] = launch_of_tile[p.unit_tile[u]];
+    if (sc.unit_launch[u] < 0)
+      throw Error("step executor: unit " + std::to_string(u) + " needs tile m=" +
+                  std::to_string(kTileConfigs[p.unit_tile[u]].m) + ", larger than any tile this executor launches");
+  }
+
+  // Each array's used part, packed in the order staged; each fits its
+  // capacity, so the packed bytes never exceed layout.total.
+  CopyRanges ranges;
+  auto stage = [&](size_t placed_at, size_t bytes) {
+    const size_t at = ranges.src_bytes;
+    ranges.src_off[ranges.count] = at;
+    ranges.dst_off[ranges.count] = placed_at;
+    ++ranges.count;
+    ranges.src_bytes = (at + bytes + 15) / 16 * 16;
+    return host + at;
+  };
+  auto* counts = reinterpret_cast<int32_t*>(stage(ly.counts, sizeof(int32_t) * (2 * L + 1)));
+  auto* units = reinterpret_cast<UnitDesc*>(stage(ly.units, sizeof(UnitDesc) * U));
+  auto* segs = reinterpret_cast<SegDesc*>(stage(ly.segs, sizeof(SegDesc) * p.segments.size()));
+  auto copy = [&](size_t placed_at, const auto& v) {
+    std::memcpy(stage(placed_at, sizeof(v[0]) * v.size()), v.data(), sizeof(v[0]) * v.size());
+  };
+  copy(ly.entry_query, p.entry_query);
+  copy(ly.entry_mask, p.entry_mask);
+  copy(ly.entry_slot, p.entry_slot);
+  copy(ly.query_slots, p.query_slots);
+  // The tree's page table: every node's pages, concatenated.
+  int64_t refs = 0;
+  for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
+  auto* page_ids = reinterpret_cast<int32_t*>(stage(ly.page_ids, sizeof(int32_t) * size_t(refs)));
+  sc.node_page_offset.resize(w.tree.nodes.size() + 1);
+  sc.node_page_offset[0] = 0;
+  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
+    const auto& pages = w.tree.nodes[v].pages;
+    if (!pages.empty()) std::memcpy(page_ids + sc.node_page_offset[v], pages.data(), sizeof(int32_t) * pages.size());
+    sc.node_page_offset[v + 1] = sc.node_page_offset[v] + int32_t(pages.size());
+  }
+  build_unit_descs(w, p, sc.node_page_offset.data(), sc.desc.data(), segs);
+  // Last, as its size is known only once written: at most one per query.
+  const size_t merges_at = ranges.src_bytes;
+  const int32_t num_merges = build_merge_descs(p, w.num_queries(), reinterpret_cast<MergeDesc*>(stage(ly.merges, 0)));
+  ranges.src_bytes = merges_at + sizeof(MergeDesc) * size_t(num_merges);  // a multiple of 16
+
+  // Units by launch, longest first within each (the tail is short ones),
+  // ties in plan order: one sort of (launch, longest first, unit) keys.
+  static_assert(kMaxPathTokens < (int64_t(1) << 32) && kTileConfigs.size() < 16, "the key's fields");
+  sc.unit_order.resize(size_t(U));
+  for (int u = 0; u < U; ++u)
+    sc.unit_order[u] = uint64_t(sc.unit_launch[u]) << 60 | uint64_t(UINT32_MAX - uint32_t(sc.desc[u].len)) << 24 |
+                       uint64_t(u);  // u < 2^24 (max_units)
+  std::sort(sc.unit_order.begin(), sc.unit_order.end());
+  for (int l = 0; l < 2 * L; ++l) counts[l] = 0;
+  for (int i = 0; i < U; ++i) {
+    const uint64_t key = sc.unit_order[i];
+    units[i] = sc.desc[key & 0xFFFFFF];
+    ++counts[2 * (key >> 60) + 1];
+  }
+  for (int l = 1; l < L; ++l) counts[2 * l] = counts[2 * l - 2] + counts[2 * l - 1];
+  counts[2 * L] = num_merges;
+  return ranges;
+}
+
+}  // namespace treeattn::cuda

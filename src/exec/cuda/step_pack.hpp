@@ -1,0 +1,44 @@
+// The host half of CudaStepExecutor::set_plan (step_executor.cpp): a plan's
+// kernel arrays written, packed, into a staging buffer, and the ranges that
+// place them in the executor's plan buffer (copy_ranges.cu). Host-only, so
+// it is benchmarked without a GPU (bench/planning: step/pack).
+// Internal to src/exec/cuda.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "exec/cuda/attention_params.hpp"
+#include "exec/cuda/kernels.hpp"
+#include "treeattn/cuda_executor.hpp"
+
+namespace treeattn::cuda {
+
+// Byte offsets of the arrays in a step executor's plan buffer: a header of
+// per-launch (first unit, unit count) pairs and the merge count, then every
+// array at the offset its capacity gives it (16-byte aligned).
+struct StepLayout {
+  size_t counts, units, segs, entry_query, entry_mask, entry_slot, page_ids, query_slots, merges, total;
+  static StepLayout make(const StepCapacity& c, int num_launches);
+};
+
+// Host memory a pack reuses from step to step (no allocation once grown).
+struct StepPackScratch {
+  std::vector<int32_t> node_page_offset;
+  std::vector<uint64_t> unit_order;  // sort keys
+  std::vector<int8_t> unit_launch;
+  std::vector<UnitDesc> desc;
+};
+
+// Writes plan p of tree w (validated, within the capacities of `layout`)
+// into `host` (room for layout.total bytes): the header, the units grouped
+// by launch (launch_of_tile[tile]; -1: no launch holds it, an Error) and
+// longest first within each, segments, entries, the tree's page table,
+// merge slots and descriptors, each array's used part 16-byte aligned one
+// after another. Returns the ranges that place them (src/dst left null).
+CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& layout,
+                          const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
+                          uint8_t* host, StepPackScratch& scratch);
+
+}  // namespace treeattn::cuda
