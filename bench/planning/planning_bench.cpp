@@ -8,6 +8,7 @@
 #include <malloc.h>
 #endif
 
+#include <random>
 #include <string>
 
 #include "bench/planning/bench_tree.hpp"
@@ -142,6 +143,54 @@ void runtime_decode_steps(benchmark::State& state, int nodes, Device device) {
   state.counters["fresh_%"] = 100.0 * double(s.planned) / double(s.planned + s.extended);
 }
 
+// A vLLM-style engine's step: plan_block_tables for 256 sequences that share
+// a 4000-token prompt (250 pages of 16), each with its own tail of 100 to
+// 400 tokens; every step each sequence is a token longer (a page from the
+// free pool when its last fills), 128 steps cycled. extend = false: every
+// step planned afresh (max_extension_tokens = 0).
+void runtime_block_tables(benchmark::State& state, bool extend) {
+  constexpr int kSteps = 128, kSeqs = 256, kPrompt = 4000, kPage = 16;
+  std::mt19937_64 rng(7);
+  std::vector<std::vector<int32_t>> pages(kSeqs);
+  std::vector<int32_t> lens(kSeqs);
+  int32_t next_page = kPrompt / kPage;
+  for (int s = 0; s < kSeqs; ++s) {
+    lens[s] = kPrompt + 100 + int32_t(rng() % 301);
+    for (int32_t k = 0; k < kPrompt / kPage; ++k) pages[s].push_back(k);
+    while (int64_t(pages[s].size()) * kPage < lens[s]) pages[s].push_back(next_page++);
+  }
+  const int32_t width = (kPrompt + 400 + kSteps + kPage - 1) / kPage + 1;
+  struct Step {
+    std::vector<int32_t> table, lens;
+  };
+  std::vector<Step> steps(kSteps);
+  for (Step& st : steps) {
+    st.table.assign(size_t(kSeqs) * width, 0);
+    for (int s = 0; s < kSeqs; ++s) std::copy(pages[s].begin(), pages[s].end(), st.table.begin() + int64_t(s) * width);
+    st.lens = lens;
+    for (int s = 0; s < kSeqs; ++s)
+      if (++lens[s] > int64_t(pages[s].size()) * kPage) pages[s].push_back(next_page++);
+  }
+  TreeAttentionConfig c;
+  c.heads = {32, 8, 128};
+  c.page_size = kPage;
+  c.num_pages = next_page;
+  c.device = Device::cpu;
+  c.max_queries = kSeqs;
+  c.max_page_refs = int64_t(next_page);
+  if (!extend) c.max_extension_tokens = 0;
+  TreeAttention ta(c);
+  size_t i = 0;
+  for (auto _ : state) {
+    const Step& st = steps[i];
+    ta.plan_block_tables(st.table, kSeqs, width, st.lens, nullptr);
+    i = (i + 1) % kSteps;
+  }
+  const PlanStats ps = ta.plan_stats();
+  state.counters["fresh_%"] = 100.0 * double(ps.planned) / double(ps.planned + ps.extended);
+  state.counters["nodes"] = double(ta.workload().tree.nodes.size());
+}
+
 // The parts of a runtime plan step, each on its own with the memory a
 // runtime keeps: the tree's validation, the plan (auto, into reused
 // buffers), the plan's validation.
@@ -271,6 +320,10 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("runtime/decode_steps/cpu/" + std::to_string(nodes)).c_str(), runtime_decode_steps,
                                  nodes, Device::cpu)
         ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("runtime/block_tables/cpu/decode_steps", runtime_block_tables, true)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("runtime/block_tables/cpu/afresh", runtime_block_tables, false)
+      ->Unit(benchmark::kMicrosecond);
 #if defined(TREEATTN_HAVE_CUDA)
   for (const int nodes : {100, 1000, 10000})
     benchmark::RegisterBenchmark(("step/pack/cuda/" + std::to_string(nodes)).c_str(), step_pack, nodes)

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +76,30 @@ Workload medusa_workload(const std::string& path, int record, int step, int pref
 Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables,
                            const std::vector<int32_t>& seq_lens, int64_t num_pages,
                            const WorkloadParams& p);
+
+// The same tree as flat arrays (the layout of TreeArrays in runtime.hpp:
+// nodes parents first, node v's pages at page_ids[page_offsets[v] ..
+// page_offsets[v + 1]), one query node per sequence), for callers that build
+// it every decode step: block_tables row-major [batch, width], entries past
+// a sequence's last page are padding; errors name the sequence and page.
+// The arrays and the scratch are reused (no allocation once grown).
+struct BlockTableTree {
+  std::vector<int32_t> parents, num_tokens, page_offsets, page_ids, query_nodes;
+
+  struct TriePage;  // block_tables.cpp
+  struct Scratch;
+  BlockTableTree();
+  ~BlockTableTree();
+  BlockTableTree(BlockTableTree&&) noexcept;
+  BlockTableTree& operator=(BlockTableTree&&) noexcept;
+
+ private:
+  std::unique_ptr<Scratch> scratch_;
+  friend void build_block_table_tree(std::span<const int32_t>, int32_t, int32_t, std::span<const int32_t>, int,
+                                     int64_t, BlockTableTree&);
+};
+void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
+                            std::span<const int32_t> seq_lens, int page_size, int64_t num_pages, BlockTableTree& out);
 
 // The same from the JSON block-table format of docs/formats.md
 // ({"block_tables": [[...], ...], "seq_lens": [...], "num_pages": N}).

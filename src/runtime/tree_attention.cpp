@@ -63,6 +63,7 @@ struct TreeAttention::Impl {
   ValidatePlanScratch validate_plan_scratch;
   bool planned = false;
   PlanStats stats;
+  BlockTableTree block_table_tree;  // plan_block_tables' tree, rebuilt in place each step
 #if defined(TREEATTN_HAVE_CUDA)
   std::unique_ptr<CudaStepExecutor> cuda;
   ~Impl() {  // frees the executor's buffers on their device; never throws
@@ -379,26 +380,11 @@ void TreeAttention::plan_block_tables(std::span<const int32_t> block_tables, int
   if (seq_lens.size() != size_t(batch))
     fail("seq_lens has " + std::to_string(seq_lens.size()) + " entries, block_tables " + std::to_string(batch) + " rows");
   check_capacity("queries", batch, m.cfg.max_queries);
-  std::vector<std::vector<int32_t>> tables(batch);
-  for (int32_t b = 0; b < batch; ++b) {
-    const int64_t need = (int64_t(std::max(seq_lens[b], 0)) + m.cfg.page_size - 1) / m.cfg.page_size;
-    if (need > width)
-      fail("seq_lens[" + std::to_string(b) + "] = " + std::to_string(seq_lens[b]) + " needs " + std::to_string(need) +
-           " pages, block_tables has " + std::to_string(width) + " columns");
-    tables[b].assign(block_tables.begin() + int64_t(b) * width, block_tables.begin() + int64_t(b) * width + need);
-  }
-  WorkloadParams wp;
-  wp.heads = m.cfg.heads;
-  wp.page_size = m.cfg.page_size;
-  wp.dtype = m.cfg.dtype;
-  Workload w = from_block_tables(tables, std::vector<int32_t>(seq_lens.begin(), seq_lens.end()), m.cfg.num_pages, wp);
-  check_capacity("nodes", int64_t(w.tree.nodes.size()), m.cfg.max_nodes);
-  int64_t refs = 0;
-  for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
-  check_capacity("page refs", refs, m.cfg.max_page_refs);
-  w.name = "step";
-  m.scratch = std::move(w);
-  m.commit(stream);
+  // The batch's radix tree as arrays, then planned as plan_tree plans them
+  // (a decode step that only grew sequences extends the last plan).
+  BlockTableTree& t = m.block_table_tree;
+  build_block_table_tree(block_tables, batch, width, seq_lens, m.cfg.page_size, m.cfg.num_pages, t);
+  plan_tree({t.parents, t.num_tokens, t.page_offsets, t.page_ids, t.query_nodes, {}}, stream);
 }
 
 void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays& d, void* stream) {

@@ -2,6 +2,7 @@
 // radix tree over page ids: equal leading page ids are a shared prefix, as in
 // PAT's tree-structure block table. Also reads the "blocktable:FILE" format.
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <unordered_map>
@@ -13,11 +14,9 @@
 
 namespace treeattn {
 
-namespace {
-
 // One page of the trie. A page id occurs in at most one trie node: the same
 // physical page cannot hold tokens of two different prefixes.
-struct TriePage {
+struct BlockTableTree::TriePage {
   int32_t page;
   int32_t parent;      // trie node, -1 at a root
   int32_t fill;        // tokens in this page (equal in every sequence through it)
@@ -26,91 +25,198 @@ struct TriePage {
   bool ends = false;   // some sequence ends here
 };
 
-}  // namespace
+// Page id -> its trie node in this build: a dense table stamped per build
+// (no clearing) for pools of up to kDensePages pages, else a hash map.
+struct BlockTableTree::Scratch {
+  static constexpr int64_t kDensePages = int64_t(1) << 22;
+  std::vector<TriePage> trie;
+  std::vector<uint64_t> dense;  // stamp << 32 | trie node
+  uint32_t stamp = 0;
+  std::unordered_map<int32_t, int32_t> sparse;
+  std::vector<int32_t> node_of, seq_end;
+  std::vector<int32_t> path;  // trie node of each page of the sequence read last
+
+  void begin(int64_t num_pages) {
+    trie.clear();
+    if (num_pages > kDensePages) {
+      sparse.clear();
+      return;
+    }
+    if (int64_t(dense.size()) < num_pages) dense.resize(size_t(num_pages), 0);
+    if (++stamp == 0) {  // wrapped: forget every old stamp
+      std::fill(dense.begin(), dense.end(), 0);
+      stamp = 1;
+    }
+  }
+  // The trie node of page pg (in [0, num_pages)); -1 (and `created` registered) when new.
+  int32_t find_or_add(int32_t pg, int32_t created, int64_t num_pages) {
+    if (num_pages > kDensePages) {
+      auto [it, fresh] = sparse.emplace(pg, created);
+      return fresh ? -1 : it->second;
+    }
+    uint64_t& e = dense[size_t(pg)];
+    if (uint32_t(e >> 32) == stamp) return int32_t(uint32_t(e));
+    e = uint64_t(stamp) << 32 | uint32_t(created);
+    return -1;
+  }
+};
+
+BlockTableTree::BlockTableTree() : scratch_(std::make_unique<Scratch>()) {}
+BlockTableTree::~BlockTableTree() = default;
+BlockTableTree::BlockTableTree(BlockTableTree&&) noexcept = default;
+BlockTableTree& BlockTableTree::operator=(BlockTableTree&&) noexcept = default;
 
 // A trie node starts a new tree node unless it is the only child of a parent at
 // which no sequence ends: then both are shared by exactly the same sequences
 // and belong to one maximal run. A partially filled page must be the last page
 // of every sequence through it with the same fill; otherwise the batch is
 // rejected (a shared page cannot be partial in one sequence and full, or
-// differently filled, in another: its tokens would differ).
+// differently filled, in another: its tokens would differ). Messages are
+// built only on failure: this runs every decode step.
+void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
+                            std::span<const int32_t> seq_lens, int page_size, int64_t num_pages, BlockTableTree& out) {
+  detail::check_page_size(page_size);
+  const int ps = page_size;
+  if (batch <= 0) throw Error("block_tables: empty (a batch needs at least one sequence)");
+  if (width < 0 || block_tables.size() != size_t(batch) * size_t(width))
+    throw Error("block_tables: " + std::to_string(block_tables.size()) + " entries for " + std::to_string(batch) +
+                " sequences of " + std::to_string(width) + " columns");
+  if (seq_lens.size() != size_t(batch))
+    throw Error("block_tables: " + std::to_string(batch) + " sequences but seq_lens has " +
+                std::to_string(seq_lens.size()));
+  if (num_pages <= 0) throw Error("num_pages: " + std::to_string(num_pages) + " must be positive");
+  detail::check_budget(batch, 0, "block_tables");
+
+  BlockTableTree::Scratch& sc = *out.scratch_;
+  std::vector<BlockTableTree::TriePage>& trie = sc.trie;
+  sc.begin(num_pages);
+  sc.seq_end.resize(size_t(batch));
+  const auto seq = [](int32_t s) { return "seq " + std::to_string(s); };
+  for (int32_t s = 0; s < batch; ++s) {
+    const int32_t len = seq_lens[s];
+    if (len <= 0) throw Error(seq(s) + ": seq_len = " + std::to_string(len) + " must be positive");
+    const int64_t npages = (int64_t(len) + ps - 1) / ps;
+    if (npages > width)
+      throw Error(seq(s) + ": seq_len = " + std::to_string(len) + " needs " + std::to_string(npages) + " pages of " +
+                  std::to_string(ps) + " tokens but its block table has " + std::to_string(width));
+    const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+    // The pages this sequence shares with the one before (the common case:
+    // a batch's sequences of one prefix are neighbours) are its trie nodes
+    // already, and were checked there: skipped with a memcmp. Only pages full
+    // in both are skipped (a last page's fill is checked below).
+    int64_t k0 = 0;
+    if (s > 0) {
+      const int32_t* prev = row - width;
+      const int64_t full = std::min<int64_t>(npages, (int64_t(seq_lens[s - 1]) + ps - 1) / ps) - 1;
+      constexpr int64_t kBlock = 64;
+      while (k0 + kBlock <= full && std::memcmp(row + k0, prev + k0, sizeof(int32_t) * kBlock) == 0) k0 += kBlock;
+      while (k0 < full && row[k0] == prev[k0]) ++k0;
+    }
+    sc.path.resize(size_t(width));
+    int32_t cur = k0 > 0 ? sc.path[size_t(k0 - 1)] : -1;
+    for (int64_t k = k0; k < npages; ++k) {
+      const int32_t pg = row[k];
+      const auto at = [&] {
+        return seq(s) + ": block_tables[" + std::to_string(s) + "][" + std::to_string(k) + "] = page " +
+               std::to_string(pg);
+      };
+      if (pg < 0 || pg >= num_pages)
+        throw Error(at() + " is beyond the pool (num_pages " + std::to_string(num_pages) + ")");
+      const int32_t fill = k + 1 == npages ? int32_t(len - k * ps) : ps;
+      const int32_t found = sc.find_or_add(pg, int32_t(trie.size()), num_pages);
+      if (found < 0) {
+        // cur (if any) is full here, and so everywhere (fills are checked equal):
+        // a partial page never gets a child.
+        trie.push_back({pg, cur, fill, s});
+        if (cur >= 0) ++trie[size_t(cur)].children;
+        cur = int32_t(trie.size()) - 1;
+      } else {
+        const BlockTableTree::TriePage& t = trie[size_t(found)];
+        if (t.parent != cur) {
+          const std::string prev = cur >= 0 ? "page " + std::to_string(trie[size_t(cur)].page) : "the start";
+          const std::string other =
+              t.parent >= 0 ? "page " + std::to_string(trie[size_t(t.parent)].page) : "the start";
+          throw Error(at() + " follows " + prev + " here but " + other + " in seq " + std::to_string(t.first_seq) +
+                      " (a page can hold only one prefix)");
+        }
+        if (t.fill != fill)
+          throw Error(seq(s) + ": page " + std::to_string(pg) + " is shared but partially filled (" +
+                      std::to_string(fill) + " of " + std::to_string(ps) + " tokens here, " +
+                      std::to_string(t.fill) + " in seq " + std::to_string(t.first_seq) + ")");
+        cur = found;
+      }
+      sc.path[size_t(k)] = cur;
+    }
+    trie[size_t(cur)].ends = true;
+    sc.seq_end[size_t(s)] = cur;
+  }
+
+  // Trie nodes are created parents first, so one forward pass assigns runs;
+  // a run's pages were created by one sequence, in order (a run never
+  // continues past a page where a sequence ends), so they are consecutive.
+  sc.node_of.resize(trie.size());
+  out.parents.clear();
+  out.num_tokens.clear();
+  out.page_offsets.assign(1, 0);
+  out.page_ids.resize(trie.size());
+  for (size_t t = 0; t < trie.size(); ++t) {
+    const int32_t par = trie[t].parent;
+    if (par >= 0 && trie[size_t(par)].children == 1 && !trie[size_t(par)].ends) {
+      sc.node_of[t] = sc.node_of[size_t(par)];
+    } else {
+      sc.node_of[t] = int32_t(out.parents.size());
+      out.parents.push_back(par >= 0 ? sc.node_of[size_t(par)] : -1);
+      out.num_tokens.push_back(0);
+      out.page_offsets.push_back(out.page_offsets.back());
+    }
+    const int32_t v = sc.node_of[t];
+    out.page_ids[size_t(out.page_offsets[size_t(v) + 1]++)] = trie[t].page;
+    out.num_tokens[size_t(v)] += trie[t].fill;
+  }
+  out.query_nodes.resize(size_t(batch));
+  for (int32_t s = 0; s < batch; ++s) out.query_nodes[size_t(s)] = sc.node_of[size_t(sc.seq_end[size_t(s)])];
+}
+
 Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables,
                            const std::vector<int32_t>& seq_lens, int64_t num_pages,
                            const WorkloadParams& p) {
   detail::check_page_size(p.page_size);
-  const int ps = p.page_size;
   if (block_tables.size() != seq_lens.size())
     throw Error("block_tables: " + std::to_string(block_tables.size()) + " sequences but seq_lens has " +
                 std::to_string(seq_lens.size()));
   if (block_tables.empty()) throw Error("block_tables: empty (a batch needs at least one sequence)");
-  if (num_pages <= 0) throw Error("num_pages: " + std::to_string(num_pages) + " must be positive");
   detail::check_budget(block_tables.size(), 0, "block_tables");
-
-  std::vector<TriePage> trie;
-  std::unordered_map<int32_t, int32_t> where;  // page id -> trie node
-  std::vector<int32_t> seq_end(seq_lens.size());
-  for (size_t s = 0; s < seq_lens.size(); ++s) {
-    const std::string seq = "seq " + std::to_string(s);
-    const int32_t len = seq_lens[s];
-    if (len <= 0) throw Error(seq + ": seq_len = " + std::to_string(len) + " must be positive");
-    const int64_t npages = (int64_t(len) + ps - 1) / ps;
+  // Rows padded to one width with -1 (past each row's own length: padding).
+  size_t width = 0;
+  for (const auto& row : block_tables) width = std::max(width, row.size());
+  if (width > size_t(std::numeric_limits<int32_t>::max()))
+    throw Error("block_tables: rows of " + std::to_string(width) + " pages are too long");
+  std::vector<int32_t> flat(block_tables.size() * width, -1);
+  for (size_t s = 0; s < block_tables.size(); ++s)
+    std::copy(block_tables[s].begin(), block_tables[s].end(), flat.begin() + int64_t(s * width));
+  // A row shorter than its sequence needs is named by its own length.
+  for (size_t s = 0; s < block_tables.size(); ++s) {
+    const int64_t npages = (int64_t(seq_lens[s]) + p.page_size - 1) / p.page_size;
+    if (seq_lens[s] <= 0) break;  // reported by the builder, in its order
     if (int64_t(block_tables[s].size()) < npages)
-      throw Error(seq + ": seq_len = " + std::to_string(len) + " needs " + std::to_string(npages) +
-                  " pages of " + std::to_string(ps) + " tokens but its block table has " +
-                  std::to_string(block_tables[s].size()));
-    // Entries past the sequence's last page are padding (vLLM tables are rectangular): ignored.
-    int32_t cur = -1;
-    for (int64_t k = 0; k < npages; ++k) {
-      const int32_t pg = block_tables[s][k];
-      const std::string at = seq + ": block_tables[" + std::to_string(s) + "][" + std::to_string(k) + "] = page " +
-                             std::to_string(pg);
-      if (pg < 0 || pg >= num_pages)
-        throw Error(at + " is beyond the pool (num_pages " + std::to_string(num_pages) + ")");
-      const int32_t fill = k + 1 == npages ? int32_t(len - k * ps) : ps;
-      auto [it, fresh] = where.emplace(pg, int32_t(trie.size()));
-      if (fresh) {
-        // cur (if any) is full here, and so everywhere (fills are checked equal):
-        // a partial page never gets a child.
-        trie.push_back({pg, cur, fill, int32_t(s)});
-        if (cur >= 0) ++trie[cur].children;
-      } else {
-        const TriePage& t = trie[it->second];
-        if (t.parent != cur) {
-          const std::string prev = cur >= 0 ? "page " + std::to_string(trie[cur].page) : "the start";
-          const std::string other = t.parent >= 0 ? "page " + std::to_string(trie[t.parent].page) : "the start";
-          throw Error(at + " follows " + prev + " here but " + other + " in seq " + std::to_string(t.first_seq) +
-                      " (a page can hold only one prefix)");
-        }
-        if (t.fill != fill)
-          throw Error(seq + ": page " + std::to_string(pg) + " is shared but partially filled (" +
-                      std::to_string(fill) + " of " + std::to_string(ps) + " tokens here, " +
-                      std::to_string(t.fill) + " in seq " + std::to_string(t.first_seq) + ")");
-      }
-      cur = it->second;
-    }
-    trie[cur].ends = true;
-    seq_end[s] = cur;
+      throw Error("seq " + std::to_string(s) + ": seq_len = " + std::to_string(seq_lens[s]) + " needs " +
+                  std::to_string(npages) + " pages of " + std::to_string(p.page_size) +
+                  " tokens but its block table has " + std::to_string(block_tables[s].size()));
   }
-
-  // Trie nodes are created parents first, so one forward pass assigns runs.
+  BlockTableTree t;
+  build_block_table_tree(flat, int32_t(block_tables.size()), int32_t(width), seq_lens, p.page_size, num_pages, t);
   Workload w;
-  std::vector<int32_t> node_of(trie.size());
-  for (size_t t = 0; t < trie.size(); ++t) {
-    const int32_t par = trie[t].parent;
-    if (par >= 0 && trie[par].children == 1 && !trie[par].ends) {
-      node_of[t] = node_of[par];
-    } else {
-      node_of[t] = int32_t(w.tree.nodes.size());
-      w.tree.nodes.push_back(Node{par >= 0 ? node_of[par] : -1, 0, {}});
-    }
-    Node& node = w.tree.nodes[node_of[t]];
-    node.pages.push_back(trie[t].page);
-    node.num_tokens += trie[t].fill;
+  w.tree.nodes.resize(t.parents.size());
+  for (size_t v = 0; v < t.parents.size(); ++v) {
+    Node& n = w.tree.nodes[v];
+    n.parent = t.parents[v];
+    n.num_tokens = t.num_tokens[v];
+    n.pages.assign(t.page_ids.begin() + t.page_offsets[v], t.page_ids.begin() + t.page_offsets[v + 1]);
   }
-  for (int32_t e : seq_end) w.query_nodes.push_back(node_of[e]);
+  w.query_nodes = t.query_nodes;
   w.name = "blocktable";
   w.heads = p.heads;
-  w.layout = KvLayout{ps, num_pages, p.dtype};
+  w.layout = KvLayout{p.page_size, num_pages, p.dtype};
   w.validate();
   return w;
 }

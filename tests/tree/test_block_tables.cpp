@@ -158,6 +158,57 @@ TEST(BlockTables, RebuildsRandomTrees) {
   }
 }
 
+// Sequences of one long prefix next to each other (the builder skips the
+// pages a row shares with the row before, 64 at a time) give the same tree
+// as the same rows interleaved with others (every page looked up).
+TEST(BlockTables, NeighboursSharingLongPrefixesGiveTheTreeOfAnyOrder) {
+  Tables rows;
+  std::vector<int32_t> lens;
+  int32_t next = 0;
+  auto run = [&](int n) {
+    std::vector<int32_t> r(static_cast<size_t>(n));
+    for (int32_t& pg : r) pg = next++;
+    return r;
+  };
+  for (int g = 0; g < 3; ++g) {  // prefixes of 150, 151 and 152 pages; two sub-branches of 70 pages in each
+    const std::vector<int32_t> prefix = run(150 + g);
+    for (int b = 0; b < 2; ++b) {
+      const std::vector<int32_t> mid = run(70);
+      for (int s = 0; s < 3; ++s) {
+        std::vector<int32_t> r = prefix;
+        r.insert(r.end(), mid.begin(), mid.end());
+        const std::vector<int32_t> own = run(1 + s);
+        r.insert(r.end(), own.begin(), own.end());
+        rows.push_back(r);
+        lens.push_back(int32_t(r.size() - 1) * 16 + 1 + s);
+      }
+    }
+  }
+  std::vector<size_t> order(rows.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = (i * 7) % rows.size();  // 18 rows: 7 is coprime
+  Tables shuffled;
+  std::vector<int32_t> shuffled_lens;
+  for (size_t i : order) shuffled.push_back(rows[i]), shuffled_lens.push_back(lens[i]);
+  for (const auto& [t, l] : {std::pair{&rows, &lens}, std::pair{&shuffled, &shuffled_lens}}) {
+    const Workload w = bt(*t, *l, next);
+    EXPECT_EQ(w.tree.nodes.size(), 3u + 6u + 18u);  // prefixes, sub-branches, own tails
+    for (int32_t i = 0; i < w.num_queries(); ++i) {
+      std::vector<int32_t> pages;
+      int64_t len = 0;
+      for (int32_t v : w.path(w.query_nodes[i])) {
+        pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
+        len += w.tree.nodes[v].num_tokens;
+      }
+      EXPECT_EQ(pages, (*t)[size_t(i)]) << "query " << i;
+      EXPECT_EQ(len, (*l)[size_t(i)]) << "query " << i;
+    }
+  }
+  // A neighbour that continues past the other's partial last page is still refused.
+  Tables bad = {rows[0], rows[0]};
+  bad[1].push_back(next);
+  EXPECT_ERROR_WITH(bt(bad, {lens[0], int32_t(bad[1].size()) * 16}, next + 1), "seq 1: page", "shared but partially filled");
+}
+
 TEST(BlockTablesBadInput, SharedPartialPage) {
   EXPECT_ERROR_WITH(bt({{1, 2}, {1, 2, 3}}, {20, 40}), "seq 1: page 2 is shared but partially filled");
   EXPECT_ERROR_WITH(bt({{1, 2, 3}, {1, 2}}, {40, 20}), "seq 1: page 2 is shared but partially filled");
