@@ -266,11 +266,8 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   };
   const auto fills = [&](const ProtoUnits& units) { return fills_slots(units.size(), w, opt); };
   // Units at a cut: the larger decode tile (32 rows, else 16) whose CTAs
-  // still fill the resident slots. 32 rows per unit measured best where the
-  // tiles differ: fasttree:N=1,256:C=256,32 at 32/8 16 rows 43.8, 32 rows
-  // 29.3, 64 rows 40.9 us (and 24 rows 46.6, 48 rows 40.6); at 32/32 83.2,
-  // 63.0, 124 us. 64-row units go to wgmma CTAs that are too few per SM to
-  // keep their loads in flight, and do not run as persistent launches.
+  // still fill the resident slots (not 64: those go to wgmma CTAs too few per
+  // SM to keep their loads in flight; docs/planners.md, "node").
   const auto units_at = [&](const std::vector<int32_t>& roots, ProtoUnits& units) {
     if (rows > 0) return group(roots, std::max(std::min<int64_t>(rows, kMaxTileRows), G), units);
     for (const int64_t cap : {32, 16}) {

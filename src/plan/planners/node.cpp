@@ -1,33 +1,30 @@
 // node (DeFT-Node, KV-guided grouping): each node's KV is loaded once per Q
-// tile of the queries in its subtree, instead of once per query. Queries are
-// taken in depth-first order so a tile's queries share as much path as
-// possible. Deviation from DeFT-Node: long nodes are split along KV into equal
-// pieces (as per-query does), so one long shared prefix does not serialise on
-// one SM while the others idle; the piece length is the even share of the
-// work per CTA slot, or the least that fits every piece in one wave of slots
-// when that finishes first (planning::balanced_split_length); the option
-// split_tokens fixes it instead. Second deviation: short units of 1-2 rows
-// (a tree's short leaves at GQA ratio 1 or 2) are packed into shared 16-row
-// units, each query masked to its own node (planning::pack_short_units;
-// option pack_tokens: the longest unit packed, default 128, 0: none). Third:
-// a compact subtree (every query's path in it at most flat_tokens = 512
-// tokens, default; 0: none) is not cut into nodes at all: its queries are
-// grouped 8-32 rows to a unit over the union of their paths, each masked to
-// its own (planning::compact_subtree_units; flat_rows fixes the rows). Its
-// short shared nodes are then re-read per unit, from L2, instead of costing
-// every query a partial slot and the run a merge: fasttree:N=1,256:C=256,32
-// 37.5 -> 29.3 us at 32/8, 75.6 -> 63.0 at 32/32; the FastTree suite's
-// 1024-query 9-level tree 284 -> 69 and 416 -> 155 us (where they lose, the
-// nodes are kept: subtrees with long leaves must save more partials than they
-// re-read, and units too few to fill the GPU must not be far longer than the
-// nodes'; plan_node). Fourth: a short
-// shared node (with the nodes folded into it, at most fold_tokens = 128
-// tokens, default; 0: none) whose queries all lie below children planned as
-// nodes is folded into them: its segment opens each child's first KV piece,
-// when re-reading it once per extra Q tile costs fewer bytes than the partial
-// slot (fp32 O and lse, written, then read by the merge) that a unit of its
-// own costs each of its queries, and the folds save at least 12 MB of slots
-// (fold_plan): pat:B=1,8,512:L=32,2048,256 32/8 260 -> 250 us.
+// tile of the queries in its subtree, instead of once per query; queries go
+// in depth-first order, so a tile's queries share as much path as possible.
+// Four departures from DeFT-Node, each a byte or balance rule:
+//  1. Long nodes are split along KV into equal pieces, of the even share of
+//     the work per CTA slot, or the least length that fits every piece in
+//     one wave when that finishes first (planning::balanced_split_length;
+//     option split_tokens fixes it).
+//  2. Units of 1-2 rows are packed into shared 16-row units, each query
+//     masked to its own node (planning::pack_short_units; pack_tokens: the
+//     longest unit packed, default 128, 0: none).
+//  3. A compact subtree (every query's path in it at most flat_tokens = 512
+//     tokens; 0: none) is not cut into nodes: its queries go 8-32 rows to a
+//     unit over the union of their paths, each masked to its own, with no
+//     merge (planning::compact_subtree_units; flat_rows fixes the rows).
+//     Subtrees with leaves over kShortLeafTokens are taken only where the
+//     partial slots they save outweigh the KV they re-read
+//     (kMaxRereadPerSlotByte); compact units too few to fill the GPU are not
+//     taken where their longest is over kMaxCompactStretch / 2 times the
+//     longest unit of the plan without them.
+//  4. A short shared node (with the nodes folded into it, at most
+//     fold_tokens = 128 tokens; 0: none) whose queries all lie below children
+//     planned as nodes opens each child's first KV piece instead of having a
+//     unit of its own, where re-reading it per extra Q tile costs fewer bytes
+//     than its queries' partial slots, and the plan's folds save at least
+//     kMinFoldSavedBytes (fold_plan).
+// The measurements behind each threshold: docs/planners.md, "node".
 #include <algorithm>
 #include <array>
 
@@ -40,21 +37,16 @@ namespace {
 constexpr int64_t kDefaultFlatTokens = 512;
 constexpr int64_t kDefaultFoldTokens = 2 * kDefaultKvTile;
 constexpr size_t kMaxFoldedSegments = 8;
-// Folding lengthens each child's first piece by a KV tile, ~3 us at one CTA's
-// streaming rate, which only pays where the slots saved are a few us of HBM
-// traffic (same machine, two rounds, fold vs fold_tokens=0, d=128):
-// pat:B=1,8,512 32/8 and 64/8 (17-34 MB saved) 0.94-0.96x the time, the
-// 1024-query 6-level trees 0.79-0.99x, but fasttree:N=1,4,8,256:C=8,256,256,32
-// and pat:B=1,4,8,256 at 32/8 (8.4 MB) 1.04x, at 16/8 and 16/1 1.04-1.06x.
+// Folds lengthen each child's first piece by up to a KV tile: taken only
+// when they save at least this many bytes of partial slots.
 constexpr int64_t kMinFoldSavedBytes = int64_t(12) << 20;
-// Compact subtrees: leaves of at most kShortLeafTokens always, longer ones
-// only by the byte rule in plan_node (pat:B=1,2,64:L=1024,256,256 at 16/8 went
-// 50 -> 76 us with its 256-token leaves in series, 16 to a unit); re-read KV
-// per partial byte saved, in halves (2.5).
+// Compact subtrees: leaves of at most kShortLeafTokens always; longer ones
+// where the KV they re-read is at most kMaxRereadPerSlotByte / 2 (2.5) bytes
+// per byte of partial slots saved.
 constexpr int64_t kShortLeafTokens = 2 * kDefaultKvTile;
 constexpr int64_t kMaxRereadPerSlotByte = 5;
-// Compact units too few to fill the GPU: the longest at most this many halves
-// of node's longest (2.5x; plan_node).
+// Compact units too few to fill the GPU: their longest at most this many
+// halves (2.5x) of the longest unit of the plan without compact subtrees.
 constexpr int64_t kMaxCompactStretch = 5;
 
 // A query's partial slot: fp32 O and lse of every qo head, written by its
@@ -259,14 +251,8 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   plan_nodes(w, ix, opt, m, a);
   const planning::NodeCandidate* taken = &a;
   // Compact subtrees with long leaves put several leaves in series in one
-  // unit while node would stream them side by side: taken only where they
-  // save at least 1 byte of partials per 2.5 bytes of KV they re-read
-  // (kMaxRereadPerSlotByte; ab_90ef9b2_session9.txt, same machine, two
-  // rounds): the 6-level N=1,4,16,64,256,1024 trees with 256-token leaves
-  // (68-101 MB of partials saved, at most 17 MB re-read) 0.88-0.94x the time
-  // at 32/8, 16/8, 64/8 and 32/32; pat:B=1,2,64:L=1024,256,256 (2-4 MB saved,
-  // 15-29 MB re-read: its 256-token level under 16-row units) 1.18x and 1.40x
-  // at 32/8 and 64/8, so not taken.
+  // unit while node streams them side by side: taken only where they save
+  // enough partial slots for the KV they re-read (kMaxRereadPerSlotByte).
   if (flat > 0) {
     const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
@@ -281,13 +267,9 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   }
   build(*taken, units);
   // Units too few to fill the resident CTA slots run as long as the longest
-  // one. Where a compact subtree's unit is longer than kMaxCompactStretch x
+  // one: where a compact subtree's unit is over kMaxCompactStretch / 2 times
   // the longest unit of the plan without compact subtrees (whose pieces run
-  // side by side, then merge), that plan is taken: ToT sorting128 task 1 at
-  // iteration 2000 (32/8), 16 units of up to 836 tokens 36.9 us, as nodes 24
-  // of up to 237 tokens 26.6 us; of 92 suite configs where compact subtrees
-  // change the plan only the two ToT ones at iteration 2000 (1.30x, 1.39x
-  // the time of the nodes) are taken out by this rule (ab_90ef9b2_session9.txt).
+  // side by side, then merge), that plan is taken.
   if (compact > 0 && !planning::fills_slots(units.size(), w, opt)) {
     planning::NodeCandidate& nodes_only = taken == &a ? b : a;
     compact_units(nodes_only, 0, 0);
