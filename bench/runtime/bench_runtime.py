@@ -12,6 +12,11 @@
    independent sequences, with the unique-KV floor at the measured bandwidth.
 
     python3 bench/runtime/bench_runtime.py --build build/device [--out results.json]
+    python3 bench/runtime/bench_runtime.py --device cpu --build build/cpu   # 1. and run_overhead only
+
+Both plan() measurements also run as decode steps (every sequence a token
+longer a step: the runtime extends the last plan) and, for block tables, on
+256 sequences sharing a 4000-token prompt.
 """
 
 import argparse
@@ -77,6 +82,34 @@ def decode_steps(arrays, pages, steps=128):
     return out, pages
 
 
+def block_table_steps(seqs=256, prompt=4000, steps=128, seed=7):
+    """vLLM-style block tables of `seqs` sequences sharing a `prompt`-token prefix, each with its own tail
+    of 100-400 tokens, for `steps` decode steps (a token a step, a page when the last fills), as
+    runtime/block_tables in the planning benchmark. Returns the steps and the pages they use."""
+    rng = np.random.default_rng(seed)
+    shared = prompt // PAGE
+    lens = prompt + 100 + rng.integers(0, 301, seqs)
+    pages = [list(range(shared)) for _ in range(seqs)]
+    nxt = shared
+    for s in range(seqs):
+        while len(pages[s]) * PAGE < lens[s]:
+            pages[s].append(nxt)
+            nxt += 1
+    width = (prompt + 400 + steps + PAGE - 1) // PAGE + 1
+    out = []
+    for _ in range(steps):
+        table = np.zeros((seqs, width), np.int32)
+        for s in range(seqs):
+            table[s, :len(pages[s])] = pages[s]
+        out.append((table, lens.astype(np.int32).copy()))
+        lens = lens + 1
+        for s in range(seqs):
+            if lens[s] > len(pages[s]) * PAGE:
+                pages[s].append(nxt)
+                nxt += 1
+    return out, nxt
+
+
 def fewshot(prompt=4000, branches=32, length=256):
     return tree_arrays([-1] + [0] * branches, [prompt] + [length] * branches, list(range(1, branches + 1)))
 
@@ -131,7 +164,8 @@ def cpp_bench(build):
     exe = os.path.join(build, "bench", "planning", "treeattn_planning_bench")
     if not os.path.exists(exe):
         return {}
-    out = subprocess.run([exe, "--benchmark_filter=runtime|plan/(auto|node|per-query)/1000$", "--benchmark_format=json"],
+    out = subprocess.run([exe, "--benchmark_filter=runtime|step/pack|plan/(auto|node|per-query)/1000$",
+                          "--benchmark_format=json"],
                          capture_output=True, text=True, timeout=300)
     res = {}
     for b in json.loads(out.stdout)["benchmarks"]:
@@ -176,38 +210,81 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build/device")
     ap.add_argument("--out")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                    help="cpu: the plan() measurements on the CPU runtime and run_overhead.py on the CPU executor only")
     args = ap.parse_args()
-    dev = torch.cuda.get_device_name()
+    device = args.device
+    if device == "cpu":
+        import platform
+        dev = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+                   platform.processor())
+    else:
+        dev = torch.cuda.get_device_name()
     commit = os.environ.get("TREEATTN_COMMIT", "unknown")
     print(f"device {dev}; commit {commit}; torch {torch.__version__}")
     res = dict(device=dev, commit=commit, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               command="python3 bench/runtime/bench_runtime.py --build " + args.build)
+               command=f"python3 bench/runtime/bench_runtime.py --device {device} --build {args.build}")
 
     # 1. plan() from Python on the 1000-node / 256-query tree.
     arrays, pages = serving_tree(1000, 256)
     # Planned afresh each call (the same tree: max_extension_tokens=0), then
     # decode steps (every query's node a token longer a step, 128 steps
     # cycled) where most calls extend the last plan.
-    attn = treeattn.TreeAttention(H, HKV, D, PAGE, pages, dtype=DT, device="cuda", max_queries=256, max_nodes=4096,
+    attn = treeattn.TreeAttention(H, HKV, D, PAGE, pages, dtype=DT, device=device, max_queries=256, max_nodes=4096,
                                   max_page_refs=pages, max_extension_tokens=0)
     attn.plan_tree(**arrays)
     py_plan = median_host_us(lambda: attn.plan_tree(**arrays), 300)
     lists = {k: v.tolist() for k, v in arrays.items()}
     py_plan_lists = median_host_us(lambda: attn.plan_tree(**lists), 100)
     steps, step_pages = decode_steps(arrays, pages)
-    attn = treeattn.TreeAttention(H, HKV, D, PAGE, step_pages, dtype=DT, device="cuda", max_queries=256,
+    attn = treeattn.TreeAttention(H, HKV, D, PAGE, step_pages, dtype=DT, device=device, max_queries=256,
                                   max_nodes=4096, max_page_refs=step_pages)
-    for st in steps:  # warm-up: one pass over the steps
-        attn.plan_tree(**st)
-    t0 = time.perf_counter()
-    for _ in range(4):
+
+    def per_step_us(plan, steps):  # a warm-up pass over the steps, then the mean of 4 passes
         for st in steps:
-            attn.plan_tree(**st)
-    py_decode = (time.perf_counter() - t0) * 1e6 / (4 * len(steps))
-    torch.cuda.synchronize()
+            plan(st)
+        t0 = time.perf_counter()
+        for _ in range(4):
+            for st in steps:
+                plan(st)
+        return (time.perf_counter() - t0) * 1e6 / (4 * len(steps))
+
+    py_decode = per_step_us(lambda st: attn.plan_tree(**st), steps)
+    decode_stats = attn.plan_stats()
+    bt_steps, bt_pages = block_table_steps()
+    bt = {}
+    for extend in (True, False):
+        a = treeattn.TreeAttention(H, HKV, D, PAGE, bt_pages, dtype=DT, device=device, max_queries=256,
+                                   max_nodes=4096, max_page_refs=bt_pages, max_extension_tokens=64 if extend else 0)
+        bt["decode_step_us" if extend else "afresh_us"] = per_step_us(lambda st: a.plan_block_tables(*st), bt_steps)
+        if extend:
+            bt["decode_stats"] = a.plan_stats()
+    if device == "cuda":
+        torch.cuda.synchronize()
     cpp = cpp_bench(args.build)
     res["plan"] = dict(python_numpy_us=py_plan, python_lists_us=py_plan_lists, python_decode_step_us=py_decode,
-                       decode_stats=attn.plan_stats(), cpp=cpp, pages=pages)
+                       decode_stats=decode_stats, python_block_tables=bt, cpp=cpp, pages=pages)
+    p = res["plan"]
+    print(f"plan() decode steps (1000 nodes / 256 queries, {p['decode_stats']}): Python {p['python_decode_step_us']:.1f} us "
+          f"a step; C++ cpu {cpp.get('runtime/decode_steps/cpu/1000', float('nan')):.1f} us, cuda "
+          f"{cpp.get('runtime/decode_steps/cuda/1000', float('nan')):.1f} us; the CUDA pack alone "
+          f"{cpp.get('step/pack/cuda/1000', float('nan')):.1f} us")
+    print(f"plan() afresh, 1000 nodes / 256 queries / {p['pages']} pages: Python (NumPy) {p['python_numpy_us']:.1f} us, "
+          f"Python (lists) {p['python_lists_us']:.1f} us; C++ runtime step cpu "
+          f"{cpp.get('runtime/plan_tree/cpu/1000', float('nan')):.1f} us, cuda "
+          f"{cpp.get('runtime/plan_tree/cuda/1000', float('nan')):.1f} us; planners alone: "
+          + ", ".join(f"{n.split('/')[1]} {t:.1f} us" for n, t in cpp.items() if n.startswith("plan/")))
+    print(f"plan_block_tables (256 sequences, a 4000-token prompt shared): Python decode steps {bt['decode_step_us']:.1f} us "
+          f"a step ({bt['decode_stats']}), afresh {bt['afresh_us']:.1f} us; C++ cpu "
+          f"{cpp.get('runtime/block_tables/cpu/decode_steps', float('nan')):.1f} / "
+          f"{cpp.get('runtime/block_tables/cpu/afresh', float('nan')):.1f} us", flush=True)
+    if device == "cpu":
+        res["run_overhead"] = ro = run_overhead.measure("cpu")
+        print(f"run() overhead over the extension's entry (CPU executor): {ro['overhead_us']:.2f} us")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+        return
 
     # 2. run() host time per call, Python vs C++.
     small, spages = tree_arrays([-1], [16], [0])
@@ -253,16 +330,7 @@ def main():
                   f"floor {r['floor_ms']:.3f} ms; {r['launches']}", flush=True)
             torch.cuda.empty_cache()
 
-    p = res["plan"]
     print(f"\nHBM {bw:.0f} GB/s (copy, read + write)")
-    print(f"plan() decode steps (1000 nodes / 256 queries, {p['decode_stats']}): Python {p['python_decode_step_us']:.1f} us "
-          f"a step; C++ cpu {cpp.get('runtime/decode_steps/cpu/1000', float('nan')):.1f} us, cuda "
-          f"{cpp.get('runtime/decode_steps/cuda/1000', float('nan')):.1f} us")
-    print(f"plan() afresh, 1000 nodes / 256 queries / {p['pages']} pages: Python (NumPy) {p['python_numpy_us']:.1f} us, "
-          f"Python (lists) {p['python_lists_us']:.1f} us; C++ runtime step cpu "
-          f"{cpp.get('runtime/plan_tree/cpu/1000', float('nan')):.1f} us, cuda "
-          f"{cpp.get('runtime/plan_tree/cuda/1000', float('nan')):.1f} us; planners alone: "
-          + ", ".join(f"{n.split('/')[1]} {t:.1f} us" for n, t in cpp.items() if n.startswith("plan/")))
     rh = res["run_host"]
     cpp_us = rh["cpp_us"] if rh["cpp_us"] is not None else float("nan")
     print(f"run() host time per call: Python {rh['python_us']:.2f} us, bound (TreeAttention.bind) "
