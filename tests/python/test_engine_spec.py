@@ -8,6 +8,7 @@ the gpu-marked ones run treeattn's CUDA attention."""
 import json
 import os
 import re
+import time
 
 import pytest
 import torch
@@ -167,6 +168,28 @@ def test_spec_equals_greedy(tree):
     assert accepted > 0, "the repetitive prompt should get drafts accepted"
     # every accepted draft saves a step: plain decoding takes gen - 1 = 129 steps
     assert len(result.step_seconds) < 129
+
+
+def test_attention_timing_is_off_the_step_clock():
+    """engine.attention_seconds (with CUDA graphs: the attention run once more, outside the
+    graph) is instrumentation: run_speculative calls it after the step's clock stopped, for
+    the step's queries (pending tokens + drafts), as run_program does for plain steps."""
+    model = load_model("random:tiny", dtype="fp32")
+    spec = parse_spec_program("spec:prompt=45,requests=2,question=3,repeat=9,gen=12,tree=4x6",
+                              model.cfg.vocab_size, seed=1, workloads=WORKLOADS)
+    engine = make_engine(model, spec)
+    asked = []
+
+    def slow_timing(n):
+        asked.append(n)
+        time.sleep(0.25)
+        return 1e-3
+
+    engine.attention_seconds = slow_timing
+    result = run_speculative(engine, spec, steps=3, time_attention=True)
+    assert result.attention_seconds == [1e-3] * len(result.verify_seconds)
+    assert max(result.step_seconds) < 0.25, result.step_seconds
+    assert asked == [len(ds) + sum(ds) for ds in result.drafted]
 
 
 def test_spec_equals_greedy_padded_like_graphs():
