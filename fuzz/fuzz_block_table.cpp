@@ -1,19 +1,87 @@
 // libFuzzer target: the JSON block-table format (block_tables_from_json):
-// an Error or a valid Workload, whose tree holds every sequence's pages.
+// an Error or a valid Workload whose tree holds every sequence (the path of
+// sequence s's query node has exactly its block table's first pages, in
+// order, and seq_lens[s] tokens). The builder skips the pages a row shares
+// with the row before; the same batch with a one-page row of a fresh page
+// between every two rows (so no row shares a page with the row before) must
+// be accepted or refused alike, and hold the same sequences.
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string_view>
+#include <vector>
 
 #include "fuzz/fuzz_util.hpp"
 #include "treeattn/workloads.hpp"
 
 static const treeattn_fuzz::SmallInputLimit kLimit;  // fuzz_util.hpp: small files and trees
 
+namespace {
+
+// Whether w's query q holds the pages table[0 .. ceil(len / ps)) and len tokens.
+bool holds(const treeattn::Workload& w, int32_t q, const std::vector<int32_t>& table, int64_t len) {
+  std::vector<int32_t> pages;
+  int64_t tokens = 0;
+  for (const int32_t v : w.path(w.query_nodes[size_t(q)])) {
+    pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
+    tokens += w.tree.nodes[v].num_tokens;
+  }
+  const int64_t need = (len + w.layout.page_size - 1) / w.layout.page_size;
+  return tokens == len && int64_t(pages.size()) == need && int64_t(table.size()) >= need &&
+         std::equal(pages.begin(), pages.end(), table.begin());
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
+  treeattn::BlockTablesInput in;
   try {
-    const treeattn::Workload w = treeattn::block_tables_from_json(text, treeattn_fuzz::small_params());
-    w.validate();  // built workloads are validated; this must not throw
+    in = treeattn::parse_block_tables_json(text, treeattn_fuzz::small_params());
   } catch (const treeattn::Error&) {
+    return 0;
+  }
+  bool ok = true, spaced_ok = true;
+  treeattn::Workload w, spaced;
+  try {
+    w = treeattn::from_block_tables(in.block_tables, in.seq_lens, in.num_pages, in.params);
+  } catch (const treeattn::Error&) {
+    ok = false;
+  }
+  const size_t n = in.block_tables.size();
+  // The spaced-out batch adds n - 1 rows (the builder limit is 4096 nodes)
+  // and n pages past the pool: only where no page the sequences use lies
+  // outside it (the pool grows for the spacers) and the ids still fit.
+  if (2 * n > 4000 || in.num_pages + int64_t(n) > std::numeric_limits<int32_t>::max()) return 0;
+  for (size_t s = 0; s < n && s < in.seq_lens.size(); ++s) {
+    const int64_t need = (int64_t(in.seq_lens[s]) + in.params.page_size - 1) / std::max(1, in.params.page_size);
+    for (int64_t k = 0; k < need && k < int64_t(in.block_tables[s].size()); ++k)
+      if (in.block_tables[s][size_t(k)] >= in.num_pages) return 0;
+  }
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> lens;
+  for (size_t s = 0; s < n; ++s) {
+    tables.push_back(in.block_tables[s]);
+    lens.push_back(s < in.seq_lens.size() ? in.seq_lens[s] : 1);
+    if (s + 1 < n) {
+      tables.push_back({int32_t(in.num_pages + int64_t(s))});
+      lens.push_back(1);
+    }
+  }
+  if (in.seq_lens.size() != n) lens.resize(in.seq_lens.size() + (n > 0 ? n - 1 : 0), 1);  // keep a count mismatch
+  try {
+    spaced = treeattn::from_block_tables(tables, lens, in.num_pages + int64_t(n), in.params);
+  } catch (const treeattn::Error&) {
+    spaced_ok = false;
+  }
+  treeattn_fuzz::require(ok == spaced_ok, "a batch and the same batch spaced out are accepted or refused alike");
+  if (!ok) return 0;
+  w.validate();  // built workloads are validated; this must not throw
+  treeattn_fuzz::require(w.num_queries() == int32_t(n), "one query per sequence");
+  for (size_t s = 0; s < n; ++s) {
+    treeattn_fuzz::require(holds(w, int32_t(s), in.block_tables[s], in.seq_lens[s]), "a sequence's path holds its pages");
+    treeattn_fuzz::require(holds(spaced, int32_t(2 * s), in.block_tables[s], in.seq_lens[s]),
+                           "a spaced-out sequence's path holds its pages");
   }
   return 0;
 }

@@ -104,6 +104,15 @@ void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch
 // The same from the JSON block-table format of docs/formats.md
 // ({"block_tables": [[...], ...], "seq_lens": [...], "num_pages": N}).
 Workload block_tables_from_json(std::string_view text, const WorkloadParams& defaults);
+// That format's contents, read but not built (num_pages: the file's, else
+// the largest page id + 1; params: defaults with the file's shape keys).
+struct BlockTablesInput {
+  std::vector<std::vector<int32_t>> block_tables;
+  std::vector<int32_t> seq_lens;
+  int64_t num_pages = 0;
+  WorkloadParams params;
+};
+BlockTablesInput parse_block_tables_json(std::string_view text, const WorkloadParams& defaults);
 Workload read_block_tables_file(const std::string& path, const WorkloadParams& defaults);
 
 // The JSON tree format of docs/formats.md.

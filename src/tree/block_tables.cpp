@@ -223,19 +223,21 @@ Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables
 
 using detail::json;
 
-Workload block_tables_from_json(std::string_view text, const WorkloadParams& defaults) {
+BlockTablesInput parse_block_tables_json(std::string_view text, const WorkloadParams& defaults) {
   const json top = detail::parse_json(text, "blocktable");
   detail::require_object(top, "blocktable: top level");
   static constexpr std::string_view keys[] = {"block_tables", "seq_lens", "num_pages", "page_size", "heads",
                                               "dtype"};
   detail::check_keys(top, "", keys);
-  const WorkloadParams p = detail::parse_shape_keys(top, defaults);
+  BlockTablesInput in;
+  in.params = detail::parse_shape_keys(top, defaults);
   const json& jb = detail::require(top, "block_tables", "");
   const json& jl = detail::require(top, "seq_lens", "");
   detail::require_array(jb, "block_tables");
   detail::require_array(jl, "seq_lens");
-  std::vector<std::vector<int32_t>> tables(jb.size());
-  std::vector<int32_t> lens;
+  std::vector<std::vector<int32_t>>& tables = in.block_tables;
+  tables.resize(jb.size());
+  std::vector<int32_t>& lens = in.seq_lens;
   int64_t max_page = -1;
   for (size_t s = 0; s < jb.size(); ++s) {
     const std::string f = "block_tables[" + std::to_string(s) + "]";
@@ -247,11 +249,17 @@ Workload block_tables_from_json(std::string_view text, const WorkloadParams& def
   }
   for (size_t s = 0; s < jl.size(); ++s)
     lens.push_back(int32_t(detail::get_int(jl[s], "seq_lens[" + std::to_string(s) + "]", 1)));
-  int64_t num_pages = max_page + 1;
+  in.num_pages = max_page + 1;
   if (auto it = top.find("num_pages"); it != top.end())
-    num_pages = detail::get_int(*it, "num_pages", 1, std::numeric_limits<int64_t>::max());
-  return from_block_tables(tables, lens, num_pages, p);
+    in.num_pages = detail::get_int(*it, "num_pages", 1, std::numeric_limits<int64_t>::max());
+  return in;
 }
+
+Workload block_tables_from_json(std::string_view text, const WorkloadParams& defaults) {
+  const BlockTablesInput in = parse_block_tables_json(text, defaults);
+  return from_block_tables(in.block_tables, in.seq_lens, in.num_pages, in.params);
+}
+
 
 Workload read_block_tables_file(const std::string& path, const WorkloadParams& defaults) {
   const std::string text = detail::read_text_file(path, "blocktable");
