@@ -8,7 +8,10 @@ C++ part is small. PyTorch tensors, CPU or CUDA; medians of many timeit rounds.
 
 "overhead" is run() minus the C++ entry: what the Python layer and the
 binding's checks cost per call. On CUDA each call also enqueues the launches
-(asynchronous); the queue is drained between rounds.
+(asynchronous: five for this runtime); the queue is drained between rounds,
+and a round is 40 calls, 200 launches, so that it never fills the launch
+queue (~1000 entries): a full queue blocks the host on the GPU, which then
+times the GPU, not the call.
 """
 
 import argparse
@@ -53,9 +56,9 @@ def per_call_us(fn, rounds, number, sync):
 
 def measure(device="cpu", rounds=200, number=None):
     """Median host microseconds per call of each case, and the overheads. On CUDA
-    a round is 200 calls (the launch queue must not fill: then the host waits
+    a round is 40 calls (the launch queue must not fill: then the host waits
     for the GPU), on the CPU 2000."""
-    number = number or (2000 if device == "cpu" else 200)
+    number = number or (2000 if device == "cpu" else 40)
     attn, q, k, v, out = setup(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     bound = attn.bind(q, k, v, out)
@@ -85,7 +88,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() and treeattn.cuda_built else "cpu")
     ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--number", type=int, help="calls per round (default: 2000 on the CPU, 200 on CUDA)")
+    ap.add_argument("--number", type=int, help="calls per round (default: 2000 on the CPU, 40 on CUDA)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     r = measure(a.device, a.rounds, a.number)
