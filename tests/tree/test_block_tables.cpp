@@ -28,6 +28,21 @@ void expect_node(const Workload& w, int32_t v, int32_t parent, int32_t tokens, s
   EXPECT_EQ(w.tree.nodes[v].pages, pages) << "node " << v;
 }
 
+// Query i's path holds exactly sequence i's pages (its whole block table) and length.
+void expect_paths_hold(const Workload& w, const Tables& tables, const std::vector<int32_t>& lens) {
+  ASSERT_EQ(size_t(w.num_queries()), tables.size());
+  for (int32_t i = 0; i < w.num_queries(); ++i) {
+    std::vector<int32_t> pages;
+    int64_t len = 0;
+    for (int32_t v : w.path(w.query_nodes[i])) {
+      pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
+      len += w.tree.nodes[v].num_tokens;
+    }
+    EXPECT_EQ(pages, tables[size_t(i)]) << "query " << i;
+    EXPECT_EQ(len, lens[size_t(i)]) << "query " << i;
+  }
+}
+
 }  // namespace
 
 TEST(BlockTables, TwoSequencesShareTwoPagesThenDiverge) {
@@ -137,16 +152,7 @@ TEST(BlockTables, RebuildsRandomTrees) {
     ASSERT_EQ(w.num_queries(), r.num_queries());
     EXPECT_EQ(w.total_tokens(), unique);  // every node lies on some query's path
     EXPECT_LE(w.tree.nodes.size(), t.nodes.size());
-    for (int32_t i = 0; i < w.num_queries(); ++i) {
-      std::vector<int32_t> pages;
-      int64_t len = 0;
-      for (int32_t v : w.path(w.query_nodes[i])) {
-        pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
-        len += w.tree.nodes[v].num_tokens;
-      }
-      EXPECT_EQ(pages, tables[i]) << "query " << i;
-      EXPECT_EQ(len, lens[i]) << "query " << i;
-    }
+    expect_paths_hold(w, tables, lens);
     // Radix property: a node with one child has a query on it (else they would be one run).
     const TreeIndex wx = TreeIndex::build(w.tree, w.query_nodes);
     std::vector<int> queries_on(w.tree.nodes.size(), 0);
@@ -192,16 +198,7 @@ TEST(BlockTables, NeighboursSharingLongPrefixesGiveTheTreeOfAnyOrder) {
   for (const auto& [t, l] : {std::pair{&rows, &lens}, std::pair{&shuffled, &shuffled_lens}}) {
     const Workload w = bt(*t, *l, next);
     EXPECT_EQ(w.tree.nodes.size(), 3u + 6u + 18u);  // prefixes, sub-branches, own tails
-    for (int32_t i = 0; i < w.num_queries(); ++i) {
-      std::vector<int32_t> pages;
-      int64_t len = 0;
-      for (int32_t v : w.path(w.query_nodes[i])) {
-        pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
-        len += w.tree.nodes[v].num_tokens;
-      }
-      EXPECT_EQ(pages, (*t)[size_t(i)]) << "query " << i;
-      EXPECT_EQ(len, (*l)[size_t(i)]) << "query " << i;
-    }
+    expect_paths_hold(w, *t, *l);
   }
   // A neighbour that continues past the other's partial last page is still refused.
   Tables bad = {rows[0], rows[0]};
