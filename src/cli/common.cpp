@@ -51,7 +51,8 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
                   "data/auto_cost_h100.json)");
   cmd->add_option("--plan-opt", o.plan_opts,
                   "planner option KEY=NUMBER, repeatable: ctas_per_sm, chunk_tokens, min_split_tokens, or a "
-                  "planner's own knob (node: split_tokens, pack_tokens, flat_tokens, flat_rows, fold_tokens; "
+                  "planner's own knob (node: split_tokens, pack_tokens, flat_tokens, flat_rows, fold_tokens, "
+                  "tile_rows; "
                   "fasttree: alpha, beta, gamma, q_tile0, q_tile1, kv_tile0, kv_tile1, kv_split_long, kv_split_short; pat: "
                   "pat_max_rows; flatten: fill)");
 }
@@ -68,7 +69,7 @@ WorkloadParams workload_params(const CommonOptions& o) {
 namespace {
 // The knobs planners read from PlanOptions::extra (src/plan/planners/).
 const std::set<std::string> kPlannerKnobs = {
-    "split_tokens", "pack_tokens", "flat_tokens", "flat_rows", "fold_tokens",               // node
+    "split_tokens", "pack_tokens", "flat_tokens", "flat_rows", "fold_tokens", "tile_rows",  // node
     "alpha", "beta", "gamma", "q_tile0", "q_tile1", "kv_tile0", "kv_tile1", "kv_split_long", "kv_split_short",  // fasttree
     "pat_max_rows",                                                                         // pat
     "fill"};                                                                                // flatten

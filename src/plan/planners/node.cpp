@@ -117,7 +117,15 @@ int64_t prefix_tokens(const Workload& w, const planning::FoldPlan& fold, int32_t
   return p >= 0 && fold.folded[p] ? fold.chain_tokens[v] : 0;
 }
 
-int32_t queries_per_tile(const Workload& w) { return std::max(1, kMaxTileRows / w.heads.group_size()); }
+// Queries per Q tile of a node's units: the option tile_rows (default the
+// largest tile, kMaxTileRows) over the GQA group.
+int32_t queries_per_tile(const Workload& w, const PlanOptions& opt) {
+  const int64_t rows = planning::integer_option(opt, "node", "tile_rows", kMaxTileRows, 1);
+  if (rows > kMaxTileRows)
+    throw Error("node: tile_rows = " + std::to_string(rows) + " exceeds the largest tile's " +
+                std::to_string(kMaxTileRows) + " rows");
+  return std::max<int32_t>(1, int32_t(rows) / w.heads.group_size());
+}
 
 // Pieces of a node of `tokens` tokens: ceil(tokens / piece).
 int32_t piece_count(int32_t tokens, int64_t piece) {
@@ -127,7 +135,7 @@ int32_t piece_count(int32_t tokens, int64_t piece) {
 // The nodes that c's compact subtrees leave: c's folds and KV piece length.
 void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
                 planning::NodeCandidate& c) {
-  const int32_t per_tile = queries_per_tile(w);
+  const int32_t per_tile = c.per_tile = queries_per_tile(w, opt);
   fold_plan(w, ix, c.covered, per_tile,
             planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), c.fold);
   std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each unit and node
@@ -144,7 +152,7 @@ void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, 
 // each node, a folded node's segment opening its children's first pieces.
 void add_node_units(const Workload& w, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
                     planning::ProtoUnits& units) {
-  const int32_t per_tile = queries_per_tile(w);
+  const int32_t per_tile = c.per_tile;
   const planning::FoldPlan& fold = c.fold;
   // The segments of v's folded ancestors, root-most first, into `prefix`.
   std::array<Segment, kMaxFoldedSegments> prefix;
@@ -195,7 +203,7 @@ struct UnitBytes {
 UnitBytes candidate_bytes(const Workload& w, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
                           std::vector<int32_t>& per_query, std::vector<int32_t>& diff) {
   const size_t nq = w.query_nodes.size();
-  const int32_t per_tile = queries_per_tile(w);
+  const int32_t per_tile = c.per_tile;
   per_query.assign(nq, 0);
   int64_t tokens = 0, slots = 0;
   for (size_t u = 0; u < c.compact.size(); ++u) {

@@ -192,6 +192,7 @@ struct NodeCandidate {
   std::vector<char> covered;
   FoldPlan fold;
   int64_t piece = 0;
+  int32_t per_tile = 1;  // queries per Q tile of a node's units
 };
 
 }  // namespace planning
