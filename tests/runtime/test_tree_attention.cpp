@@ -74,6 +74,56 @@ TEST(TreeAttentionCpu, BlockTablesShareTheirLeadingPages) {
   EXPECT_LE(step_error(ta, 3), 2e-3);
 }
 
+// A vLLM-style decode loop through plan_block_tables: 6 sequences, two
+// groups sharing a prompt, each a token longer a step (a page from the pool
+// when its last fills), one finishing halfway. Every step holds the tree a
+// never-extending object builds, matches the fp64 reference, and its plan
+// (extended or fresh) passes the validator; most steps extend.
+TEST(TreeAttentionCpu, BlockTableDecodeStepsExtendAndMatchTheReference) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  p.page_size = 4;
+  constexpr int32_t kWidth = 24;
+  std::vector<std::vector<int32_t>> pages = {{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {3, 4}, {3, 4}, {3, 4}};
+  std::vector<int32_t> lens(6);
+  int32_t next = 5;
+  for (size_t s = 0; s < pages.size(); ++s) {  // own tails of 1 + s tokens after the full prompt pages
+    lens[s] = int32_t(pages[s].size()) * 4 + 1 + int32_t(s);
+    while (int32_t(pages[s].size()) * 4 < lens[s]) pages[s].push_back(next++);
+  }
+  TreeAttentionConfig c = cpu_config(p, 200);
+  c.max_extension_tokens = 8;
+  TreeAttention ta(c);
+  TreeAttentionConfig fc = c;
+  fc.max_extension_tokens = 0;
+  TreeAttention fresh(fc);
+  for (int step = 0; step < 30; ++step) {
+    if (step == 15) {  // sequence 4 finishes: the batch changes (planned afresh)
+      pages.erase(pages.begin() + 4);
+      lens.erase(lens.begin() + 4);
+    }
+    const int32_t batch = int32_t(pages.size());
+    std::vector<int32_t> table(size_t(batch) * kWidth, -1);
+    for (int32_t s = 0; s < batch; ++s) std::copy(pages[s].begin(), pages[s].end(), table.begin() + s * kWidth);
+    ta.plan_block_tables(table, batch, kWidth, lens);
+    fresh.plan_block_tables(table, batch, kWidth, lens);
+    ASSERT_EQ(ta.workload().tree.nodes.size(), fresh.workload().tree.nodes.size()) << "step " << step;
+    for (size_t v = 0; v < ta.workload().tree.nodes.size(); ++v) {
+      ASSERT_EQ(ta.workload().tree.nodes[v].pages, fresh.workload().tree.nodes[v].pages) << "step " << step;
+      ASSERT_EQ(ta.workload().tree.nodes[v].num_tokens, fresh.workload().tree.nodes[v].num_tokens) << "step " << step;
+    }
+    ASSERT_NO_THROW(validate_plan(ta.workload(), ta.plan())) << "step " << step;
+    EXPECT_LE(step_error(ta, uint64_t(step) + 1), 2e-3) << "step " << step;
+    for (int32_t s = 0; s < batch; ++s)
+      if (++lens[s] > int32_t(pages[s].size()) * 4) pages[s].push_back(next++);
+  }
+  const PlanStats st = ta.plan_stats();
+  EXPECT_EQ(st.planned + st.extended, 30);
+  EXPECT_GE(st.planned, 2);    // the first step and the batch change at least
+  EXPECT_GE(st.extended, 20);  // at most 8 tokens a unit between fresh plans
+  EXPECT_EQ(fresh.plan_stats().extended, 0);
+}
+
 TEST(TreeAttentionCpu, DraftTokensSeeTheirPrefixAndAncestors) {
   WorkloadParams p;
   p.heads = {8, 2, 64};
