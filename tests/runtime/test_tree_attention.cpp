@@ -26,6 +26,18 @@ TreeAttentionConfig cpu_config(const WorkloadParams& p, int64_t num_pages) {
   return c;
 }
 
+// Two runtimes alike but for plan extension: `extending` extends the last
+// plan up to `limit` tokens a unit, `fresh` plans every step afresh.
+struct ExtendingAndFresh {
+  TreeAttention extending, fresh;
+};
+ExtendingAndFresh extending_and_fresh(TreeAttentionConfig c, int32_t limit) {
+  c.max_extension_tokens = limit;
+  TreeAttentionConfig f = c;
+  f.max_extension_tokens = 0;
+  return {TreeAttention(c), TreeAttention(f)};
+}
+
 // Runs the planned step of `ta` on inputs for `w` (its tree as planned) and
 // returns the error against the fp64 reference.
 double step_error(const TreeAttention& ta, uint64_t seed) {
@@ -91,12 +103,7 @@ TEST(TreeAttentionCpu, BlockTableDecodeStepsExtendAndMatchTheReference) {
     lens[s] = int32_t(pages[s].size()) * 4 + 1 + int32_t(s);
     while (int32_t(pages[s].size()) * 4 < lens[s]) pages[s].push_back(next++);
   }
-  TreeAttentionConfig c = cpu_config(p, 200);
-  c.max_extension_tokens = 8;
-  TreeAttention ta(c);
-  TreeAttentionConfig fc = c;
-  fc.max_extension_tokens = 0;
-  TreeAttention fresh(fc);
+  auto [ta, fresh] = extending_and_fresh(cpu_config(p, 200), 8);
   for (int step = 0; step < 30; ++step) {
     if (step == 15) {  // sequence 4 finishes: the batch changes (planned afresh)
       pages.erase(pages.begin() + 4);
@@ -216,12 +223,7 @@ TEST(TreeAttentionCpu, DecodeStepsExtendTheLastPlanUntilAUnitOutgrowsTheLimit) {
     const Workload w = make_workload(spec, p);
     test_support::Arrays a(w);
     int32_t next_page = int32_t(w.layout.num_pages);
-    TreeAttentionConfig c = cpu_config(p, w.layout.num_pages + 64 * 40);
-    c.max_extension_tokens = 16;
-    TreeAttention ta(c);
-    TreeAttentionConfig fc = c;
-    fc.max_extension_tokens = 0;
-    TreeAttention fresh(fc);
+    auto [ta, fresh] = extending_and_fresh(cpu_config(p, w.layout.num_pages + 64 * 40), 16);
     for (int step = 0; step < 40; ++step) {
       ta.plan_tree(a.view());
       fresh.plan_tree(a.view());
