@@ -49,11 +49,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ok = false;
   }
   const size_t n = in.block_tables.size();
+  if (n == 0 || in.seq_lens.size() != n) {  // no batch, or a length per sequence missing: refused
+    treeattn_fuzz::require(!ok, "a batch without one length per sequence is refused");
+    return 0;
+  }
   // The spaced-out batch adds n - 1 rows (the builder limit is 4096 nodes)
   // and n pages past the pool: only where no page the sequences use lies
   // outside it (the pool grows for the spacers) and the ids still fit.
   if (2 * n > 4000 || in.num_pages + int64_t(n) > std::numeric_limits<int32_t>::max()) return 0;
-  for (size_t s = 0; s < n && s < in.seq_lens.size(); ++s) {
+  for (size_t s = 0; s < n; ++s) {
     const int64_t need = (int64_t(in.seq_lens[s]) + in.params.page_size - 1) / std::max(1, in.params.page_size);
     for (int64_t k = 0; k < need && k < int64_t(in.block_tables[s].size()); ++k)
       if (in.block_tables[s][size_t(k)] >= in.num_pages) return 0;
@@ -62,13 +66,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int32_t> lens;
   for (size_t s = 0; s < n; ++s) {
     tables.push_back(in.block_tables[s]);
-    lens.push_back(s < in.seq_lens.size() ? in.seq_lens[s] : 1);
+    lens.push_back(in.seq_lens[s]);
     if (s + 1 < n) {
       tables.push_back({int32_t(in.num_pages + int64_t(s))});
       lens.push_back(1);
     }
   }
-  if (in.seq_lens.size() != n) lens.resize(in.seq_lens.size() + (n > 0 ? n - 1 : 0), 1);  // keep a count mismatch
   try {
     spaced = treeattn::from_block_tables(tables, lens, in.num_pages + int64_t(n), in.params);
   } catch (const treeattn::Error&) {

@@ -155,8 +155,8 @@ class TreeAttention:
             try:
                 import torch
 
-                torch_gpus = torch.cuda.device_count()
-                if device_index < 0:
+                torch_gpus = torch.cuda.device_count()  # 0 with a CPU-only PyTorch: the C++ defaults
+                if device_index < 0 and torch_gpus > 0:
                     device_index = torch.cuda.current_device()
                 if num_sms is None and device_index < torch_gpus:
                     num_sms = torch.cuda.get_device_properties(device_index).multi_processor_count

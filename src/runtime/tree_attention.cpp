@@ -19,16 +19,18 @@ namespace {
 
 #if defined(TREEATTN_HAVE_CUDA)
 // Makes `device` current for a scope, then the caller's again (no driver
-// call when it already is).
+// call when it already is). Throws Error if the device cannot be made
+// current, unless `nothrow` (for destructors: then it stays as it was).
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device, bool nothrow = false) {
     int current = 0;
-    check_cuda(cudaGetDevice(&current), "tree attention: cudaGetDevice");
-    if (current != device) {
-      check_cuda(cudaSetDevice(device), "tree attention: cudaSetDevice");
-      previous_ = current;
+    cudaError_t st = cudaGetDevice(&current);
+    if (st == cudaSuccess && current != device) {
+      st = cudaSetDevice(device);
+      if (st == cudaSuccess) previous_ = current;
     }
+    if (!nothrow) check_cuda(st, "tree attention: making the TreeAttention's device current");
   }
   ~DeviceGuard() {
     if (previous_ >= 0) cudaSetDevice(previous_);
@@ -68,11 +70,8 @@ struct TreeAttention::Impl {
   std::unique_ptr<CudaStepExecutor> cuda;
   ~Impl() {  // frees the executor's buffers on their device; never throws
     if (!cuda) return;
-    int current = 0;
-    const bool switched = cudaGetDevice(&current) == cudaSuccess && current != cfg.device_index &&
-                          cudaSetDevice(cfg.device_index) == cudaSuccess;
+    DeviceGuard on(cfg.device_index, /*nothrow=*/true);
     cuda.reset();
-    if (switched) cudaSetDevice(current);
   }
 #endif
 
