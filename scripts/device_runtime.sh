@@ -4,7 +4,8 @@
 # the GPU tests (C++), compute-sanitizer memcheck + racecheck on the Sanitize*
 # subset, the Python tests (GPU ones included), then the steps named in STEPS
 # beyond those (bench: bench/runtime/bench_runtime.py; example:
-# examples/decode_loop.py; engine: scripts/engine_bench.sh). Logs go to $OUT;
+# examples/decode_loop.py; engine: scripts/engine_bench.sh; fp8: the suites
+# with fp8 against fp16 K/V pools). Logs go to $OUT;
 # a summary table is printed last.
 # Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) STEPS="build tests sanitize pytest bench" scripts/device_runtime.sh
 set -uo pipefail
@@ -84,6 +85,23 @@ if has engine && built; then
   if timeout 500 bash "$ROOT/scripts/engine_bench.sh" "$OUT" >"$OUT/engine.log" 2>&1; then
     STATUS[engine]=ok; else STATUS[engine]=FAIL; fi
   tail -40 "$OUT/engine.log"
+fi
+
+if has fp8 && built; then
+  # fp8 vs 16-bit K/V pools: the same suites, planner auto, each config
+  # verified against fp64; bench/kv/compare_kv_dtypes.py compares them.
+  stamp "fp8 K/V pools vs fp16 (suites ${FP8_SUITES:-fasttree pat}, planner auto)"
+  STATUS[fp8]=ok
+  for s in ${FP8_SUITES:-fasttree pat}; do
+    for kv in fp16 fp8_e4m3; do
+      timeout 200 "$BUILD/treeattn" bench --suite "$s" -p auto --kv-dtype "$kv" --verify 2 --out "$OUT/kv_$kv/$s" \
+        >"$OUT/kv_${kv}_$s.log" 2>&1 || STATUS[fp8]=FAIL
+    done
+    "$PY" "$ROOT/bench/kv/compare_kv_dtypes.py" "$OUT/kv_fp16/$s/results.json" "$OUT/kv_fp8_e4m3/$s/results.json" \
+      --json "$OUT/kv_compare_$s.json" | tail -${FP8_ROWS:-12} || STATUS[fp8]=FAIL
+  done
+  # At most 8 files come back from the device: the suites' outputs as one archive.
+  tar czf "$OUT/kv_suites.tgz" -C "$OUT" kv_fp16 kv_fp8_e4m3 && rm -rf "$OUT/kv_fp16" "$OUT/kv_fp8_e4m3"
 fi
 
 stamp "summary"

@@ -48,8 +48,9 @@ class DeviceBuffer {
 
 // One batch's tensors in device memory (test and benchmark helper).
 struct DeviceTensors {
-  DType dtype = DType::fp16;
+  DType dtype = DType::fp16;  // q, out
   DeviceBuffer q, k, v, out;
+  float k_scale = 1.f, v_scale = 1.f;  // of a quantised (fp8) K/V pool
 
   static DeviceTensors upload(const HostTensors& h);  // synchronous copies
   // Copies out back into h.out (synchronous).
@@ -159,13 +160,15 @@ enum class PlanCheck { validate, trusted };
 
 class CudaStepExecutor {
  public:
-  CudaStepExecutor(const HeadConfig& heads, DType dtype, int page_size, int64_t num_pages,
-                   const StepCapacity& cap = {}, const CudaStepOptions& o = {});
+  // layout: the dtype of q and out, that of the K/V pools, the page size and
+  // the pool's pages (num_pages > 0).
+  CudaStepExecutor(const HeadConfig& heads, const KvLayout& layout, const StepCapacity& cap = {},
+                   const CudaStepOptions& o = {});
   ~CudaStepExecutor();
   CudaStepExecutor(CudaStepExecutor&&) noexcept;
   CudaStepExecutor& operator=(CudaStepExecutor&&) noexcept;
 
-  // Validates w (against the construction's heads, dtype, page size and
+  // Validates w (against the construction's heads, dtypes, page size and
   // pool) and p (unless `check` is PlanCheck::trusted), then uploads p
   // asynchronously on `stream`. Capacities are checked either way.
   void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate);

@@ -9,10 +9,11 @@
 
 namespace treeattn {
 
-// Pointers to one batch's tensors (host or device memory, per executor), all of
-// the workload's layout.dtype:
-//   q, out: [num_queries, num_qo_heads, head_dim]
-//   k, v:   [num_pages, page_size, num_kv_heads, head_dim] ("NHD")
+// Pointers to one batch's tensors (host or device memory, per executor):
+//   q, out: [num_queries, num_qo_heads, head_dim], of layout.dtype
+//   k, v:   [num_pages, page_size, num_kv_heads, head_dim] ("NHD"), of
+//           layout.kv_type(); an element stands for its value x k_scale
+//           (v_scale): the per-tensor scales of a quantised (fp8) cache
 // The last two dimensions (heads, head_dim) of each are dense; the outer ones
 // may be strided (a q sliced from a fused QKV projection, pools that are views
 // into a layer-major or K/V-interleaved cache). Strides are in elements; 0
@@ -29,6 +30,8 @@ struct AttentionArgs {
   int64_t out_stride = 0;   // between queries of out
   int64_t kv_token_stride = 0;  // between tokens of a page (dense: num_kv_heads * head_dim)
   int64_t kv_page_stride = 0;   // between pages (dense: page_size * token stride)
+  float k_scale = 1.f;          // K = stored K x k_scale
+  float v_scale = 1.f;          // V = stored V x v_scale
 };
 
 // The strides of AttentionArgs with the dense defaults filled in.
@@ -40,9 +43,13 @@ Strides resolve_strides(const Workload& w, const AttentionArgs& a);
 float effective_scale(const Workload& w, float scale);
 
 // Host tensors of one batch filled with seeded uniform(-1, 1) values.
+// With an fp8 KV layout, K and V hold uniform(-1, 1) / k_scale (v_scale),
+// quantised, with k_scale and v_scale not 1 so that the scales are tested.
 struct HostTensors {
-  DType dtype;
+  DType dtype;  // q, out
   std::vector<uint8_t> q, k, v, out;
+  DType kv_dtype = dtype;
+  float k_scale = 1.f, v_scale = 1.f;
   AttentionArgs args(float scale = 0.f);
   // Fills out with NaN: an element an executor forgets to write shows up.
   void poison_out();

@@ -76,6 +76,32 @@ inline uint16_t float_to_bf16_bits(float f) {
   return uint16_t(x >> 16);
 }
 
+// OCP fp8 E4M3FN <-> float: 1 sign, 4 exponent (bias 7), 3 mantissa bits;
+// no infinities, 0x7f / 0xff are NaN, the largest finite value is 448.
+// Decoding is exact. Encoding rounds to nearest even and saturates to
+// +-448, as vLLM's fp8 KV cache quantises (a scaled value beyond the range
+// is clipped, not turned into NaN).
+inline float fp8_e4m3_bits_to_float(uint8_t b) {
+  const uint32_t exp = (b >> 3) & 0xfu, mant = b & 7u;
+  if (exp == 15 && mant == 7) return std::numeric_limits<float>::quiet_NaN();
+  const float v = exp == 0 ? std::ldexp(float(mant), -9) : std::ldexp(float(8 + mant), int(exp) - 10);
+  return (b & 0x80u) ? -v : v;
+}
+
+inline uint8_t float_to_fp8_e4m3_bits(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 448.f) return uint8_t(sign | 0x7e);
+  if (a < 0.015625f) return uint8_t(sign | uint8_t(std::nearbyint(a * 512.f)));  // subnormals, 2^-9 apart (8: 2^-6)
+  int e = 0;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1): 8 .. 16 steps of 2^(e - 4)
+  int q = int(std::nearbyint(std::ldexp(a, 4 - e)));
+  if (q == 16) q = 8, ++e;
+  const int bits = ((e + 6) << 3) | (q - 8);
+  return uint8_t(sign | (bits > 0x7e ? 0x7e : bits));
+}
+
 // Online-softmax state of one row: running max m, running sum d of
 // exp(s - m), in natural-log units. The empty state is (m = -inf, d = 0); it
 // merges as the identity and normalises to zeros, never NaN.

@@ -23,7 +23,8 @@ enum class Device : uint8_t { cpu, cuda };
 
 struct TreeAttentionConfig {
   HeadConfig heads;
-  DType dtype = DType::fp16;
+  DType dtype = DType::fp16;      // of q and out
+  std::optional<DType> kv_dtype;  // of the K/V pools when not dtype: fp8_e4m3 (run()'s k_scale / v_scale)
   int page_size = 16;
   int64_t num_pages = 0;  // pages of the KV pools run() will be given (> 0)
   Device device = Device::cuda;

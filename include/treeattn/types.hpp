@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -16,11 +17,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class DType : uint8_t { fp16, bf16, fp32 };
+// fp8_e4m3 (OCP E4M3FN, as torch.float8_e4m3fn and vLLM's fp8 KV cache
+// store it: no infinities, max 448) is a storage type of K/V pools only,
+// scaled per tensor by AttentionArgs::k_scale / v_scale.
+enum class DType : uint8_t { fp16, bf16, fp32, fp8_e4m3 };
 
 size_t dtype_size(DType t);
 std::string_view to_string(DType t);
-DType parse_dtype(std::string_view name);  // "fp16" | "bf16" | "fp32"
+DType parse_dtype(std::string_view name);  // "fp16" | "bf16" | "fp32" | "fp8_e4m3"
 
 // Attention shape. With grouped-query attention qo head h reads kv head
 // h / group_size().
@@ -37,11 +41,14 @@ struct HeadConfig {
 bool is_supported_head_dim(int head_dim);
 
 // Storage of the K and V pools: each shaped
-// [num_pages, page_size, num_kv_heads, head_dim] ("NHD"), element type dtype.
+// [num_pages, page_size, num_kv_heads, head_dim] ("NHD"), element type
+// kv_type(): dtype (that of q and out) unless kv_dtype names another (fp8_e4m3).
 struct KvLayout {
   int page_size = 16;
   int64_t num_pages = 0;
   DType dtype = DType::fp16;
+  std::optional<DType> kv_dtype;
+  DType kv_type() const { return kv_dtype.value_or(dtype); }
 };
 
 // Parses "32/8" into (32, 8); throws Error naming `field` on bad text.

@@ -24,6 +24,7 @@ struct WorkloadParams {
   HeadConfig heads;
   int page_size = 16;
   DType dtype = DType::fp16;
+  std::optional<DType> kv_dtype;  // the K/V pools' element type when not dtype (fp8_e4m3)
   uint64_t seed = 1;  // page shuffling and random trees
 };
 

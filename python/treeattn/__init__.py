@@ -46,6 +46,18 @@ def _dtype_name(dtype: Any) -> str:
     return _DTYPES[name]
 
 
+def _kv_dtype_name(kv_dtype: Any, dtype: str) -> str:
+    """"" (the pools are of the dtype) or "fp8_e4m3"."""
+    if kv_dtype is None:
+        return ""
+    name = str(kv_dtype).replace("torch.", "")
+    if name in ("fp8_e4m3", "float8_e4m3fn", "fp8"):
+        return "fp8_e4m3"
+    if _DTYPES.get(name) == dtype:
+        return ""
+    raise TypeError(f"kv_dtype: expected None, the dtype ({dtype}) or fp8_e4m3 (torch.float8_e4m3fn), got {kv_dtype!r}")
+
+
 def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
     """A contiguous host integer array from a list, NumPy array or CPU tensor."""
     if type(x) is np.ndarray and x.dtype == dtype and x.ndim == ndim and x.flags.c_contiguous:
@@ -126,7 +138,14 @@ class TreeAttention:
             num_qo_heads > num_kv_heads; head_dim 64, 128 or 256).
         page_size: tokens per page of the KV pools.
         num_pages: pages of the pools ``run`` will be given (page ids must be below).
-        dtype: "fp16"/"bf16" or a torch dtype; q, pools and out use it.
+        dtype: "fp16"/"bf16" or a torch dtype; q and out use it, and the
+            K/V pools unless kv_dtype says otherwise.
+        kv_dtype: None (the pools are of ``dtype``) or "fp8_e4m3" /
+            ``torch.float8_e4m3fn``: fp8 pools (torch.float8_e4m3fn tensors, or
+            uint8 tensors/arrays holding their bytes), dequantised as stored
+            value x ``k_scale`` (``v_scale``), the per-tensor scales ``run``
+            takes, as vLLM's fp8 KV cache stores them. Half the bytes of a
+            16-bit pool to read.
         device: "cuda" (the current CUDA device), "cuda:<index>", a
             torch.device, or "cpu". plan and run switch to that device for
             their CUDA calls and back; tensors on another device are refused.
@@ -144,7 +163,8 @@ class TreeAttention:
     """
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, *,
-                 dtype: Any = "fp16", device: str = "cuda", max_queries: int = 256, max_nodes: int = 4096,
+                 dtype: Any = "fp16", kv_dtype: Any = None, device: str = "cuda", max_queries: int = 256,
+                 max_nodes: int = 4096,
                  max_page_refs: int = 65536, planner: str = "auto", num_sms: Optional[int] = None,
                  cpu_threads: int = 0, max_extension_tokens: int = 64):
         device, device_index = _parse_device(device)
@@ -164,10 +184,12 @@ class TreeAttention:
                 pass
         self.device = device
         self.dtype = _dtype_name(dtype)
+        self.kv_dtype = _kv_dtype_name(kv_dtype, self.dtype) or self.dtype
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.num_pages = page_size, num_pages
         self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
-                                              self.dtype, device, max_queries, max_nodes, max_page_refs, planner,
+                                              self.dtype, "" if self.kv_dtype == self.dtype else self.kv_dtype,
+                                              device, max_queries, max_nodes, max_page_refs, planner,
                                               num_sms or 0, cpu_threads, max_extension_tokens, device_index)
         self.device_index = self._impl.device_index  # -1 on the cpu
         stream_fn, stream_arg = None, None  # None: the default stream unless stream= is given (CPU; no PyTorch)
@@ -229,32 +251,37 @@ class TreeAttention:
 
     # -- running (device; once per layer, may be captured in a CUDA graph) -----
     def run(self, q, k_pool, v_pool, out=None, *, return_lse: bool = False, lse=None, scale: Optional[float] = None,
-            stream: Optional[int] = None):
+            k_scale: Optional[float] = None, v_scale: Optional[float] = None, stream: Optional[int] = None):
         """Attention of the planned queries. Returns ``out`` (allocated like q
         when not given), or ``(out, lse)`` with ``return_lse`` (lse: float32
         ``[num_queries, num_qo_heads]``, natural log, for merging with another
-        attention part by the log-sum-exp rule). Launch only on CUDA: no
-        allocation when ``out`` (and ``lse``) are given."""
+        attention part by the log-sum-exp rule). ``k_scale`` / ``v_scale``
+        (default 1): K = stored K x k_scale, V = stored V x v_scale (fp8
+        pools' per-tensor scales). Launch only on CUDA: no allocation when
+        ``out`` (and ``lse``) are given."""
         if out is not None and not return_lse:  # the per-layer call: one C++ call reads, checks and runs
-            self._run(q, k_pool, v_pool, out, lse, scale, stream)
+            self._run(q, k_pool, v_pool, out, lse, scale, k_scale, v_scale, stream)
             return out if lse is None else (out, lse)
         if out is None:
             out = _empty_like(q, tuple(q.shape))
         if lse is None and return_lse:
             lse = _empty_like(q, (q.shape[0], self.num_qo_heads), float32=True)
-        self._run(q, k_pool, v_pool, out, lse, scale, stream)
+        self._run(q, k_pool, v_pool, out, lse, scale, k_scale, v_scale, stream)
         return (out, lse) if lse is not None else out
 
-    def bind(self, q, k_pool, v_pool, out, *, lse=None, scale: Optional[float] = None) -> "BoundRun":
+    def bind(self, q, k_pool, v_pool, out, *, lse=None, scale: Optional[float] = None,
+             k_scale: Optional[float] = None, v_scale: Optional[float] = None) -> "BoundRun":
         """run() with these tensors checked once: the returned callable launches
         with no per-call tensor checks, for engines that run eagerly with static
         buffers. It stays valid across plans with the same number of queries
         (ValueError otherwise); it keeps the tensors alive. Do not resize or
         re-point the bound tensors in place (``set_``, ``resize_``): the bound
         call uses the pointers and strides read here."""
-        return BoundRun(self._run.bind(q, k_pool, v_pool, out, lse, scale), (q, k_pool, v_pool, out, lse), self)
+        return BoundRun(self._run.bind(q, k_pool, v_pool, out, lse, scale, k_scale, v_scale),
+                        (q, k_pool, v_pool, out, lse), self)
 
-    def run_op(self, q, k_pool, v_pool, out, *, lse=None, scale: Optional[float] = None):
+    def run_op(self, q, k_pool, v_pool, out, *, lse=None, scale: Optional[float] = None,
+               k_scale: Optional[float] = None, v_scale: Optional[float] = None):
         """run() through the PyTorch custom op ``torch.ops.treeattn.run``
         (treeattn/torch_ops.py): the same launch on the current stream, which
         ``torch.compile`` traces without a graph break (PyTorch >= 2.4).
@@ -264,7 +291,8 @@ class TreeAttention:
 
         if not torch_ops.available:
             raise RuntimeError("run_op: needs PyTorch >= 2.4 (torch.library.custom_op); use run()")
-        torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale))
+        torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale),
+                      1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale))
         return out if lse is None else (out, lse)
 
     # -- inspection -------------------------------------------------------------

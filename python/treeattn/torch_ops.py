@@ -1,6 +1,6 @@
 """``TreeAttention.run`` as a PyTorch custom op, for ``torch.compile``d models.
 
-``torch.ops.treeattn.run(handle, q, k_pool, v_pool, out, lse, scale)`` writes
+``torch.ops.treeattn.run(handle, q, k_pool, v_pool, out, lse, scale, k_scale, v_scale)`` writes
 the attention of the current plan into ``out`` (and ``lse`` when given) and
 returns nothing; ``handle`` names the TreeAttention (``TreeAttention.op_handle``;
 an op takes ints and tensors, not objects).
@@ -44,10 +44,12 @@ if available:
 
     @torch.library.custom_op("treeattn::run", mutates_args=("out", "lse"))
     def run(handle: int, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, out: torch.Tensor,
-            lse: Optional[torch.Tensor], scale: float) -> None:
-        """Attention of the current plan of TreeAttention ``handle`` into out (and lse); scale 0: 1/sqrt(d)."""
-        _lookup(handle).run(q, k_pool, v_pool, out, lse=lse, scale=scale if scale != 0.0 else None)
+            lse: Optional[torch.Tensor], scale: float, k_scale: float, v_scale: float) -> None:
+        """Attention of the current plan of TreeAttention ``handle`` into out (and lse); scale 0: 1/sqrt(d);
+        k_scale, v_scale: the K/V pools' dequantisation scales (1 for 16-bit pools)."""
+        _lookup(handle).run(q, k_pool, v_pool, out, lse=lse, scale=scale if scale != 0.0 else None, k_scale=k_scale,
+                            v_scale=v_scale)
 
     @run.register_fake
-    def _run_fake(handle, q, k_pool, v_pool, out, lse, scale) -> None:
+    def _run_fake(handle, q, k_pool, v_pool, out, lse, scale, k_scale, v_scale) -> None:
         return None

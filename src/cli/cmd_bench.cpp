@@ -81,7 +81,7 @@ void add_bench_command(CLI::App& app) {
       if (!o->json) {
         std::printf("\n%s  (%d queries, %zu nodes, heads %d/%d, d=%d, %s, page %d); unique KV %s\n", w.name.c_str(),
                     w.num_queries(), w.tree.nodes.size(), w.heads.num_qo_heads, w.heads.num_kv_heads,
-                    w.heads.head_dim, std::string(to_string(w.layout.dtype)).c_str(), w.layout.page_size,
+                    w.heads.head_dim, dtype_label(w.layout).c_str(), w.layout.page_size,
                     format_bytes(double(w.unique_kv_bytes())).c_str());
         std::printf("  %-11s %6s %3s %10s %10s %11s %8s %7s %8s %9s %9s\n", "planner", "units", "ln", "us", "us graph",
                     "KV loaded", "GB/s", "roofl.", "vs p-q", "max err", "plan ms");

@@ -45,7 +45,7 @@ void add_demo_command(CLI::App& app) {
       std::printf("treeattn demo: %s\n  %d queries over %zu nodes, %lld tokens stored; heads %d/%d, d=%d, %s, page %d\n",
                   w.name.c_str(), w.num_queries(), w.tree.nodes.size(), (long long)w.total_tokens(),
                   w.heads.num_qo_heads, w.heads.num_kv_heads, w.heads.head_dim,
-                  std::string(to_string(w.layout.dtype)).c_str(), w.layout.page_size);
+                  dtype_label(w.layout).c_str(), w.layout.page_size);
       std::printf("  unique-KV floor: %s\n\n", format_bytes(double(w.unique_kv_bytes())).c_str());
       HostTensors inputs = make_random_inputs(w, o->seed);
       const std::vector<double> ref = reference_attention(w, inputs.args());

@@ -24,7 +24,7 @@ void add_plan_command(CLI::App& app) {
       if (!o->json)
         std::printf("%s  (%d queries, %zu nodes, heads %d/%d, d=%d, %s, page %d)\n", w.name.c_str(),
                     w.num_queries(), w.tree.nodes.size(), w.heads.num_qo_heads, w.heads.num_kv_heads,
-                    w.heads.head_dim, std::string(to_string(w.layout.dtype)).c_str(), w.layout.page_size);
+                    w.heads.head_dim, dtype_label(w.layout).c_str(), w.layout.page_size);
       if (!o->json)
         std::printf("  %-12s %7s %8s %9s %12s %9s %12s %8s\n", "planner", "units", "rows", "segments",
                     "kv_bytes", "x floor", "partials", "padded");

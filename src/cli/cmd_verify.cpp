@@ -29,14 +29,16 @@ void add_verify_command(CLI::App& app) {
       progress.step("inputs and fp64 reference: " + tag, steps);
       const double elems = double(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim;
       const double pool = 2.0 * double(w.layout.num_pages) * w.layout.page_size * w.heads.num_kv_heads *
-                          w.heads.head_dim * dtype_size(w.layout.dtype);
+                          w.heads.head_dim * dtype_size(w.layout.kv_type());
       // q, out and the K/V pools, plus the fp64 reference.
       require_host_memory(pool + elems * (2 * dtype_size(w.layout.dtype) + 8), "verify: " + tag);
       HostTensors t = make_random_inputs(w, o->seed);
       const std::vector<double> ref = reference_attention(w, t.args());
       const double tol = tolerance(w.layout.dtype);
       progress.clear();
-      if (!o->json) std::printf("%s  (%d queries, tolerance %.0e)\n", w.name.c_str(), w.num_queries(), tol);
+      if (!o->json)
+        std::printf("%s  (%d queries, %s, tolerance %.0e)\n", w.name.c_str(), w.num_queries(),
+                    dtype_label(w.layout).c_str(), tol);
       for (const std::string& name : names) {
         progress.step(name + ": plan, validate, run on the CPU: " + tag);
         const Plan p = make_plan(name, w, opt);

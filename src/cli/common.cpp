@@ -29,6 +29,9 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
   cmd->add_option("--dtype", o.dtype, "element type: fp16, bf16, fp32")->capture_default_str();
+  cmd->add_option("--kv-dtype", o.kv_dtype,
+                  "element type of the K/V pools when not --dtype: fp8_e4m3 (per-tensor scaled, as vLLM's fp8 "
+                  "KV cache)");
   cmd->add_option("--page-size", o.page_size, "tokens per KV page, 1..65536")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
@@ -62,6 +65,7 @@ WorkloadParams workload_params(const CommonOptions& o) {
   p.heads = parse_heads(o.heads, o.head_dim);
   p.page_size = o.page_size;
   p.dtype = parse_dtype(o.dtype);
+  if (!o.kv_dtype.empty()) p.kv_dtype = parse_dtype(o.kv_dtype);
   p.seed = o.seed;
   return p;
 }
@@ -172,11 +176,18 @@ std::vector<std::string> selected_planners(const CommonOptions& o, const std::st
   return names;
 }
 
+std::string dtype_label(const KvLayout& l) {
+  std::string s(to_string(l.dtype));
+  if (l.kv_type() != l.dtype) s += ", kv " + std::string(to_string(l.kv_type()));
+  return s;
+}
+
 double tolerance(DType t) {
   switch (t) {
     case DType::fp32: return 1e-5;
     case DType::fp16: return 2e-3;
     case DType::bf16: return 1e-2;
+    case DType::fp8_e4m3: break;  // not an output type
   }
   return 0;
 }
@@ -351,6 +362,7 @@ nlohmann::json summary_json(const Workload& w, const PlanSummary& s) {
           {"num_kv_heads", w.heads.num_kv_heads},
           {"head_dim", w.heads.head_dim},
           {"dtype", std::string(to_string(w.layout.dtype))},
+          {"kv_dtype", std::string(to_string(w.layout.kv_type()))},
           {"page_size", w.layout.page_size},
           {"queries", w.num_queries()},
           {"nodes", w.tree.nodes.size()},

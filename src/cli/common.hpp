@@ -17,6 +17,7 @@ struct CommonOptions {
   std::string heads = "32/8";
   int head_dim = 128;
   std::string dtype = "fp16";
+  std::string kv_dtype;  // empty: dtype
   int page_size = 16;
   std::vector<std::string> planners;  // --planner; "all": every registered planner
   bool json = false;
@@ -28,7 +29,7 @@ struct CommonOptions {
   std::vector<std::string> plan_opts;  // --plan-opt KEY=NUMBER: PlanOptions fields and planner knobs
 };
 
-// Adds --workload/-w, --heads, --head-dim, --dtype, --page-size, --planner/-p,
+// Adds --workload/-w, --heads, --head-dim, --dtype, --kv-dtype, --page-size, --planner/-p,
 // --json, --seed, --sms, --forge-table, --pat-rules, --auto-cost, --plan-opt to `cmd`.
 void add_common_options(CLI::App* cmd, CommonOptions& o);
 
@@ -43,6 +44,8 @@ std::vector<Workload> load_workloads(const CommonOptions& o, const std::vector<s
 // (the library's default) where one plan per workload is meant, "all" in the
 // commands that exist to compare planners (demo, bench --suite).
 std::vector<std::string> selected_planners(const CommonOptions& o, const std::string& when_none = "auto");
+// "fp16", or "fp16, kv fp8_e4m3" when the K/V pools are of another type.
+std::string dtype_label(const KvLayout& l);
 // The error tolerance of DESIGN.md for a dtype (relative L2).
 double tolerance(DType t);
 

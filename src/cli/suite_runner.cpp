@@ -125,7 +125,8 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
 
   const double bw = measure_hbm_bandwidth_gbps();
   const std::string command = "treeattn bench --suite " + run.suite + (run.quick ? " --quick" : "") +
-                              " --verify " + std::to_string(b.verify_queries);
+                              (o.kv_dtype.empty() ? "" : " --kv-dtype " + o.kv_dtype) + " --verify " +
+                              std::to_string(b.verify_queries);
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json records = nlohmann::json::array();
   // Rewritten after every config, so a run cut short still leaves its records.

@@ -26,7 +26,7 @@ void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, const St
               int kvh, Partials& part) {
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const int g = w.heads.group_size(), ps = w.layout.page_size;
-  const DType t = w.layout.dtype;
+  const DType t = w.layout.dtype, kt = w.layout.kv_type();
   const int32_t e0 = p.unit_query_offset[u], ne = p.unit_num_queries(u);
   const int rows = ne * g;
 
@@ -47,8 +47,8 @@ void run_unit(const Workload& w, const Plan& p, const AttentionArgs& a, const St
         const int64_t row = node.token_row(t0 + j, ps);
         const int64_t base = row / ps * str.kv_page + row % ps * str.kv_token + int64_t(kvh) * D;
         for (int d = 0; d < D; ++d) {
-          kb[size_t(j) * D + d] = load_element(a.k, t, base + d);
-          vb[size_t(j) * D + d] = load_element(a.v, t, base + d);
+          kb[size_t(j) * D + d] = load_element(a.k, kt, base + d) * a.k_scale;
+          vb[size_t(j) * D + d] = load_element(a.v, kt, base + d) * a.v_scale;
         }
       }
       for (int r = 0; r < rows; ++r) {

@@ -11,7 +11,7 @@ std::vector<double> reference_attention(const Workload& w, const AttentionArgs& 
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
   const Strides str = resolve_strides(w, a);
   const int g = w.heads.group_size(), ps = w.layout.page_size;
-  const DType t = w.layout.dtype;
+  const DType t = w.layout.dtype, kt = w.layout.kv_type();
   const double scale = effective_scale(w, a.scale);
   std::vector<double> out(size_t(w.num_queries()) * H * D, 0.0);
   std::vector<double> scores, qv(D);
@@ -33,15 +33,16 @@ std::vector<double> reference_attention(const Workload& w, const AttentionArgs& 
       double mx = -INFINITY;
       for (size_t j = 0; j < tokens.size(); ++j) {
         double s = 0;
-        for (int d = 0; d < D; ++d) s += qv[d] * load_element(a.k, t, tokens[j] + kvh + d);
-        scores[j] = s * scale;
+        for (int d = 0; d < D; ++d) s += qv[d] * load_element(a.k, kt, tokens[j] + kvh + d);
+        scores[j] = s * double(a.k_scale) * scale;
         mx = std::max(mx, scores[j]);
       }
       double sum = 0;
       for (double& s : scores) sum += (s = std::exp(s - mx));
       double* o = &out[(size_t(q) * H + h) * D];
       for (size_t j = 0; j < tokens.size(); ++j)
-        for (int d = 0; d < D; ++d) o[d] += scores[j] / sum * load_element(a.v, t, tokens[j] + kvh + d);
+        for (int d = 0; d < D; ++d)
+          o[d] += scores[j] / sum * double(a.v_scale) * load_element(a.v, kt, tokens[j] + kvh + d);
     }
   }
   return out;

@@ -14,6 +14,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -45,7 +46,9 @@ std::span<const int32_t> span_of(const std::optional<Index>& a) { return a ? spa
 // built only when one is raised (from `obj`, which the caller keeps alive).
 constexpr int kMaxDims = 8;  // more dimensions are only ever an error: the rest is not kept
 
-enum class Code : uint8_t { fp16, bf16, fp32, other };
+// fp8: torch.float8_e4m3fn; u8: uint8, taken as the raw bytes of fp8 K/V
+// pools (NumPy has no fp8 type; vLLM has kept fp8 caches as uint8 tensors).
+enum class Code : uint8_t { fp16, bf16, fp32, fp8, u8, other };
 
 struct View {
   PyObject* obj = nullptr;  // borrowed: the argument, for error messages
@@ -78,6 +81,8 @@ std::string dtype_desc(const View& t) {
     case Code::fp16: return "float16";
     case Code::bf16: return "bfloat16";
     case Code::fp32: return "float32";
+    case Code::fp8: return "float8_e4m3fn";
+    case Code::u8: return "uint8";
     case Code::other: break;
   }
   if (t.torch) {
@@ -124,6 +129,7 @@ std::string shape_str(const View& t) {
 // or a PyTorch whose descriptors are not of the expected kinds: attributes.
 struct Torch {
   PyObject *tensor = nullptr, *fp16 = nullptr, *bf16 = nullptr, *fp32 = nullptr;
+  PyObject *fp8 = nullptr, *u8 = nullptr;  // fp8: nullptr in a PyTorch without float8_e4m3fn
   PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu;
   PyObject* empty_tuple;
   // TensorBase's descriptors (owned) and their C functions, when usable.
@@ -171,6 +177,9 @@ struct Torch {
       return false;
     }
     tensor = t, fp16 = f16, bf16 = bf, fp32 = f32;
+    fp8 = PyObject_GetAttrString(torch, "float8_e4m3fn");
+    u8 = PyObject_GetAttrString(torch, "uint8");
+    if (!fp8 || !u8) PyErr_Clear();
     // The class that defines the descriptors: torch._C.TensorBase (_TensorBase before PyTorch 2.2).
     PyObject* c = PyObject_GetAttrString(torch, "_C");
     PyObject* base = c ? PyObject_GetAttrString(c, "TensorBase") : nullptr;
@@ -300,7 +309,12 @@ void read_torch(const char* name, PyObject* o, View& v, const Where& where, bool
     value_error(std::string(name) + ": stride() and shape differ in length");
   PyObject* dt = Torch::get(o, dir, T.g_dtype, T.s_dtype);
   if (!dt) torch_read_error(name, "dtype");
-  v.dtype = dt == T.fp16 ? Code::fp16 : dt == T.bf16 ? Code::bf16 : dt == T.fp32 ? Code::fp32 : Code::other;
+  v.dtype = dt == T.fp16   ? Code::fp16
+            : dt == T.bf16 ? Code::bf16
+            : dt == T.fp32 ? Code::fp32
+            : dt == T.fp8 && dt ? Code::fp8
+            : dt == T.u8 && dt  ? Code::u8
+                                : Code::other;
   Py_DECREF(dt);
   // The flag of the device it must be on: is_cuda for a CUDA runtime (as before),
   // is_cpu for a CPU one (so an MPS, XPU or meta tensor is not taken for a CPU one).
@@ -334,6 +348,7 @@ void read_dlpack(const char* name, PyObject* o, View& v, const Where& where) {
   if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) v.dtype = Code::fp16;
   else if (dt.lanes == 1 && dt.bits == 16 && dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat)) v.dtype = Code::bf16;
   else if (dt.lanes == 1 && dt.bits == 32 && dt.code == uint8_t(nb::dlpack::dtype_code::Float)) v.dtype = Code::fp32;
+  else if (dt.lanes == 1 && dt.bits == 8 && dt.code == uint8_t(nb::dlpack::dtype_code::UInt)) v.dtype = Code::u8;
   v.dl_device = t.device_type();
   v.on_device = want_cuda ? v.dl_device == nb::device::cuda::value
                           : v.dl_device == nb::device::cpu::value || v.dl_device == nb::device::cuda_host::value;
@@ -350,9 +365,10 @@ void read_view(const char* name, nb::handle h, View& v, const Where& where) {
     read_dlpack(name, h.ptr(), v, where);
 }
 
-// A tensor of the runtime's dtype on its device with `ndim` dimensions whose
-// last two are dense [heads, head_dim].
-void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c, int ndim, int64_t heads) {
+// A tensor of the runtime's dtype (the K/V pools: of its kv dtype) on its
+// device with `ndim` dimensions whose last two are dense [heads, head_dim].
+void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c, int ndim, int64_t heads,
+                  bool kv = false) {
   const bool want_cuda = c.device == Device::cuda;
   if (!t.on_device)
     value_error(std::string(name) + ": expected a tensor on " +
@@ -361,11 +377,19 @@ void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c,
   if (want_cuda && t.device_index >= 0 && t.device_index != c.device_index)
     value_error(std::string(name) + ": expected a tensor on cuda:" + std::to_string(c.device_index) +
                 " (the TreeAttention's device), got one on cuda:" + std::to_string(t.device_index));
-  const Code want = c.dtype == DType::fp16 ? Code::fp16 : Code::bf16;
-  if (t.dtype != want)
-    throw nb::type_error((std::string(name) + ": expected dtype " + (c.dtype == DType::fp16 ? "float16" : "bfloat16") +
-                          " (the TreeAttention's dtype), got " + dtype_desc(t))
-                             .c_str());
+  if (kv && c.kv_dtype == DType::fp8_e4m3) {
+    if (t.dtype != Code::fp8 && t.dtype != Code::u8)
+      throw nb::type_error((std::string(name) + ": expected dtype float8_e4m3fn (or uint8 holding its bytes; the "
+                            "TreeAttention's kv_dtype), got " + dtype_desc(t))
+                               .c_str());
+  } else {
+    const Code want = c.dtype == DType::fp16 ? Code::fp16 : Code::bf16;
+    if (t.dtype != want)
+      throw nb::type_error((std::string(name) + ": expected dtype " +
+                            (c.dtype == DType::fp16 ? "float16" : "bfloat16") + " (the TreeAttention's dtype), got " +
+                            dtype_desc(t))
+                               .c_str());
+  }
   if (t.ndim != ndim)
     value_error(std::string(name) + ": expected " + std::to_string(ndim) + " dimensions, got shape " + shape_str(t));
   const int64_t D = c.heads.head_dim;
@@ -380,14 +404,17 @@ void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c,
 // The checks of a run's tensors against the runtime and its last plan; the
 // arguments the runtime's run() takes.
 AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
-                           const View* lse, float scale) {
+                           const View* lse, float scale, float k_scale, float v_scale) {
   const TreeAttentionConfig& c = ta.config();
   const int64_t Q = ta.num_queries();
   if (Q == 0) value_error("run(): nothing planned yet (call a plan_* method first)");
   check_tensor("q", q, c, 3, c.heads.num_qo_heads);
   check_tensor("out", out, c, 3, c.heads.num_qo_heads);
-  check_tensor("k_pool", k, c, 4, c.heads.num_kv_heads);
-  check_tensor("v_pool", v, c, 4, c.heads.num_kv_heads);
+  check_tensor("k_pool", k, c, 4, c.heads.num_kv_heads, /*kv=*/true);
+  check_tensor("v_pool", v, c, 4, c.heads.num_kv_heads, /*kv=*/true);
+  for (const auto& [value, name] : {std::pair{k_scale, "k_scale"}, std::pair{v_scale, "v_scale"}})
+    if (!(value > 0.f) || !std::isfinite(value))
+      value_error(std::string(name) + ": expected a positive finite number, got " + std::to_string(value));
   if (q.shape[0] != Q) value_error("q: " + std::to_string(q.shape[0]) + " queries, the plan has " + std::to_string(Q));
   if (out.shape[0] != Q)
     value_error("out: " + std::to_string(out.shape[0]) + " queries, the plan has " + std::to_string(Q));
@@ -406,6 +433,8 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   a.v = reinterpret_cast<const void*>(v.ptr);
   a.out = reinterpret_cast<void*>(out.ptr);
   a.scale = scale;
+  a.k_scale = k_scale;
+  a.v_scale = v_scale;
   a.q_stride = q.strides[0];
   a.out_stride = out.strides[0];
   a.kv_page_stride = k.strides[0];
@@ -426,19 +455,20 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   return a;
 }
 
-float scale_of(nb::handle scale) {
-  if (scale.is_none()) return 0.0f;
-  const double s = PyFloat_AsDouble(scale.ptr());
+// A float argument; None: `none`.
+float float_of(const char* name, nb::handle x, float none) {
+  if (x.is_none()) return none;
+  const double s = PyFloat_AsDouble(x.ptr());
   if (s == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
-    throw nb::type_error(("scale: expected a number, got " + str_of(scale.ptr())).c_str());
+    throw nb::type_error((std::string(name) + ": expected a number, got " + str_of(x.ptr())).c_str());
   }
   return float(s);
 }
 
 // The tensors of a run, read and checked.
 AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle q, nb::handle k, nb::handle v,
-                        nb::handle out, nb::handle lse, nb::handle scale) {
+                        nb::handle out, nb::handle lse, nb::handle scale, nb::handle k_scale, nb::handle v_scale) {
   View vq, vk, vv, vo, vl;
   read_view("q", q, vq, where);
   read_view("k_pool", k, vk, where);
@@ -446,7 +476,8 @@ AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle 
   read_view("out", out, vo, where);
   const bool has_lse = !lse.is_none();
   if (has_lse) read_view("lse", lse, vl, where);
-  return checked_args(ta, vq, vk, vv, vo, has_lse ? &vl : nullptr, scale_of(scale));
+  return checked_args(ta, vq, vk, vv, vo, has_lse ? &vl : nullptr, float_of("scale", scale, 0.f),
+                      float_of("k_scale", k_scale, 1.f), float_of("v_scale", v_scale, 1.f));
 }
 
 // Where run() takes its stream from when none is given: PyTorch's current
@@ -501,14 +532,15 @@ struct Runner {
   StreamSource stream_source;
   Where where;
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale,
-           nb::handle stream) const {
-    const AttentionArgs a = read_args(*ta, where, q, k, v, out, lse, scale);
+           nb::handle k_scale, nb::handle v_scale, nb::handle stream) const {
+    const AttentionArgs a = read_args(*ta, where, q, k, v, out, lse, scale, k_scale, v_scale);
     const uintptr_t s = stream_source.get(stream);
     nb::gil_scoped_release release;  // the CPU executor may run for a while
     ta->run(a, reinterpret_cast<void*>(s));
   }
-  BoundRun bind(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale) const {
-    return {ta, read_args(*ta, where, q, k, v, out, lse, scale), ta->num_queries(), stream_source};
+  BoundRun bind(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale,
+                nb::handle k_scale, nb::handle v_scale) const {
+    return {ta, read_args(*ta, where, q, k, v, out, lse, scale, k_scale, v_scale), ta->num_queries(), stream_source};
   }
 };
 
@@ -529,12 +561,14 @@ void bind_runtime(nb::module_& m) {
       .def(
           "__init__",
           [](TreeAttention* self, int num_qo_heads, int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
-             const std::string& dtype, const std::string& device, int32_t max_queries, int32_t max_nodes,
+             const std::string& dtype, const std::string& kv_dtype, const std::string& device, int32_t max_queries,
+             int32_t max_nodes,
              int64_t max_page_refs, const std::string& planner, int num_sms, int cpu_threads,
              int32_t max_extension_tokens, int device_index) {
             TreeAttentionConfig c;
             c.heads = {num_qo_heads, num_kv_heads, head_dim};
             c.dtype = parse_dtype(dtype);
+            if (!kv_dtype.empty()) c.kv_dtype = parse_dtype(kv_dtype);
             c.page_size = page_size;
             c.num_pages = num_pages;
             if (device != "cpu" && device != "cuda")
@@ -551,7 +585,7 @@ void bind_runtime(nb::module_& m) {
             new (self) TreeAttention(c);
           },
           nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("page_size"),
-          nb::arg("num_pages"), nb::arg("dtype"), nb::arg("device"), nb::arg("max_queries"), nb::arg("max_nodes"),
+          nb::arg("num_pages"), nb::arg("dtype"), nb::arg("kv_dtype"), nb::arg("device"), nb::arg("max_queries"), nb::arg("max_nodes"),
           nb::arg("max_page_refs"), nb::arg("planner"), nb::arg("num_sms"), nb::arg("cpu_threads"),
           nb::arg("max_extension_tokens"), nb::arg("device_index"))
       .def(
@@ -627,10 +661,12 @@ void bind_runtime(nb::module_& m) {
           "the stream when run() is given none; stream_fn None: the default stream. torch_device_index: check "
           "PyTorch tensors' device index (one more attribute call each; DLPack tensors always carry theirs).")
       .def("__call__", &Runner::run, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
-           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("stream").none(),
+           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("k_scale").none(),
+           nb::arg("v_scale").none(), nb::arg("stream").none(),
            "Reads and checks the tensors (PyTorch: attributes; others: DLPack), then runs.")
       .def("bind", &Runner::bind, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
-           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::keep_alive<0, 1>(),
+           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("k_scale").none(),
+           nb::arg("v_scale").none(), nb::keep_alive<0, 1>(),
            "Checks the tensors once; the returned callable runs them.");
 }
 

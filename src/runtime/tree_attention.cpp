@@ -302,6 +302,9 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
   c.heads.validate();
   if (c.dtype != DType::fp16 && c.dtype != DType::bf16)
     fail("dtype " + std::string(to_string(c.dtype)) + " is not supported (fp16, bf16)");
+  if (c.kv_dtype && *c.kv_dtype != c.dtype && *c.kv_dtype != DType::fp8_e4m3)
+    fail("kv_dtype " + std::string(to_string(*c.kv_dtype)) + " is not supported with dtype " +
+         std::string(to_string(c.dtype)) + " (fp8_e4m3, or the dtype)");
   if (c.page_size <= 0 || c.page_size > 65536)
     fail("page_size " + std::to_string(c.page_size) + " is out of range [1, 65536]");
   if (c.num_pages <= 0) fail("num_pages " + std::to_string(c.num_pages) + " must be positive");
@@ -333,7 +336,7 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
   for (Workload* w : {&m.w, &m.scratch}) {
     w->name = "step";
     w->heads = c.heads;
-    w->layout = {c.page_size, c.num_pages, c.dtype};
+    w->layout = {c.page_size, c.num_pages, c.dtype, c.kv_dtype};
   }
   if (c.device == Device::cuda) {
 #if defined(TREEATTN_HAVE_CUDA)
@@ -351,7 +354,7 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
       fail("device_index = " + std::to_string(c.device_index) + " is out of range [0, " + std::to_string(devices) +
            ") (the CUDA devices this process sees)");
     DeviceGuard on(c.device_index);
-    m.cuda = std::make_unique<CudaStepExecutor>(c.heads, c.dtype, c.page_size, c.num_pages, cap);
+    m.cuda = std::make_unique<CudaStepExecutor>(c.heads, m.w.layout, cap);
 #else
     fail("device cuda: this build of treeattn has no CUDA executor (built without nvcc)");
 #endif

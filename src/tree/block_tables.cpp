@@ -216,7 +216,7 @@ Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables
   w.query_nodes = t.query_nodes;
   w.name = "blocktable";
   w.heads = p.heads;
-  w.layout = KvLayout{p.page_size, num_pages, p.dtype};
+  w.layout = KvLayout{p.page_size, num_pages, p.dtype, p.kv_dtype};
   w.validate();
   return w;
 }

@@ -91,6 +91,7 @@ Workload finish_workload(std::string name, Tree tree, std::vector<int32_t> query
   w.name = std::move(name);
   w.layout.page_size = alloc.page_size();
   w.layout.dtype = p.dtype;
+  w.layout.kv_dtype = p.kv_dtype;
   w.layout.num_pages = alloc.finish(tree);
   w.tree = std::move(tree);
   w.query_nodes = std::move(query_nodes);

@@ -34,6 +34,10 @@ WorkloadParams parse_shape_keys(const json& top, const WorkloadParams& defaults)
     if (!it->is_string()) throw Error("dtype = " + brief(*it) + " is not a string (fp16, bf16 or fp32)");
     p.dtype = parse_dtype(it->get<std::string>());
   }
+  if (auto it = top.find("kv_dtype"); it != top.end()) {
+    if (!it->is_string()) throw Error("kv_dtype = " + brief(*it) + " is not a string (fp8_e4m3, or the dtype)");
+    p.kv_dtype = parse_dtype(it->get<std::string>());
+  }
   return p;
 }
 
@@ -57,7 +61,7 @@ std::string at(const char* array, size_t i) { return std::string(array) + "[" + 
 Workload workload_from_json(std::string_view text, const WorkloadParams& defaults) {
   const json top = detail::parse_json(text, "json");
   detail::require_object(top, "json: top level");
-  static constexpr std::string_view keys[] = {"format", "name", "heads", "page_size", "dtype",
+  static constexpr std::string_view keys[] = {"format", "name", "heads", "page_size", "dtype", "kv_dtype",
                                               "num_pages", "nodes", "queries", "single_root"};
   detail::check_keys(top, "", keys);
   if (auto it = top.find("format"); it != top.end() && !(it->is_string() && *it == kFormat))
@@ -74,6 +78,7 @@ Workload workload_from_json(std::string_view text, const WorkloadParams& default
   w.heads = p.heads;
   w.layout.page_size = ps;
   w.layout.dtype = p.dtype;
+  w.layout.kv_dtype = p.kv_dtype;
 
   // ---- nodes: index i in the file, id k in the tree.
   const json& jn = detail::require(top, "nodes", "");
@@ -249,6 +254,7 @@ std::string workload_to_json(const Workload& w) {
        std::to_string(w.heads.num_kv_heads) + ", \"head_dim\": " + std::to_string(w.heads.head_dim) + "},\n";
   s += "  \"page_size\": " + std::to_string(w.layout.page_size) + ",\n";
   s += "  \"dtype\": \"" + std::string(to_string(w.layout.dtype)) + "\",\n";
+  if (w.layout.kv_dtype) s += "  \"kv_dtype\": \"" + std::string(to_string(*w.layout.kv_dtype)) + "\",\n";
   s += "  \"num_pages\": " + std::to_string(w.layout.num_pages) + ",\n";
   s += "  \"nodes\": [\n";
   for (size_t v = 0; v < w.tree.nodes.size(); ++v) {

@@ -106,11 +106,17 @@ int64_t Workload::total_tokens() const {
 }
 
 int64_t Workload::kv_bytes_per_token() const {
-  return int64_t(heads.num_kv_heads) * heads.head_dim * 2 * int64_t(dtype_size(layout.dtype));
+  return int64_t(heads.num_kv_heads) * heads.head_dim * 2 * int64_t(dtype_size(layout.kv_type()));
 }
 
 void Workload::validate(ValidateScratch* scratch) const {
   heads.validate();
+  if (layout.dtype == DType::fp8_e4m3)
+    throw Error("dtype: fp8_e4m3 is a storage type of the K/V pools only (q and out are fp16, bf16 or fp32; set "
+                "kv_dtype)");
+  if (layout.kv_type() != layout.dtype && layout.kv_type() != DType::fp8_e4m3)
+    throw Error("kv_dtype: " + std::string(to_string(layout.kv_type())) + " with dtype " +
+                std::string(to_string(layout.dtype)) + " (the K/V pools are of the dtype or fp8_e4m3)");
   const int ps = layout.page_size;
   if (ps <= 0 || ps > 65536)
     throw Error("page_size: " + std::to_string(ps) + " is out of range [1, 65536]");

@@ -6,13 +6,14 @@
 
 namespace treeattn {
 
-size_t dtype_size(DType t) { return t == DType::fp32 ? 4 : 2; }
+size_t dtype_size(DType t) { return t == DType::fp32 ? 4 : t == DType::fp8_e4m3 ? 1 : 2; }
 
 std::string_view to_string(DType t) {
   switch (t) {
     case DType::fp16: return "fp16";
     case DType::bf16: return "bf16";
     case DType::fp32: return "fp32";
+    case DType::fp8_e4m3: return "fp8_e4m3";
   }
   return "?";
 }
@@ -21,7 +22,8 @@ DType parse_dtype(std::string_view name) {
   if (name == "fp16" || name == "half" || name == "float16") return DType::fp16;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   if (name == "fp32" || name == "float" || name == "float32") return DType::fp32;
-  throw Error("dtype: unknown element type '" + std::string(name) + "' (expected fp16, bf16 or fp32)");
+  if (name == "fp8_e4m3" || name == "float8_e4m3fn" || name == "fp8") return DType::fp8_e4m3;
+  throw Error("dtype: unknown element type '" + std::string(name) + "' (expected fp16, bf16, fp32 or fp8_e4m3)");
 }
 
 bool is_supported_head_dim(int head_dim) {

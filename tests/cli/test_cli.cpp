@@ -161,6 +161,23 @@ TEST(Cli, VerifyPassesOnSmallWorkloads) {
   EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
 }
 
+// fp8 K/V pools (scaled, dequantised by the executors) against the fp64
+// reference over the dequantised values; plan reports half the KV bytes.
+TEST(Cli, VerifyAndPlanWithFp8KvPools) {
+  const Result r = run("verify -w fasttree:N=1,4,16:C=64,32,16 --heads 8/2 --kv-dtype fp8_e4m3 -p all");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fp16, kv fp8_e4m3"), std::string::npos) << r.out;
+  const Result a = run("plan -w fasttree:N=1,4,16:C=64,32,16 --json");
+  const Result b = run("plan -w fasttree:N=1,4,16:C=64,32,16 --json --kv-dtype fp8_e4m3");
+  ASSERT_EQ(a.code, 0) << a.out;
+  ASSERT_EQ(b.code, 0) << b.out;
+  const auto fp16 = nlohmann::json::parse(a.out), fp8 = nlohmann::json::parse(b.out);
+  EXPECT_EQ(fp8[0]["kv_dtype"], "fp8_e4m3");
+  EXPECT_EQ(2 * fp8[0]["unique_kv_bytes"].get<int64_t>(), fp16[0]["unique_kv_bytes"].get<int64_t>());
+  expect_error("plan -w fasttree:N=1,4:C=128,32 --kv-dtype bf16", "kv_dtype: bf16 with dtype fp16");
+}
+
 TEST(Cli, BenchReportRewritesASuiteReportWithoutAGpu) {
   const std::string dir = testing::TempDir() + "/treeattn_report_test";
   std::filesystem::create_directories(dir);

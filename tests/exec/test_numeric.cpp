@@ -37,6 +37,32 @@ TEST(Numeric, Bf16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(NAN))));
 }
 
+TEST(Numeric, Fp8E4m3RoundTripsEveryFiniteValueAndRoundsToNearestEven) {
+  EXPECT_EQ(fp8_e4m3_bits_to_float(0x7e), 448.f);
+  EXPECT_EQ(fp8_e4m3_bits_to_float(0x01), std::ldexp(1.f, -9));  // smallest subnormal
+  EXPECT_EQ(fp8_e4m3_bits_to_float(0x08), std::ldexp(1.f, -6));  // smallest normal
+  EXPECT_EQ(fp8_e4m3_bits_to_float(0xb8), -1.f);
+  EXPECT_TRUE(std::isnan(fp8_e4m3_bits_to_float(0x7f)));
+  EXPECT_TRUE(std::isnan(fp8_e4m3_bits_to_float(0xff)));
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) continue;
+    const float f = fp8_e4m3_bits_to_float(uint8_t(b));
+    EXPECT_EQ(float_to_fp8_e4m3_bits(f), b == 0x80 ? 0x80 : b) << "byte " << b;
+  }
+  // Between neighbours lo < hi: the midpoint goes to the even byte, anything
+  // above it to hi (positive bytes 0 .. 0x7e; negative ones mirror them).
+  for (int b = 0; b < 0x7e; ++b) {
+    const float lo = fp8_e4m3_bits_to_float(uint8_t(b)), hi = fp8_e4m3_bits_to_float(uint8_t(b + 1));
+    const float mid = (lo + hi) / 2;
+    EXPECT_EQ(float_to_fp8_e4m3_bits(mid), b % 2 ? b + 1 : b) << "midpoint above byte " << b;
+    EXPECT_EQ(float_to_fp8_e4m3_bits(std::nextafter(mid, 1e9f)), b + 1) << "just above the midpoint of " << b;
+    EXPECT_EQ(float_to_fp8_e4m3_bits(-std::nextafter(mid, 0.f)), 0x80 | b) << "just below, negative, " << b;
+  }
+  EXPECT_EQ(float_to_fp8_e4m3_bits(1e9f), 0x7e);   // saturates, as vLLM quantises
+  EXPECT_EQ(float_to_fp8_e4m3_bits(-500.f), 0xfe);
+  EXPECT_EQ(float_to_fp8_e4m3_bits(NAN), 0x7f);
+}
+
 TEST(Numeric, MergeWeightsHandleEmptyPartials) {
   const float ninf = -INFINITY;
   MergeWeights m = merge_weights(ninf, ninf);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,11 +70,13 @@ void expect_ok(const Workload& w, const Plan& p, const Errors& e, const std::str
   EXPECT_LE(e.gpu_vs_cpu, tol) << what << " planner " << p.planner << " (gpu vs cpu executor)";
 }
 
-WorkloadParams params(int qo, int kv, int d, DType t, int page, uint64_t seed = 1) {
+WorkloadParams params(int qo, int kv, int d, DType t, int page, uint64_t seed = 1,
+                      std::optional<DType> kv_dtype = std::nullopt) {
   WorkloadParams p;
   p.heads = {qo, kv, d};
   p.page_size = page;
   p.dtype = t;
+  p.kv_dtype = kv_dtype;
   p.seed = seed;
   return p;
 }
@@ -194,12 +197,13 @@ TEST(CudaExecutor, SanitizeOneMaskedSegment) {
 // per child. Unit A: the 64 children as 64 segments, each query seeing only
 // its own child (64 masked segments, many per tile); units B: the root split
 // in two, all queries. Every query has 3 partials to merge.
-Workload star64(DType t, int qo, int kv, int d, int page) {
+Workload star64(DType t, int qo, int kv, int d, int page, std::optional<DType> kv_dtype = std::nullopt) {
   Workload w;
   w.name = "star64";
   w.heads = {qo, kv, d};
   w.layout.page_size = page;
   w.layout.dtype = t;
+  w.layout.kv_dtype = kv_dtype;
   PageAllocator alloc(page, 9);
   const int32_t root = alloc.add_node(w.tree, -1, 300);
   for (int c = 0; c < 64; ++c) w.query_nodes.push_back(alloc.add_node(w.tree, root, 1 + c % 9));
@@ -289,6 +293,62 @@ TEST(CudaExecutor, PatTileConfigs) {
   }
   std::printf("  %d tile configs; worst gpu-vs-reference: fp16 %.2e, bf16 %.2e\n", num_tile_configs(), worst[0],
               worst[1]);
+}
+
+// fp8 K/V pools: every tile config (m, n) x head_dim x dtype, on PAT's plan
+// forced to that tile and on the 64-masked-segment plan, against the fp64
+// reference over the dequantised pools (the inputs' k_scale / v_scale are not
+// 1) and the CPU executor, within the dtype's tolerance: the conversion is
+// exact, so fp8 pools cost no accuracy beyond their own rounding.
+TEST(CudaExecutor, Fp8KvEveryTileConfig) {
+  double worst[2] = {0, 0};
+  CudaExecutorOptions exact;
+  exact.short_m16 = false;
+  for (int t = 0; t < num_tile_configs(); ++t)
+    for (int d : {64, 128, 256})
+      for (DType dt : {DType::fp16, DType::bf16}) {
+        if (!tile_fits_head_dim(t, d)) continue;
+        const std::string what = "fp8 kv tile m" + std::to_string(kTileConfigs[t].m) + "n" +
+                                 std::to_string(kTileConfigs[t].n) + " d " + std::to_string(d) + " " +
+                                 std::string(to_string(dt));
+        const Workload w =
+            make_workload("pat:B=1,4,12:L=150,70,45", params(16, 4, d, dt, 16, 7 + t, DType::fp8_e4m3));
+        PlanOptions opt;
+        opt.num_sms = 8;
+        opt.extra["pat_max_rows"] = kTileConfigs[t].m;
+        PatTileRules rules;
+        rules.rules = {{kMaxTileRows, -1, kTileConfigs[t].n}};
+        Plan p = plan_pat_with(w, opt, rules);
+        for (uint8_t& x : p.unit_tile) x = uint8_t(t);
+        validate_plan(w, p);
+        Errors e = check_plan(w, p, 40 + t, true, exact);
+        expect_ok(w, p, e, what + " pat");
+        worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
+        const Workload s = star64(dt, 8, 2, d, 16, DType::fp8_e4m3);
+        const Plan sp = star64_plan(s, t);
+        e = check_plan(s, sp, 50 + t, true, exact);
+        expect_ok(s, sp, e, what + " 64 masked segments");
+        worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
+      }
+  std::printf("  fp8 K/V, %d tile configs; worst gpu-vs-reference: fp16 %.2e, bf16 %.2e\n", num_tile_configs(),
+              worst[0], worst[1]);
+}
+
+// fp8 K/V under compute-sanitizer: every planner on a small tree, page
+// sizes 1 and 16 (a tile's rows from many pages), one-stage and pipelined
+// launches.
+TEST(CudaExecutor, SanitizeFp8Kv) {
+  for (int page : {1, 16})
+    for (DType dt : {DType::fp16, DType::bf16}) {
+      const Workload w =
+          make_workload("fasttree:N=1,3,6:C=150,33,17", params(32, 8, 128, dt, page, 3 + page, DType::fp8_e4m3));
+      PlanOptions opt;
+      opt.num_sms = 4;
+      for (const PlannerInfo& pl : planners()) {
+        const Plan p = pl.fn(w, opt);
+        expect_ok(w, p, check_plan(w, p, 60 + page), "fp8 kv page " + std::to_string(page));
+      }
+    }
 }
 
 // The pat planner's own tile choice (shipped rules): n = 32 for short leaves,

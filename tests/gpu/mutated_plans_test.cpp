@@ -80,8 +80,7 @@ TEST(CudaExecutor, SanitizeMutatedPlans) {
     dev.push_back(DeviceTensors::upload(inputs.back()));
     StepCapacity cap;
     cap.max_queries = 64;
-    steps.push_back(std::make_unique<CudaStepExecutor>(w.heads, w.layout.dtype, w.layout.page_size,
-                                                       w.layout.num_pages, cap));
+    steps.push_back(std::make_unique<CudaStepExecutor>(w.heads, w.layout, cap));
   }
   int tried = 0, accepted = 0, tree_mutations = 0, transformed = 0;
   std::vector<std::vector<uint8_t>> inputs_bytes = mutation_inputs();

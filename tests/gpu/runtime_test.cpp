@@ -28,6 +28,7 @@ TreeAttentionConfig config_for(const Workload& w, const std::string& planner, in
   TreeAttentionConfig c;
   c.heads = w.heads;
   c.dtype = w.layout.dtype;
+  c.kv_dtype = w.layout.kv_dtype;
   c.page_size = w.layout.page_size;
   c.num_pages = num_pages;
   c.device = Device::cuda;
@@ -130,6 +131,69 @@ TEST(Runtime, SanitizeStridedTensorsAndLse) {
     ca.lse = cpu_lse.data();
     run_cpu(w, ta.plan(), ca);
     for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], cpu_lse[i], 1e-3) << planner << " lse " << i;
+  }
+}
+
+// fp8 K/V pools (e4m3, per-tensor scales other than 1) through the runtime:
+// K and V interleaved per page (strided views into one cache), q strided,
+// lse requested; every planner's output and lse against the fp64 reference
+// over the dequantised pools and the CPU executor. A 16-bit pool's stride
+// rules (multiples of 8 elements) would accept a token stride of 8 fp8
+// elements; the fp8 kernels copy 16 at once, so that one is refused.
+TEST(Runtime, SanitizeFp8KvStridedPoolsAndScales) {
+  for (DType t : {DType::fp16, DType::bf16}) {
+    WorkloadParams p;
+    p.heads = {16, 4, 128};
+    p.page_size = 16;
+    p.dtype = t;
+    p.kv_dtype = DType::fp8_e4m3;
+    const Workload w = make_workload("fasttree:N=1,4,16:C=200,40,20", p);
+    const int H = 16, Hkv = 4, D = 128, ps = 16;
+    const int64_t pages = w.layout.num_pages, Q = w.num_queries();
+    HostTensors h = make_random_inputs(w, 7);
+    ASSERT_NE(h.k_scale, 1.f);
+    const std::vector<double> ref = reference_attention(w, h.args());
+    const int64_t tok = int64_t(Hkv) * D, page_stride = 2 * ps * tok;  // elements = bytes
+    std::vector<uint8_t> kv(size_t(pages * page_stride));
+    for (int64_t pg = 0; pg < pages; ++pg) {
+      std::copy(h.k.begin() + pg * ps * tok, h.k.begin() + (pg + 1) * ps * tok, kv.begin() + pg * page_stride);
+      std::copy(h.v.begin() + pg * ps * tok, h.v.begin() + (pg + 1) * ps * tok, kv.begin() + pg * page_stride + ps * tok);
+    }
+    DeviceTensors d = DeviceTensors::upload(h);
+    DeviceBuffer dkv(kv.size()), dlse(size_t(Q) * H * 4);
+    check_cuda(cudaMemcpy(dkv.get(), kv.data(), kv.size(), cudaMemcpyHostToDevice), "kv");
+    for (const PlannerInfo& pl : planners()) {
+      TreeAttention ta(config_for(w, pl.name, pages));
+      const Arrays arr(w);
+      ta.plan_tree(arr.view(), nullptr);
+      AttentionArgs a = d.args();
+      a.k = dkv.get();
+      a.v = dkv.as<uint8_t>() + ps * tok;
+      a.lse = dlse.as<float>();
+      a.kv_token_stride = tok;
+      a.kv_page_stride = page_stride;
+      d.poison_out();
+      ta.run(a, nullptr);
+      check_cuda(cudaDeviceSynchronize(), "run");
+      HostTensors g = h;
+      d.download_out(g);
+      const std::string what = pl.name + " " + std::string(to_string(t));
+      EXPECT_LE(relative_error(w, g.out.data(), ref), tolerance(t)) << what;
+      std::vector<float> lse(size_t(Q) * H), cpu_lse(size_t(Q) * H);
+      check_cuda(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost), "lse");
+      AttentionArgs ca = h.args();
+      ca.lse = cpu_lse.data();
+      run_cpu(w, ta.plan(), ca);
+      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], cpu_lse[i], 1e-3) << what << " lse " << i;
+      if (pl.name == "auto") {
+        AttentionArgs bad = a;
+        bad.kv_token_stride = tok + 8;
+        EXPECT_THROW(ta.run(bad, nullptr), Error);
+        bad = a;
+        bad.v_scale = 0.f;
+        EXPECT_THROW(ta.run(bad, nullptr), Error);
+      }
+    }
   }
 }
 

@@ -31,6 +31,7 @@ Case case_for_seed(uint64_t seed) {
   c.params.page_size = seed / 8 % 2 ? 16 : 1;
   c.params.heads.head_dim = seed / 16 % 2 ? 128 : 64;
   c.params.dtype = seed / 32 % 2 ? DType::fp16 : DType::fp32;
+  if (seed % 3 == 0) c.params.kv_dtype = DType::fp8_e4m3;  // scaled fp8 pools (make_random_inputs)
   c.params.seed = seed;
   // Small GPUs and short pieces so KV splitting and merging are exercised too.
   c.opt.num_sms = int(1 + seed % 7 * 20);
@@ -65,7 +66,8 @@ TEST_P(CorePlanners, ValidAndMatchReferenceOnRandomTrees) {
     const double err = relative_error(w, t.out.data(), ref);
     ASSERT_LE(err, tolerance_for(w.layout.dtype))
         << planner << " seed " << seed << " heads " << w.heads.num_qo_heads << "/" << w.heads.num_kv_heads
-        << " d " << w.heads.head_dim << " page " << w.layout.page_size << " " << to_string(w.layout.dtype);
+        << " d " << w.heads.head_dim << " page " << w.layout.page_size << " " << to_string(w.layout.dtype) << " kv "
+        << to_string(w.layout.kv_type());
   }
   EXPECT_GT(split_plans, 100) << "the random cases should exercise partials and the merge";
 }

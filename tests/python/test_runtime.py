@@ -148,6 +148,70 @@ def test_torch_cpu_strided_layer_major_pools(dtype):
         assert rel_err(out.float().numpy(), ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
+def fp8_pools(rng, shape, scale):
+    """A torch.float8_e4m3fn pool quantised as vLLM stores one (value / scale), and what it stands for (float64)."""
+    x = torch.from_numpy(rng.uniform(-1, 1, shape).astype(np.float32))
+    stored = (x / scale).to(torch.float8_e4m3fn)
+    return stored, stored.double() * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("planner", ["auto", "node", "per-query"])
+def test_fp8_kv_pools_match_the_reference_on_the_dequantised_values(dtype, planner):
+    """fp8 K/V pools (torch.float8_e4m3fn, or NumPy uint8 holding the same bytes) with per-tensor scales: the output
+    equals the fp64 attention over stored value x scale within the dtype's bound, lse included; the scales reach
+    the kernel (a run with the scales left at 1 differs)."""
+    rng = np.random.default_rng(11)
+    ps, H, Hkv, D = 4, 8, 2, 64
+    tree, pages = random_tree(rng, 14, 10, ps)
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, dtype=dtype, kv_dtype=torch.float8_e4m3fn, device="cpu",
+                                  planner=planner, max_queries=16, max_nodes=32, max_page_refs=256)
+    assert attn.kv_dtype == "fp8_e4m3"
+    attn.plan_tree(**tree)
+    k8, kd = fp8_pools(rng, (pages, ps, Hkv, D), 0.3)
+    v8, vd = fp8_pools(rng, (pages, ps, Hkv, D), 1.7)
+    q = torch.from_numpy(rng.uniform(-1, 1, (10, H, D)).astype(np.float32)).to(dtype)
+    out, lse = attn.run(q, k8, v8, return_lse=True, k_scale=0.3, v_scale=1.7)
+    ref, ref_lse = reference(q.double().numpy(), kd.numpy(), vd.numpy(),
+                             [token_rows(tree, n, ps) for n in tree["query_nodes"]])
+    assert rel_err(out.double().numpy(), ref) < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+    finite = np.isfinite(ref_lse)
+    assert np.allclose(lse.numpy()[finite], ref_lse[finite], atol=1e-3)
+    as_bytes = attn.run(q, k8.view(torch.uint8).numpy(), v8.view(torch.uint8).numpy(), torch.empty_like(q),
+                        k_scale=0.3, v_scale=1.7)
+    assert torch.equal(as_bytes, out)
+    unscaled = attn.run(q, k8, v8)
+    assert rel_err(unscaled.double().numpy(), ref) > 0.1
+
+
+def test_fp8_kv_bad_arguments_name_the_argument():
+    rng = np.random.default_rng(12)
+    ps, H, Hkv, D = 4, 4, 2, 64
+    tree, pages = random_tree(rng, 6, 3, ps)
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, kv_dtype="fp8_e4m3", device="cpu", max_queries=4,
+                                  max_nodes=8, max_page_refs=64)
+    attn.plan_tree(**tree)
+    q = torch.zeros(3, H, D, dtype=torch.float16)
+    k8 = torch.zeros(pages, ps, Hkv, D, dtype=torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="k_pool: expected dtype float8_e4m3fn .* got float16"):
+        attn.run(q, k8.half(), k8)
+    with pytest.raises(TypeError, match="q: expected dtype float16"):
+        attn.run(k8[:3, 0], k8, k8)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="k_scale: expected a positive finite number"):
+            attn.run(q, k8, k8, k_scale=bad)
+    with pytest.raises(ValueError, match="v_scale: expected a positive finite number"):
+        attn.run(q, k8, k8, v_scale=0)
+    with pytest.raises(TypeError, match="v_scale: expected a number"):
+        attn.run(q, k8, k8, v_scale="x")
+    fp16 = treeattn.TreeAttention(H, Hkv, D, ps, pages, device="cpu", max_queries=4, max_nodes=8, max_page_refs=64)
+    fp16.plan_tree(**tree)
+    with pytest.raises(TypeError, match="v_pool: expected dtype float16 .* got float8_e4m3fn"):
+        fp16.run(q, k8.half(), k8)
+    with pytest.raises(TypeError, match="kv_dtype: expected None, the dtype \\(fp16\\) or fp8_e4m3"):
+        treeattn.TreeAttention(H, Hkv, D, ps, pages, kv_dtype="bf16", device="cpu")
+
+
 def test_block_tables_find_the_shared_prefix():
     rng = np.random.default_rng(3)
     ps, H, Hkv, D = 4, 4, 4, 64
@@ -657,17 +721,17 @@ def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
     for arg, seen in [(7, (7,)), (None, ())]:
         calls.clear()
         runner = treeattn._treeattn._Runner(attn._impl, source, arg, False)
-        runner(q, k, v, out, None, None, None)
+        runner(q, k, v, out, None, None, None, None, None)
         assert calls == [seen]
-        runner(q, k, v, out, None, None, 0)
+        runner(q, k, v, out, None, None, None, None, 0)
         assert calls == [seen]
-        bound = runner.bind(q, k, v, out, None, None)
+        bound = runner.bind(q, k, v, out, None, None, None, None)
         bound(None)
         bound(5)
         assert calls == [seen, seen]
     runner = treeattn._treeattn._Runner(attn._impl, lambda: "not a stream", None, False)
     with pytest.raises(TypeError, match="stream: expected a stream handle"):
-        runner(q, k, v, out, None, None, None)
+        runner(q, k, v, out, None, None, None, None, None)
 
 
 def test_run_overhead_bench_runs():
@@ -695,7 +759,8 @@ def test_run_op_equals_run_and_compiles_without_a_graph_break():
     out, lse = torch.zeros_like(q), torch.zeros(2, 4)
     assert attn.run_op(q, k, v, out, lse=lse) == (out, lse)
     assert torch.equal(out, expected) and torch.equal(lse, expected_lse)
-    torch.library.opcheck(torch.ops.treeattn.run.default, (attn.op_handle, q, k, v, torch.zeros_like(q), None, 0.0))
+    torch.library.opcheck(torch.ops.treeattn.run.default,
+                          (attn.op_handle, q, k, v, torch.zeros_like(q), None, 0.0, 1.0, 1.0))
 
     calls = []
 
@@ -722,7 +787,7 @@ def test_run_op_checks_its_arguments_and_handle():
     with pytest.raises(ValueError, match="out"):
         attn.run_op(q, k, v, torch.zeros(3, 4, 64).half())
     with pytest.raises(ValueError, match="handle: no live TreeAttention has handle -1"):
-        torch.ops.treeattn.run(-1, q, k, v, torch.zeros_like(q), None, 0.0)
+        torch.ops.treeattn.run(-1, q, k, v, torch.zeros_like(q), None, 0.0, 1.0, 1.0)
 
 
 @pytest.mark.gpu

@@ -87,6 +87,7 @@ TEST(Json, RoundTripRandomTrees) {
       p.seed = seed * 3 + 1;
       p.heads = seed % 3 == 0 ? HeadConfig{32, 8, 128} : seed % 3 == 1 ? HeadConfig{4, 4, 64} : HeadConfig{64, 4, 256};
       p.dtype = seed % 2 ? DType::bf16 : DType::fp16;
+      if (seed % 5 == 0) p.kv_dtype = DType::fp8_e4m3;
       SCOPED_TRACE("seed " + std::to_string(seed) + " page_size " + std::to_string(ps));
       expect_round_trip(random_workload(seed, p));
     }
@@ -171,6 +172,10 @@ TEST(JsonBadInput, Heads) {
   EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("heads": {"qo": 32, "q": 8}, )")), "heads.q", "unknown key");
   EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("page_size": 0, )")), "page_size = 0");
   EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("dtype": "fp64", )")), "dtype", "fp64");
+  EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("dtype": "fp8_e4m3", )")), "dtype", "K/V pools only");
+  EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("dtype": "fp16", "kv_dtype": "bf16", )")), "kv_dtype", "bf16");
+  EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("kv_dtype": 8, )")), "kv_dtype", "not a string");
+  EXPECT_EQ(parse(doc(kNodes, "[1]", R"("kv_dtype": "fp8_e4m3", )")).layout.kv_type(), DType::fp8_e4m3);
 }
 
 TEST(JsonBadInput, NodesAndKeys) {

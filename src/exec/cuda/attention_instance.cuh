@@ -1,5 +1,6 @@
-// Turns one (dtype, head_dim, m, n) into a compiled kernel: included by each file
-// of kernels/, which holds nothing but TREEATTN_ATTENTION_INSTANCE(...).
+// Turns one (dtype, K/V storage, head_dim, m, n) into a compiled kernel:
+// included by each file of kernels/, which holds nothing but
+// TREEATTN_ATTENTION_INSTANCE(...).
 #pragma once
 
 #include <type_traits>
@@ -21,20 +22,21 @@ struct WithMinBlocksPerSm : Base {
 // d = 128. Its shared memory (4 KB of Q + 64 KB per K/V stage at d = 128)
 // holds it to at most 3 CTAs per SM anyway, so it is capped at 3 (168
 // registers) instead.
-template <class T, int D, int M, int N>
+template <class T, class KV, int D, int M, int N>
 struct TileTraits {
-  using type = AttnTraits<T, D, M, N>;
+  using type = AttnTraits<T, D, M, N, KV>;
 };
-template <class T, int D>
+template <class T, class KV, int D>
   requires(D <= 128)
-struct TileTraits<T, D, 16, 128> {
-  using type = WithMinBlocksPerSm<AttnTraits<T, D, 16, 128>, 3>;
+struct TileTraits<T, KV, D, 16, 128> {
+  using type = WithMinBlocksPerSm<AttnTraits<T, D, 16, 128, KV>, 3>;
 };
 
-template <int kDType, int D, int M, int N>
+template <int kDType, bool kKvFp8, int D, int M, int N>
 KernelEntry attention_entry() {
   using T = std::conditional_t<kDType == 0, __half, __nv_bfloat16>;
-  using Tr = typename TileTraits<T, D, M, N>::type;
+  using KV = std::conditional_t<kKvFp8, __nv_fp8_e4m3, T>;
+  using Tr = typename TileTraits<T, KV, D, M, N>::type;
   KernelEntry e;
   e.kernel = reinterpret_cast<const void*>(&attention_kernel<Tr>);
   e.threads = Tr::kThreads;
@@ -43,18 +45,19 @@ KernelEntry attention_entry() {
   e.min_stages = Tr::kMinStages;
   e.max_stages = Tr::kMaxStages;
   e.persistent = Tr::kPersistent;
-  e.smem_base = Tr::kQOffset + Tr::kQBytes;
-  e.smem_per_stage = 2 * Tr::kTileBytes;
+  e.smem_base = Tr::kQOffset + Tr::kQBytes + Tr::kConvBytes;
+  e.smem_per_stage = 2 * Tr::kStageBytes;
   return e;
 }
 
 }  // namespace treeattn::cuda
 
 // One compiled tile (m, n) of kTileConfigs: TREEATTN_ATTENTION_INSTANCE is
-// the n = 64 tile of that m, TREEATTN_ATTENTION_INSTANCE_MN any (m, n).
-#define TREEATTN_ATTENTION_INSTANCE_MN(DTYPE_ID, D, M, N)                                        \
+// the n = 64 tile of that m, TREEATTN_ATTENTION_INSTANCE_MN any (m, n);
+// KV_FP8: 1 for fp8 K/V pools, 0 for pools of the dtype.
+#define TREEATTN_ATTENTION_INSTANCE_MN(DTYPE_ID, KV_FP8, D, M, N)                               \
   static_assert(::treeattn::tile_index(M, N) >= 0, "(m, n) is not in kTileConfigs");            \
-  template ::treeattn::cuda::KernelEntry treeattn::cuda::attention_entry<DTYPE_ID, D, M, N>();
+  template ::treeattn::cuda::KernelEntry treeattn::cuda::attention_entry<DTYPE_ID, KV_FP8, D, M, N>();
 
-#define TREEATTN_ATTENTION_INSTANCE(DTYPE_ID, D, M) \
-  TREEATTN_ATTENTION_INSTANCE_MN(DTYPE_ID, D, M, ::treeattn::kDefaultKvTile)
+#define TREEATTN_ATTENTION_INSTANCE(DTYPE_ID, KV_FP8, D, M) \
+  TREEATTN_ATTENTION_INSTANCE_MN(DTYPE_ID, KV_FP8, D, M, ::treeattn::kDefaultKvTile)

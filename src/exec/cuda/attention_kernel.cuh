@@ -12,6 +12,12 @@
 // stream KV, and the slices' softmax states are combined in shared memory at
 // the end (as FlashInfer's decode kernel does).
 //
+// fp8 K/V (KV = __nv_fp8_e4m3): the pipeline stages hold the tiles as stored,
+// one byte an element (half the HBM traffic); after a tile lands it is
+// converted into one K and one V tile of T, which the MMAs read as they read
+// a 16-bit stage. k_scale is folded into the softmax scale and v_scale into
+// the output (AttnParams), so the conversion is exact.
+//
 // Included only by the per-instantiation files in kernels/ (one TU each).
 #pragma once
 
@@ -19,10 +25,12 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "exec/cuda/attention_params.hpp"
 #include "exec/cuda/primitives/cp_async.cuh"
 #include "exec/cuda/primitives/cta_trace.cuh"
+#include "exec/cuda/primitives/fp8.cuh"
 #include "exec/cuda/primitives/grid_dependency.cuh"
 #include "exec/cuda/primitives/math.cuh"
 #include "exec/cuda/primitives/mma.cuh"
@@ -49,9 +57,11 @@ struct SmemMisc {
   int32_t next_item;                         // persistent launches: the item after this one
 };
 
-template <class T_, int D_, int M_, int N_>
+template <class T_, int D_, int M_, int N_, class KV_ = T_>
 struct AttnTraits {
   using T = T_;
+  using KV = KV_;  // K/V pool element: T, or __nv_fp8_e4m3 converted to T per tile
+  static constexpr bool kKvFp8 = !std::is_same_v<KV, T>;
   static constexpr int D = D_, M = M_, N = N_;
   static constexpr int kWarpsM = M / 16;
   // m = 16: 4 slices (2 with 32-token tiles), m = 32: 2; each slice takes
@@ -62,8 +72,12 @@ struct AttnTraits {
   static constexpr int kWarpTokens = N / kWarpsN;  // tokens of a tile one warp handles
   static constexpr int kChunks = D / 8;            // 16-byte chunks of a row
   static constexpr int kRowBytes = D * 2;
-  static constexpr int kTileBytes = N * kRowBytes;  // one K or V stage
+  static constexpr int kTileBytes = N * kRowBytes;  // one K or V tile of T, as the MMAs read it
   static constexpr int kQBytes = M * kRowBytes;
+  static constexpr int kKvRowBytes = D * int(sizeof(KV));  // a token's K (V) row of one head, as stored
+  static constexpr int kKvChunks = kKvRowBytes / 16;       // 16-byte chunks of it
+  static constexpr int kStageBytes = N * kKvRowBytes;      // one K or V pipeline stage
+  static constexpr int kConvBytes = kKvFp8 ? 2 * kTileBytes : 0;  // fp8: the converted K and V tiles
 
   // The pipeline depth is chosen per launch by the executor (AttnParams::
   // stages): deep when few CTAs share an SM, shallow when occupancy matters.
@@ -75,7 +89,8 @@ struct AttnTraits {
   // memory of short decode CTAs, so more of them share an SM.
   static constexpr int kOStride = D + 8;
   static constexpr int kScratchBytes = kWarpsN * M * kOStride * 4;
-  static constexpr int kMinStages = (M <= 32 && kScratchBytes <= kQBytes + 2 * kTileBytes) ? 1 : 2, kMaxStages = 6;
+  static constexpr int kMinStages = (M <= 32 && kScratchBytes <= kQBytes + kConvBytes + 2 * kStageBytes) ? 1 : 2,
+                       kMaxStages = 6;
   // 64- and 128-row tiles run on warpgroup MMA where the target has it
   // (sm_90a): one (two) warpgroups, K/V read from shared memory once per
   // warpgroup instead of once per warp. Elsewhere, and for m <= 32, mma.sync.
@@ -99,16 +114,18 @@ struct AttnTraits {
   static constexpr int kMinBlocksPerSm =
       (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : (kWgmma && M == 128 && D <= 128) ? 2 : 1;
   using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
-  // Layout: [misc][Q][K stages][V stages]; every tile starts 1024-byte
-  // aligned (the 128-byte swizzle repeats every 8 rows of 128 bytes, and
-  // wgmma applies it to absolute shared addresses).
+  // Layout: [misc][Q][converted K, V (fp8 only)][K stages][V stages]; every
+  // tile starts 1024-byte aligned (the 128-byte swizzle repeats every 8 rows
+  // of 128 bytes, and wgmma applies it to absolute shared addresses).
   static constexpr int kQOffset = (int(sizeof(Misc)) + 1023) / 1024 * 1024;
-  static constexpr int smem_bytes(int stages) { return kQOffset + kQBytes + 2 * stages * kTileBytes; }
+  static constexpr int smem_bytes(int stages) { return kQOffset + kQBytes + kConvBytes + 2 * stages * kStageBytes; }
   static_assert(M % 16 == 0 && M <= kMaxTileRows, "m must be a multiple of 16, at most 128");
   static_assert(kWarpTokens % 16 == 0, "each warp needs whole k-steps of 16 tokens");
   static_assert(N % 32 == 0 && N <= kThreads, "one filler thread per tile position");
   static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks per row");
-  static_assert(kScratchBytes <= kQBytes + 2 * kMinStages * kTileBytes, "epilogue scratch must fit in Q + K/V");
+  static_assert(kScratchBytes <= kQBytes + kConvBytes + 2 * kMinStages * kStageBytes,
+                "epilogue scratch must fit in Q + K/V");
+  static_assert(kKvRowBytes % 16 == 0 && kStageBytes % 1024 == 0, "whole chunks per row, stages 1024-byte aligned");
   static_assert(smem_bytes(kMinStages) <= 227 * 1024, "shared memory of one CTA");
 };
 
@@ -156,8 +173,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   extern __shared__ __align__(1024) uint8_t smem[];
   auto& misc = *reinterpret_cast<typename Tr::Misc*>(smem);
   uint8_t* sQ = smem + Tr::kQOffset;
-  uint8_t* sK = sQ + Tr::kQBytes;
-  uint8_t* sV = sK + S * Tr::kTileBytes;
+  uint8_t* sKc = sQ + Tr::kQBytes;  // fp8: the converted tiles
+  uint8_t* sVc = sKc + Tr::kTileBytes;
+  uint8_t* sK = sQ + Tr::kQBytes + Tr::kConvBytes;
+  uint8_t* sV = sK + S * Tr::kStageBytes;
   if constexpr (Tr::kWgmma) {
     if (smem_addr(smem) & 1023) __trap();  // the swizzle of wgmma's operands needs 1024-byte alignment
   }
@@ -166,10 +185,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   const int wm = warp % WM, wn = warp / WM;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
   // K/V copies: thread tid copies chunk copy_c of rows copy_r0 + k * kCopyRows.
-  constexpr int kCopyRows = kThreads / kChunks, kCopyPasses = N / kCopyRows;
-  static_assert(kThreads % kChunks == 0 && N % kCopyRows == 0, "whole rows per pass, whole passes per tile");
+  constexpr int kKvChunks = Tr::kKvChunks;
+  constexpr int kCopyRows = kThreads / kKvChunks, kCopyPasses = N / kCopyRows;
+  static_assert(kThreads % kKvChunks == 0 && N % kCopyRows == 0, "whole rows per pass, whole passes per tile");
   constexpr uint32_t kSwzRowBytes = Tr::kWgmma ? 128 : Tr::kRowBytes;  // swz(r + 1, c) - swz(r, c) within 8 rows
-  const int copy_c = tid % kChunks, copy_r0 = tid / kChunks;
+  const int copy_c = tid % kKvChunks, copy_r0 = tid / kKvChunks;
   const uint32_t token_bytes = p.kv_token_bytes;  // pool stride of one token row (>= Hkv * D elements)
   // Items are (unit, kv head) pairs: item i is units[i / Hkv] for kv head
   // i % Hkv. A CTA computes item blockIdx.x; in a persistent launch (p.work)
@@ -241,20 +261,43 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // global column offset and, where kCopyRows keeps r % 8, its swizzled
     // shared offset are fixed, so a copy costs a row load and two multiply-adds
     // (the generic index arithmetic took ~20 instructions per copy).
-    const uint8_t* kcol = static_cast<const uint8_t*>(p.k) + (int64_t(kvh) * D + copy_c * 8) * int64_t(sizeof(T));
-    const uint8_t* vcol = static_cast<const uint8_t*>(p.v) + (int64_t(kvh) * D + copy_c * 8) * int64_t(sizeof(T));
+    // fp8 stages are plain [N][kKvRowBytes] rows: they are read once, chunk
+    // by chunk in order, by the conversion (convert below).
+    const int64_t col_bytes = int64_t(kvh) * Tr::kKvRowBytes + copy_c * 16;
+    const uint8_t* kcol = static_cast<const uint8_t*>(p.k) + col_bytes;
+    const uint8_t* vcol = static_cast<const uint8_t*>(p.v) + col_bytes;
     auto issue = [&](int st, int sl) {
-      uint8_t* dk = sK + st * Tr::kTileBytes;
-      uint8_t* dv = sV + st * Tr::kTileBytes;
-      const uint32_t so0 = swz<Tr, N>(copy_r0, copy_c);
+      uint8_t* dk = sK + st * Tr::kStageBytes;
+      uint8_t* dv = sV + st * Tr::kStageBytes;
+      const uint32_t so0 = Tr::kKvFp8 ? uint32_t(copy_r0 * Tr::kKvRowBytes + copy_c * 16) : swz<Tr, N>(copy_r0, copy_c);
 #pragma unroll
       for (int k = 0; k < kCopyPasses; ++k) {
         const int r = copy_r0 + k * kCopyRows;
         const int row = misc.row[sl][r];
         const uint64_t off = uint64_t(uint32_t(max(row, 0))) * token_bytes;
-        const uint32_t so = kCopyRows % 8 == 0 ? so0 + k * kCopyRows * kSwzRowBytes : swz<Tr, N>(r, copy_c);
+        uint32_t so;
+        if constexpr (Tr::kKvFp8)
+          so = so0 + uint32_t(k * kCopyRows * Tr::kKvRowBytes);
+        else
+          so = kCopyRows % 8 == 0 ? so0 + k * kCopyRows * kSwzRowBytes : swz<Tr, N>(r, copy_c);
         cp_async_16_zfill(dk + so, kcol + off, row >= 0);
         cp_async_16_zfill(dv + so, vcol + off, row >= 0);
+      }
+    };
+    // fp8: stage st -> the converted K and V tiles (T, swizzled as a 16-bit
+    // stage is). Rows past the end were zero-filled and convert to zeros.
+    auto convert = [&](int st) {
+      const uint8_t* rk = sK + st * Tr::kStageBytes;
+      const uint8_t* rv = sV + st * Tr::kStageBytes;
+      for (int i = tid; i < N * kKvChunks; i += kThreads) {
+        const int r = i / kKvChunks, c = i % kKvChunks;
+        uint4 lo, hi;
+        fp8x16_to<T>(*reinterpret_cast<const uint4*>(rk + i * 16), lo, hi);
+        *reinterpret_cast<uint4*>(sKc + swz<Tr, N>(r, 2 * c)) = lo;
+        *reinterpret_cast<uint4*>(sKc + swz<Tr, N>(r, 2 * c + 1)) = hi;
+        fp8x16_to<T>(*reinterpret_cast<const uint4*>(rv + i * 16), lo, hi);
+        *reinterpret_cast<uint4*>(sVc + swz<Tr, N>(r, 2 * c)) = lo;
+        *reinterpret_cast<uint4*>(sVc + swz<Tr, N>(r, 2 * c + 1)) = hi;
       }
     };
 
@@ -358,14 +401,21 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
         cp_async_commit();
       }
+      if constexpr (Tr::kKvFp8) {
+        // Tile t landed for everyone (the barrier above), and every warp is
+        // done with the converted tiles of tile t - 1.
+        convert(st);
+        if constexpr (Tr::kWgmma) fence_proxy_async();
+        __syncthreads();
+      }
       if (t + S < num_tiles) {
         commit(next, sl_fill);
         next = lookup(t + S + 1);
       }
 
       if (t == 0 && first_item) trace.mark(kTraceFirstTile);
-      const uint8_t* Ks = sK + st * Tr::kTileBytes;
-      const uint8_t* Vs = sV + st * Tr::kTileBytes;
+      const uint8_t* Ks = Tr::kKvFp8 ? sKc : sK + st * Tr::kStageBytes;
+      const uint8_t* Vs = Tr::kKvFp8 ? sVc : sV + st * Tr::kStageBytes;
 
       // S = Q K^T over this warp's WT tokens.
       float s[WT / 8][4];
@@ -542,7 +592,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         acc.z += sc * x.z;
         acc.w += sc * x.w;
       }
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;  // a fully masked row yields zeros
+      const float inv = sum > 0.f ? p.v_scale / sum : 0.f;  // a fully masked row yields zeros
       acc.x *= inv;
       acc.y *= inv;
       acc.z *= inv;

@@ -75,7 +75,8 @@ struct AttnParams {
   int32_t num_kv_heads;
   int32_t group;      // num_qo_heads / num_kv_heads
   int32_t page_size;
-  float scale_log2;   // softmax scale * log2(e): scores are kept in log2 units
+  float scale_log2;   // softmax scale * k_scale * log2(e): scores are kept in log2 units
+  float v_scale;      // the output's factor: V = stored V x v_scale (1 unless the pools are fp8)
   int32_t stages;     // K/V pipeline depth of this launch (AttnTraits::kMinStages..kMaxStages)
   // Chained runs (executor.cpp): every CTA adds 1 after its last store, the
   // merge waits for the run's total. nullptr: not chained.

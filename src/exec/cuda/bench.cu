@@ -3,6 +3,7 @@
 // queries against the fp64 reference on a compact copy of their context.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,21 +27,25 @@ namespace treeattn {
 namespace {
 
 // uniform(-1, 1) from a counter hash (splitmix64), written as 16-bit floats.
-__global__ void fill_uniform_kernel(uint16_t* p, int64_t n, uint64_t seed, int bf16) {
+__global__ void fill_uniform_kernel(void* p, int64_t n, uint64_t seed, DType t) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint64_t z = seed + uint64_t(i) * 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     const float u = float(z >> 40) * (2.f / 16777216.f) - 1.f;
-    p[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(u)) : __half_as_ushort(__float2half_rn(u));
+    if (t == DType::fp8_e4m3)
+      static_cast<__nv_fp8_storage_t*>(p)[i] = __nv_fp8_e4m3(u).__x;
+    else
+      static_cast<uint16_t*>(p)[i] =
+          t == DType::bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(u)) : __half_as_ushort(__float2half_rn(u));
   }
 }
 
 void fill_uniform(void* p, size_t bytes, uint64_t seed, DType t) {
-  const int64_t n = int64_t(bytes / 2);
+  const int64_t n = int64_t(bytes / dtype_size(t));
   if (n == 0) return;
-  fill_uniform_kernel<<<1024, 256>>>(static_cast<uint16_t*>(p), n, seed, t == DType::bf16);
+  fill_uniform_kernel<<<1024, 256>>>(p, n, seed, t);
   check_cuda(cudaGetLastError(), "bench: fill inputs");
 }
 
@@ -218,15 +223,16 @@ GpuBench::GpuBench(const Workload& w, uint64_t seed) {
   const size_t es = dtype_size(w.layout.dtype);
   if (es != 2) throw Error("bench: dtype " + std::string(to_string(w.layout.dtype)) + " has no GPU kernels");
   const size_t qb = size_t(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim * es;
-  const size_t kvb = size_t(w.layout.num_pages) * w.layout.page_size * w.heads.num_kv_heads * w.heads.head_dim * es;
+  const size_t kvb = size_t(w.layout.num_pages) * w.layout.page_size * w.heads.num_kv_heads * w.heads.head_dim *
+                     dtype_size(w.layout.kv_type());
   m.d.dtype = w.layout.dtype;
   m.d.q = DeviceBuffer(qb);
   m.d.k = DeviceBuffer(kvb);
   m.d.v = DeviceBuffer(kvb);
   m.d.out = DeviceBuffer(qb);
   fill_uniform(m.d.q.get(), qb, seed * 3 + 1, w.layout.dtype);
-  fill_uniform(m.d.k.get(), kvb, seed * 3 + 2, w.layout.dtype);
-  fill_uniform(m.d.v.get(), kvb, seed * 3 + 3, w.layout.dtype);
+  fill_uniform(m.d.k.get(), kvb, seed * 3 + 2, w.layout.kv_type());  // fp8: scales 1
+  fill_uniform(m.d.v.get(), kvb, seed * 3 + 3, w.layout.kv_type());
   int dev = 0, l2 = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute(L2)");
@@ -250,7 +256,7 @@ double check_sampled_queries(const Workload& w, const DeviceTensors& d, int coun
   if (count <= 0) return -1;
   const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads, D = w.heads.head_dim, ps = w.layout.page_size;
   const size_t es = dtype_size(w.layout.dtype);
-  const size_t page_bytes = size_t(ps) * Hkv * D * es, row_bytes = size_t(H) * D * es;
+  const size_t page_bytes = size_t(ps) * Hkv * D * dtype_size(w.layout.kv_type()), row_bytes = size_t(H) * D * es;
 
   Workload sub;
   sub.name = w.name + " (sampled)";
@@ -281,6 +287,9 @@ double check_sampled_queries(const Workload& w, const DeviceTensors& d, int coun
   sub.layout.num_pages = int64_t(old_pages.size());
 
   HostTensors h{w.layout.dtype, {}, {}, {}, {}};
+  h.kv_dtype = w.layout.kv_type();
+  h.k_scale = d.k_scale;
+  h.v_scale = d.v_scale;
   h.q.resize(sampled.size() * row_bytes);
   h.out.resize(sampled.size() * row_bytes);
   h.k.resize(old_pages.size() * page_bytes);

@@ -62,6 +62,8 @@ DeviceBuffer upload_bytes(const std::vector<uint8_t>& h, const char* what) {
 DeviceTensors DeviceTensors::upload(const HostTensors& h) {
   DeviceTensors d;
   d.dtype = h.dtype;
+  d.k_scale = h.k_scale;
+  d.v_scale = h.v_scale;
   d.q = upload_bytes(h.q, "upload q");
   d.k = upload_bytes(h.k, "upload k");
   d.v = upload_bytes(h.v, "upload v");
@@ -80,7 +82,12 @@ void DeviceTensors::poison_out(cudaStream_t stream) const {
   if (out.size()) check_cuda(cudaMemsetAsync(out.get(), 0xff, out.size(), stream), "poison out");
 }
 
-AttentionArgs DeviceTensors::args(float scale) const { return {q.get(), k.get(), v.get(), out.get(), scale}; }
+AttentionArgs DeviceTensors::args(float scale) const {
+  AttentionArgs a{q.get(), k.get(), v.get(), out.get(), scale};
+  a.k_scale = k_scale;
+  a.v_scale = v_scale;
+  return a;
+}
 
 // ---- CudaExecutor -------------------------------------------------------------
 
@@ -151,7 +158,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
     : impl_(std::make_unique<Impl>()) {
   validate_plan(w, p);
   Impl& m = *impl_;
-  m.shape = {w.layout.dtype, w.heads, w.layout.page_size, w.layout.num_pages};
+  m.shape = {w.layout.dtype, w.layout.kv_type(), w.heads, w.layout.page_size, w.layout.num_pages};
   m.dtype = w.layout.dtype;
   m.head_dim = w.heads.head_dim;
   m.num_kv_heads = w.heads.num_kv_heads;
@@ -206,7 +213,7 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
     if (unit_order.size() == first) continue;
     std::stable_sort(unit_order.begin() + first, unit_order.end(),
                      [](const cuda::UnitDesc& a, const cuda::UnitDesc& b) { return a.len > b.len; });
-    Launch l{cuda::find_attention_kernel(m.dtype, m.head_dim, tile), int32_t(first),
+    Launch l{cuda::find_attention_kernel(m.dtype, m.shape.kv_dtype, m.head_dim, tile), int32_t(first),
              int32_t(unit_order.size() - first)};
     if (int64_t(l.num_units) * m.num_kv_heads > int64_t(INT32_MAX))
       throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +

@@ -45,12 +45,12 @@ struct KernelEntry {
 };
 
 // Defined in attention_kernel.cuh; explicitly instantiated in kernels/*.cu.
-// kDType is int(DType): 0 fp16, 1 bf16.
-template <int kDType, int D, int M, int N>
+// kDType is int(DType): 0 fp16, 1 bf16; kKvFp8: K/V pools of fp8_e4m3.
+template <int kDType, bool kKvFp8, int D, int M, int N>
 KernelEntry attention_entry();
 
 // Throws Error for a combination that is not compiled.
-KernelEntry find_attention_kernel(DType dtype, int head_dim, int tile);
+KernelEntry find_attention_kernel(DType dtype, DType kv_dtype, int head_dim, int tile);
 
 // The merge kernel over (query, qo head): launches and returns without syncing.
 // chained: launched with programmatic stream serialization (sm_90+), so it

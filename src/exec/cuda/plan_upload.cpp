@@ -133,28 +133,32 @@ void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams
   if (!(scale > 0.f) || !std::isfinite(scale))
     throw Error("cuda executor: softmax scale must be positive and finite, got " + std::to_string(args.scale));
   if (!args.q || !args.k || !args.v || !args.out) throw Error("cuda executor: null tensor pointer in AttentionArgs");
+  for (const auto& [value, name] : {std::pair{args.k_scale, "k_scale"}, std::pair{args.v_scale, "v_scale"}})
+    if (!(value > 0.f) || !std::isfinite(value))
+      throw Error(std::string("cuda executor: ") + name + " must be positive and finite, got " + std::to_string(value));
   Workload shape;  // resolve_strides needs only the heads and the page size
   shape.heads = t.heads;
   shape.layout.page_size = t.page_size;
   const Strides s = resolve_strides(shape, args);
-  // 16-byte copies of 8 elements: every row start must be 16-byte aligned.
+  // 16-byte copies (8 elements, 16 of fp8): every row start must be 16-byte aligned.
   auto aligned = [](const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; };
   const char* bad = !aligned(args.q) ? "q" : !aligned(args.k) ? "k" : !aligned(args.v) ? "v" : !aligned(args.out) ? "out"
                                                                                                                : nullptr;
   if (bad) throw Error(std::string("cuda executor: ") + bad + " is not 16-byte aligned");
-  auto check_stride = [](int64_t v, int64_t min, const char* name) {
-    if (v < min || v % 8 != 0)
+  auto check_stride = [](int64_t v, int64_t min, int64_t multiple, const char* name) {
+    if (v < min || v % multiple != 0)
       throw Error(std::string("cuda executor: ") + name + " = " + std::to_string(v) + " must be >= " +
-                  std::to_string(min) + " and a multiple of 8 elements");
+                  std::to_string(min) + " and a multiple of " + std::to_string(multiple) + " elements");
   };
-  check_stride(s.q, int64_t(t.heads.num_qo_heads) * D, "q_stride");
-  check_stride(s.out, int64_t(t.heads.num_qo_heads) * D, "out_stride");
-  check_stride(s.kv_token, int64_t(t.heads.num_kv_heads) * D, "kv_token_stride");
+  const int64_t kv_chunk = 16 / int64_t(dtype_size(t.kv_dtype));  // elements of a 16-byte copy
+  check_stride(s.q, int64_t(t.heads.num_qo_heads) * D, 8, "q_stride");
+  check_stride(s.out, int64_t(t.heads.num_qo_heads) * D, 8, "out_stride");
+  check_stride(s.kv_token, int64_t(t.heads.num_kv_heads) * D, kv_chunk, "kv_token_stride");
   if (s.kv_page < s.kv_token * t.page_size || s.kv_page % s.kv_token != 0)
     throw Error("cuda executor: kv_page_stride = " + std::to_string(s.kv_page) + " must be a multiple of kv_token_stride (" +
                 std::to_string(s.kv_token) + ") and >= page_size x that");
   const int64_t rows_per_page = s.kv_page / s.kv_token;
-  const int64_t token_bytes = s.kv_token * int64_t(dtype_size(t.dtype));
+  const int64_t token_bytes = s.kv_token * int64_t(dtype_size(t.kv_dtype));
   if (int64_t(t.num_pages) * rows_per_page > INT32_MAX || token_bytes > int64_t(UINT32_MAX))
     throw Error("cuda executor: a pool of " + std::to_string(t.num_pages) + " pages of " + std::to_string(rows_per_page) +
                 " rows of " + std::to_string(token_bytes) + " bytes exceeds the kernels' 32-bit row indexing");
@@ -167,7 +171,8 @@ void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams
   a.o_stride = s.out;
   a.kv_token_bytes = uint32_t(token_bytes);
   a.rows_per_page = int32_t(rows_per_page);
-  a.scale_log2 = scale * 1.4426950408889634f;
+  a.scale_log2 = scale * args.k_scale * 1.4426950408889634f;
+  a.v_scale = args.v_scale;
   mg.out = args.out;
   mg.o_stride = s.out;
   mg.lse_out = args.lse;

@@ -56,7 +56,8 @@ int64_t wave_ctas(const Launch& l, const DeviceLimits& dl);
 
 // The geometry a run's tensors are checked against.
 struct TensorShape {
-  DType dtype;
+  DType dtype;     // q, out
+  DType kv_dtype;  // the K/V pools
   HeadConfig heads;
   int page_size;
   int64_t num_pages;

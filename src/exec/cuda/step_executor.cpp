@@ -73,13 +73,19 @@ struct CudaStepExecutor::Impl {
   }
 };
 
-CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int page_size, int64_t num_pages,
-                                   const StepCapacity& cap, const CudaStepOptions& o)
+CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layout, const StepCapacity& cap,
+                                   const CudaStepOptions& o)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   heads.validate();
+  const DType dtype = layout.dtype, kv_dtype = layout.kv_type();
+  const int page_size = layout.page_size;
+  const int64_t num_pages = layout.num_pages;
   if (dtype != DType::fp16 && dtype != DType::bf16)
     throw Error("step executor: dtype " + std::string(to_string(dtype)) + " is not supported (fp16, bf16)");
+  if (kv_dtype != dtype && kv_dtype != DType::fp8_e4m3)
+    throw Error("step executor: kv_dtype " + std::string(to_string(kv_dtype)) + " is not supported with dtype " +
+                std::string(to_string(dtype)) + " (fp8_e4m3, or the dtype)");
   if (page_size <= 0 || page_size > 65536)
     throw Error("step executor: page_size " + std::to_string(page_size) + " is out of range [1, 65536]");
   if (num_pages <= 0) throw Error("step executor: num_pages " + std::to_string(num_pages) + " must be positive");
@@ -94,7 +100,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int pag
   positive("max_entries", cap.max_entries, 1 << 26);
   positive("max_slots", cap.max_slots, 1 << 26);
   positive("max_page_refs", cap.max_page_refs, int64_t(1) << 30);
-  m.shape = {dtype, heads, page_size, num_pages};
+  m.shape = {dtype, kv_dtype, heads, page_size, num_pages};
   m.cap = cap;
   const cuda::DeviceLimits dl = cuda::DeviceLimits::current();
 
@@ -112,7 +118,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, DType dtype, int pag
       throw Error("step executor: tile " + std::to_string(t) + " is not a compiled tile that fits head_dim " +
                   std::to_string(heads.head_dim));
     cuda::Launch l;
-    l.kernel = cuda::find_attention_kernel(dtype, heads.head_dim, t);
+    l.kernel = cuda::find_attention_kernel(dtype, kv_dtype, heads.head_dim, t);
     l.max_len = 1 << 20;  // any plan: as deep a pipeline as the occupancy allows
     cuda::set_kernel_attributes(l.kernel, dl);
     m.launches.push_back(l);
@@ -225,10 +231,12 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
                 std::to_string(w.heads.num_kv_heads) + " d=" + std::to_string(w.heads.head_dim) +
                 " differ from the executor's " + std::to_string(t.heads.num_qo_heads) + "/" +
                 std::to_string(t.heads.num_kv_heads) + " d=" + std::to_string(t.heads.head_dim));
-  if (w.layout.dtype != t.dtype || w.layout.page_size != t.page_size || w.layout.num_pages > t.num_pages)
-    throw Error("step executor: workload layout (dtype " + std::string(to_string(w.layout.dtype)) + ", page_size " +
-                std::to_string(w.layout.page_size) + ", num_pages " + std::to_string(w.layout.num_pages) +
-                ") does not fit the executor's (dtype " + std::string(to_string(t.dtype)) + ", page_size " +
+  if (w.layout.dtype != t.dtype || w.layout.kv_type() != t.kv_dtype || w.layout.page_size != t.page_size ||
+      w.layout.num_pages > t.num_pages)
+    throw Error("step executor: workload layout (dtype " + std::string(to_string(w.layout.dtype)) + ", kv_dtype " +
+                std::string(to_string(w.layout.kv_type())) + ", page_size " + std::to_string(w.layout.page_size) +
+                ", num_pages " + std::to_string(w.layout.num_pages) + ") does not fit the executor's (dtype " +
+                std::string(to_string(t.dtype)) + ", kv_dtype " + std::string(to_string(t.kv_dtype)) + ", page_size " +
                 std::to_string(t.page_size) + ", num_pages " + std::to_string(t.num_pages) + ")");
   if (check == PlanCheck::validate) validate_plan(w, p, &m.validate_scratch);
   check_capacity("max_queries", w.num_queries(), m.cap.max_queries);

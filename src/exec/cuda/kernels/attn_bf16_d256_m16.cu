@@ -1,3 +1,3 @@
 // Attention kernel instantiation: bf16, head_dim 256, Q tile m=16 (n from kTileConfigs).
 #include "exec/cuda/attention_instance.cuh"
-TREEATTN_ATTENTION_INSTANCE(1, 256, 16)
+TREEATTN_ATTENTION_INSTANCE(1, 0, 256, 16)

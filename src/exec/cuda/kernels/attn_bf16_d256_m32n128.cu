@@ -1,3 +1,3 @@
 // Attention kernel instantiation: bf16, head_dim 256, Q tile m=32 with 128-token K/V tiles.
 #include "exec/cuda/attention_instance.cuh"
-TREEATTN_ATTENTION_INSTANCE_MN(1, 256, 32, 128)
+TREEATTN_ATTENTION_INSTANCE_MN(1, 0, 256, 32, 128)

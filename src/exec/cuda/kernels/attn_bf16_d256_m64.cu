@@ -1,3 +1,3 @@
 // Attention kernel instantiation: bf16, head_dim 256, Q tile m=64 (n from kTileConfigs).
 #include "exec/cuda/attention_instance.cuh"
-TREEATTN_ATTENTION_INSTANCE(1, 256, 64)
+TREEATTN_ATTENTION_INSTANCE(1, 0, 256, 64)

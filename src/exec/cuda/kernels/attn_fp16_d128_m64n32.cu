@@ -1,3 +1,3 @@
 // Attention kernel instantiation: fp16, head_dim 128, Q tile m=64 with 32-token K/V tiles.
 #include "exec/cuda/attention_instance.cuh"
-TREEATTN_ATTENTION_INSTANCE_MN(0, 128, 64, 32)
+TREEATTN_ATTENTION_INSTANCE_MN(0, 0, 128, 64, 32)

@@ -1,3 +1,3 @@
 // Attention kernel instantiation: fp16, head_dim 256, Q tile m=16 with 128-token K/V tiles.
 #include "exec/cuda/attention_instance.cuh"
-TREEATTN_ATTENTION_INSTANCE_MN(0, 256, 16, 128)
+TREEATTN_ATTENTION_INSTANCE_MN(0, 0, 256, 16, 128)

@@ -1,3 +1,3 @@
 // Attention kernel instantiation: fp16, head_dim 256, Q tile m=64 (n from kTileConfigs).
 #include "exec/cuda/attention_instance.cuh"
-TREEATTN_ATTENTION_INSTANCE(0, 256, 64)
+TREEATTN_ATTENTION_INSTANCE(0, 0, 256, 64)

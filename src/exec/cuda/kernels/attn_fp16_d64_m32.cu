@@ -1,3 +1,3 @@
 // Attention kernel instantiation: fp16, head_dim 64, Q tile m=32 (n from kTileConfigs).
 #include "exec/cuda/attention_instance.cuh"
-TREEATTN_ATTENTION_INSTANCE(0, 64, 32)
+TREEATTN_ATTENTION_INSTANCE(0, 0, 64, 32)

@@ -1,0 +1,3 @@
+// Attention kernel instantiation: bf16 with fp8_e4m3 K/V, head_dim 256, Q tile m=128 (n from kTileConfigs).
+#include "exec/cuda/attention_instance.cuh"
+TREEATTN_ATTENTION_INSTANCE(1, 1, 256, 128)
