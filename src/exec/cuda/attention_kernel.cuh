@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "exec/cuda/attention_params.hpp"
+#include "exec/cuda/primitives/barrier.cuh"
 #include "exec/cuda/primitives/cp_async.cuh"
 #include "exec/cuda/primitives/cta_trace.cuh"
 #include "exec/cuda/primitives/fp8.cuh"
@@ -286,11 +287,17 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     };
     // fp8: stage st -> the converted K and V tiles (T, swizzled as a 16-bit
     // stage is). Rows past the end were zero-filled and convert to zeros.
+    // wgmma reads the whole tile from every warp: the CTA converts it and
+    // waits at a CTA barrier. An mma.sync warp reads only the rows of its
+    // token slice (wn): the WM warps of a slice convert those rows and wait
+    // for each other alone (a warp sync, or a named barrier per slice).
+    constexpr int kConvRows = Tr::kWgmma ? N : WT, kConvThreads = Tr::kWgmma ? kThreads : WM * 32;
+    const int conv_row0 = Tr::kWgmma ? 0 : wn * WT, conv_tid = Tr::kWgmma ? tid : wm * 32 + lane;
     auto convert = [&](int st) {
-      const uint8_t* rk = sK + st * Tr::kStageBytes;
-      const uint8_t* rv = sV + st * Tr::kStageBytes;
-      for (int i = tid; i < N * kKvChunks; i += kThreads) {
-        const int r = i / kKvChunks, c = i % kKvChunks;
+      const uint8_t* rk = sK + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes;
+      const uint8_t* rv = sV + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes;
+      for (int i = conv_tid; i < kConvRows * kKvChunks; i += kConvThreads) {
+        const int r = conv_row0 + i / kKvChunks, c = i % kKvChunks;
         uint4 lo, hi;
         fp8x16_to<T>(*reinterpret_cast<const uint4*>(rk + i * 16), lo, hi);
         *reinterpret_cast<uint4*>(sKc + swz<Tr, N>(r, 2 * c)) = lo;
@@ -405,8 +412,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         // Tile t landed for everyone (the barrier above), and every warp is
         // done with the converted tiles of tile t - 1.
         convert(st);
-        if constexpr (Tr::kWgmma) fence_proxy_async();
-        __syncthreads();
+        if constexpr (Tr::kWgmma) {
+          fence_proxy_async();
+          __syncthreads();
+        } else if constexpr (WM == 1) {
+          __syncwarp();
+        } else {
+          named_barrier_sync(1 + wn, WM * 32);
+        }
       }
       if (t + S < num_tiles) {
         commit(next, sl_fill);
