@@ -293,19 +293,33 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // for each other alone (a warp sync, or a named barrier per slice).
     constexpr int kConvRows = Tr::kWgmma ? N : WT, kConvThreads = Tr::kWgmma ? kThreads : WM * 32;
     const int conv_row0 = Tr::kWgmma ? 0 : wn * WT, conv_tid = Tr::kWgmma ? tid : wm * 32 + lane;
-    auto convert = [&](int st) {
-      const uint8_t* rk = sK + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes;
-      const uint8_t* rv = sV + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes;
-      for (int i = conv_tid; i < kConvRows * kKvChunks; i += kConvThreads) {
-        const int r = conv_row0 + i / kKvChunks, c = i % kKvChunks;
-        uint4 lo, hi;
-        fp8x16_to<T>(*reinterpret_cast<const uint4*>(rk + i * 16), lo, hi);
-        *reinterpret_cast<uint4*>(sKc + swz<Tr, N>(r, 2 * c)) = lo;
-        *reinterpret_cast<uint4*>(sKc + swz<Tr, N>(r, 2 * c + 1)) = hi;
-        fp8x16_to<T>(*reinterpret_cast<const uint4*>(rv + i * 16), lo, hi);
-        *reinterpret_cast<uint4*>(sVc + swz<Tr, N>(r, 2 * c)) = lo;
-        *reinterpret_cast<uint4*>(sVc + swz<Tr, N>(r, 2 * c + 1)) = hi;
+    // In batches of up to 4 chunks, loads first: the chunks' load -> convert
+    // -> store chains overlap instead of running one after another (more
+    // than 4 chunks in registers spilled at the 128-register caps).
+    constexpr int kConvIters = kConvRows * kKvChunks / kConvThreads;
+    constexpr int kConvBatch = kConvIters < 4 ? kConvIters : 4;
+    static_assert(!Tr::kKvFp8 || (kConvRows * kKvChunks % kConvThreads == 0 && kConvIters % kConvBatch == 0),
+                  "whole conversion passes and batches");
+    auto convert_tile = [&](const uint8_t* raw, uint8_t* dst) {
+#pragma unroll
+      for (int j0 = 0; j0 < kConvIters; j0 += kConvBatch) {
+        uint4 x[kConvBatch];
+#pragma unroll
+        for (int j = 0; j < kConvBatch; ++j) x[j] = *reinterpret_cast<const uint4*>(raw + (conv_tid + (j0 + j) * kConvThreads) * 16);
+#pragma unroll
+        for (int j = 0; j < kConvBatch; ++j) {
+          const int i = conv_tid + (j0 + j) * kConvThreads;
+          const int r = conv_row0 + i / kKvChunks, c = i % kKvChunks;
+          uint4 lo, hi;
+          fp8x16_to<T>(x[j], lo, hi);
+          *reinterpret_cast<uint4*>(dst + swz<Tr, N>(r, 2 * c)) = lo;
+          *reinterpret_cast<uint4*>(dst + swz<Tr, N>(r, 2 * c + 1)) = hi;
+        }
       }
+    };
+    auto convert = [&](int st) {
+      convert_tile(sK + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes, sKc);
+      convert_tile(sV + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes, sVc);
     };
 
     // ---- the unit's segment records and entries -> shared memory. The first
