@@ -63,7 +63,7 @@ def main():
           f"{means['all_geomean']:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(device=fp8_doc.get("device"), commit=fp8_doc.get("commit"),
+            json.dump(dict(device=fp8_doc.get("device"), commit=fp8_doc.get("commit"), date=fp8_doc.get("date"),
                            commands=[base_doc.get("command"), fp8_doc.get("command")], min_floor_us=a.min_floor,
                            means=means, rows=rows), f, indent=1)
 
