@@ -255,22 +255,27 @@ TEST(CudaExecutor, SixtyFourMaskedSegmentsShapes) {
 // ---- PAT's KV-tile variants ---------------------------------------------------------
 
 // Every compiled tile config (m, n), run exactly (no m16n32 substitution), at
-// d 64/128/256 in fp16 and bf16: (a) PAT plans with every unit on (m, n)
-// (pat_max_rows = m, so units hold at most m rows; units of several tiles and
-// a partial last tile); (b) the 64-masked-segment plan on (m, n) (masks across
-// n-token tiles, partials + merge).
-TEST(CudaExecutor, PatTileConfigs) {
+// d 64/128/256 in fp16 and bf16, with pools of the dtype or (kv_dtype) fp8:
+// (a) PAT plans with every unit on (m, n) (pat_max_rows = m, so units hold at
+// most m rows; units of several tiles and a partial last tile); (b) the
+// 64-masked-segment plan on (m, n) (masks across n-token tiles, partials +
+// merge). fp8 pools are checked against the fp64 reference over the
+// dequantised values (the inputs' k_scale / v_scale are not 1) within the
+// dtype's tolerance: the conversion is exact, so they cost no accuracy
+// beyond their own rounding.
+void check_every_tile_config(std::optional<DType> kv_dtype, uint64_t seed) {
   double worst[2] = {0, 0};
+  CudaExecutorOptions exact;
+  exact.short_m16 = false;
   for (int t = 0; t < num_tile_configs(); ++t) {
     const TileConfig tc = kTileConfigs[t];
-    const std::string tile = "tile m" + std::to_string(tc.m) + "n" + std::to_string(tc.n);
-    CudaExecutorOptions exact;
-    exact.short_m16 = false;
     for (int d : {64, 128, 256})
       for (DType dt : {DType::fp16, DType::bf16}) {
         if (!tile_fits_head_dim(t, d)) continue;  // the validator rejects it (tests/plan)
-        const std::string what = tile + " d " + std::to_string(d) + " " + std::string(to_string(dt));
-        const Workload w = make_workload("pat:B=1,4,12:L=150,70,45", params(16, 4, d, dt, 16, 7 + t));
+        const std::string what = "tile m" + std::to_string(tc.m) + "n" + std::to_string(tc.n) + " d " +
+                                  std::to_string(d) + " " + std::string(to_string(dt)) +
+                                  (kv_dtype ? " kv " + std::string(to_string(*kv_dtype)) : "");
+        const Workload w = make_workload("pat:B=1,4,12:L=150,70,45", params(16, 4, d, dt, 16, 7 + t, kv_dtype));
         PlanOptions opt;
         opt.num_sms = 8;
         opt.extra["pat_max_rows"] = tc.m;
@@ -279,60 +284,24 @@ TEST(CudaExecutor, PatTileConfigs) {
         Plan p = plan_pat_with(w, opt, rules);
         for (uint8_t& x : p.unit_tile) x = uint8_t(t);
         validate_plan(w, p);
-        Errors e = check_plan(w, p, 20 + t, true, exact);
+        Errors e = check_plan(w, p, seed + t, true, exact);
         expect_ok(w, p, e, what + " pat");
         worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
 
-        const Workload s = star64(dt, 8, 2, d, 16);
+        const Workload s = star64(dt, 8, 2, d, 16, kv_dtype);
         const Plan sp = star64_plan(s, t);
         validate_plan(s, sp);
-        e = check_plan(s, sp, 30 + t, true, exact);
+        e = check_plan(s, sp, seed + 10 + t, true, exact);
         expect_ok(s, sp, e, what + " 64 masked segments");
         worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
       }
   }
-  std::printf("  %d tile configs; worst gpu-vs-reference: fp16 %.2e, bf16 %.2e\n", num_tile_configs(), worst[0],
-              worst[1]);
+  std::printf("  %d tile configs%s; worst gpu-vs-reference: fp16 %.2e, bf16 %.2e\n", num_tile_configs(),
+              kv_dtype ? ", fp8 K/V" : "", worst[0], worst[1]);
 }
 
-// fp8 K/V pools: every tile config (m, n) x head_dim x dtype, on PAT's plan
-// forced to that tile and on the 64-masked-segment plan, against the fp64
-// reference over the dequantised pools (the inputs' k_scale / v_scale are not
-// 1) and the CPU executor, within the dtype's tolerance: the conversion is
-// exact, so fp8 pools cost no accuracy beyond their own rounding.
-TEST(CudaExecutor, Fp8KvEveryTileConfig) {
-  double worst[2] = {0, 0};
-  CudaExecutorOptions exact;
-  exact.short_m16 = false;
-  for (int t = 0; t < num_tile_configs(); ++t)
-    for (int d : {64, 128, 256})
-      for (DType dt : {DType::fp16, DType::bf16}) {
-        if (!tile_fits_head_dim(t, d)) continue;
-        const std::string what = "fp8 kv tile m" + std::to_string(kTileConfigs[t].m) + "n" +
-                                 std::to_string(kTileConfigs[t].n) + " d " + std::to_string(d) + " " +
-                                 std::string(to_string(dt));
-        const Workload w =
-            make_workload("pat:B=1,4,12:L=150,70,45", params(16, 4, d, dt, 16, 7 + t, DType::fp8_e4m3));
-        PlanOptions opt;
-        opt.num_sms = 8;
-        opt.extra["pat_max_rows"] = kTileConfigs[t].m;
-        PatTileRules rules;
-        rules.rules = {{kMaxTileRows, -1, kTileConfigs[t].n}};
-        Plan p = plan_pat_with(w, opt, rules);
-        for (uint8_t& x : p.unit_tile) x = uint8_t(t);
-        validate_plan(w, p);
-        Errors e = check_plan(w, p, 40 + t, true, exact);
-        expect_ok(w, p, e, what + " pat");
-        worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
-        const Workload s = star64(dt, 8, 2, d, 16, DType::fp8_e4m3);
-        const Plan sp = star64_plan(s, t);
-        e = check_plan(s, sp, 50 + t, true, exact);
-        expect_ok(s, sp, e, what + " 64 masked segments");
-        worst[dt == DType::bf16] = std::max(worst[dt == DType::bf16], e.gpu_vs_ref);
-      }
-  std::printf("  fp8 K/V, %d tile configs; worst gpu-vs-reference: fp16 %.2e, bf16 %.2e\n", num_tile_configs(),
-              worst[0], worst[1]);
-}
+TEST(CudaExecutor, PatTileConfigs) { check_every_tile_config(std::nullopt, 20); }
+TEST(CudaExecutor, Fp8KvEveryTileConfig) { check_every_tile_config(DType::fp8_e4m3, 40); }
 
 // fp8 K/V under compute-sanitizer: every planner on a small tree, page
 // sizes 1 and 16 (a tile's rows from many pages), one-stage and pipelined

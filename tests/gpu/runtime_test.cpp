@@ -56,6 +56,20 @@ double runtime_error(const Workload& w, const std::string& planner, const HostTe
 
 double tolerance(DType t) { return t == DType::bf16 ? 1e-2 : 2e-3; }
 
+// The lse a GPU run wrote into dlse against the CPU executor's on the same
+// plan and inputs (which the CPU tests check against fp64).
+void expect_lse_of_cpu_executor(const Workload& w, const Plan& p, const HostTensors& h, const DeviceBuffer& dlse,
+                                const std::string& what) {
+  const size_t n = size_t(w.num_queries()) * w.heads.num_qo_heads;
+  std::vector<float> lse(n), cpu_lse(n);
+  check_cuda(cudaMemcpy(lse.data(), dlse.get(), n * 4, cudaMemcpyDeviceToHost), "lse");
+  HostTensors c = h;
+  AttentionArgs ca = c.args();
+  ca.lse = cpu_lse.data();
+  run_cpu(w, p, ca);
+  for (size_t i = 0; i < n; ++i) ASSERT_NEAR(lse[i], cpu_lse[i], 1e-3) << what << " lse " << i;
+}
+
 TEST(Runtime, EveryPlannerRandomTreesAndFamilies) {
   std::vector<std::string> specs = {"fasttree:N=1,4,16:C=256,64,32", "pat:B=1,8,64:L=512,128,32",
                                     "fewshot:prompt=1000:branches=16:len=64", "pat:B=64:L=300"};
@@ -124,13 +138,7 @@ TEST(Runtime, SanitizeStridedTensorsAndLse) {
     HostTensors g = h;
     check_cuda(cudaMemcpy(g.out.data(), dout.get(), dout.size(), cudaMemcpyDeviceToHost), "out");
     EXPECT_LE(relative_error(w, g.out.data(), ref), 2e-3) << planner;
-    // lse against the CPU executor's (which the CPU tests check against fp64).
-    std::vector<float> lse(size_t(Q) * H), cpu_lse(size_t(Q) * H);
-    check_cuda(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost), "lse");
-    AttentionArgs ca = h.args();
-    ca.lse = cpu_lse.data();
-    run_cpu(w, ta.plan(), ca);
-    for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], cpu_lse[i], 1e-3) << planner << " lse " << i;
+    expect_lse_of_cpu_executor(w, ta.plan(), h, dlse, planner);
   }
 }
 
@@ -179,12 +187,7 @@ TEST(Runtime, SanitizeFp8KvStridedPoolsAndScales) {
       d.download_out(g);
       const std::string what = pl.name + " " + std::string(to_string(t));
       EXPECT_LE(relative_error(w, g.out.data(), ref), tolerance(t)) << what;
-      std::vector<float> lse(size_t(Q) * H), cpu_lse(size_t(Q) * H);
-      check_cuda(cudaMemcpy(lse.data(), dlse.get(), lse.size() * 4, cudaMemcpyDeviceToHost), "lse");
-      AttentionArgs ca = h.args();
-      ca.lse = cpu_lse.data();
-      run_cpu(w, ta.plan(), ca);
-      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], cpu_lse[i], 1e-3) << what << " lse " << i;
+      expect_lse_of_cpu_executor(w, ta.plan(), h, dlse, what);
       if (pl.name == "auto") {
         AttentionArgs bad = a;
         bad.kv_token_stride = tok + 8;
