@@ -41,6 +41,10 @@ struct Strides {
 Strides resolve_strides(const Workload& w, const AttentionArgs& a);
 
 float effective_scale(const Workload& w, float scale);
+// Throws Error naming the argument unless scale is 0 (1/sqrt(head_dim)) or
+// positive and finite, and k_scale, v_scale are positive and finite. Both
+// executors call it on every run.
+void check_scales(const AttentionArgs& a);
 
 // Host tensors of one batch filled with seeded uniform(-1, 1) values.
 // With an fp8 KV layout, K and V hold uniform(-1, 1) / k_scale (v_scale),

@@ -47,7 +47,7 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _kv_dtype_name(kv_dtype: Any, dtype: str) -> str:
-    """"" (the pools are of the dtype) or "fp8_e4m3"."""
+    """The native kv_dtype argument: "" (the pools are of the dtype) or "fp8_e4m3"."""
     if kv_dtype is None:
         return ""
     name = str(kv_dtype).replace("torch.", "")
@@ -184,11 +184,12 @@ class TreeAttention:
                 pass
         self.device = device
         self.dtype = _dtype_name(dtype)
-        self.kv_dtype = _kv_dtype_name(kv_dtype, self.dtype) or self.dtype
+        kv_native = _kv_dtype_name(kv_dtype, self.dtype)
+        self.kv_dtype = kv_native or self.dtype
         self.num_qo_heads, self.num_kv_heads, self.head_dim = num_qo_heads, num_kv_heads, head_dim
         self.page_size, self.num_pages = page_size, num_pages
         self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
-                                              self.dtype, "" if self.kv_dtype == self.dtype else self.kv_dtype,
+                                              self.dtype, kv_native,
                                               device, max_queries, max_nodes, max_page_refs, planner,
                                               num_sms or 0, cpu_threads, max_extension_tokens, device_index)
         self.device_index = self._impl.device_index  # -1 on the cpu

@@ -127,6 +127,7 @@ void parallel_for(int64_t n, int threads, F&& f) {
 }  // namespace
 
 void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threads) {
+  check_scales(a);
   const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads;
   Partials part;
   part.o.assign(size_t(p.num_slots) * H * w.heads.head_dim, 0.f);

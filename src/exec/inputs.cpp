@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "treeattn/executor.hpp"
 #include "treeattn/numeric.hpp"
@@ -12,6 +14,14 @@ namespace treeattn {
 
 float effective_scale(const Workload& w, float scale) {
   return scale != 0.f ? scale : 1.f / std::sqrt(static_cast<float>(w.heads.head_dim));
+}
+
+void check_scales(const AttentionArgs& a) {
+  if (!(a.scale == 0.f || (a.scale > 0.f && std::isfinite(a.scale))))
+    throw Error("scale: expected 0 (1/sqrt(head_dim)) or a positive finite number, got " + std::to_string(a.scale));
+  for (const auto& [value, name] : {std::pair{a.k_scale, "k_scale"}, std::pair{a.v_scale, "v_scale"}})
+    if (!(value > 0.f && std::isfinite(value)))
+      throw Error(std::string(name) + ": expected a positive finite number, got " + std::to_string(value));
 }
 
 Strides resolve_strides(const Workload& w, const AttentionArgs& a) {

@@ -312,9 +312,9 @@ void read_torch(const char* name, PyObject* o, View& v, const Where& where, bool
   v.dtype = dt == T.fp16   ? Code::fp16
             : dt == T.bf16 ? Code::bf16
             : dt == T.fp32 ? Code::fp32
-            : dt == T.fp8 && dt ? Code::fp8
-            : dt == T.u8 && dt  ? Code::u8
-                                : Code::other;
+            : dt == T.fp8  ? Code::fp8  // dt is not null; T.fp8 is in a PyTorch without float8
+            : dt == T.u8   ? Code::u8
+                           : Code::other;
   Py_DECREF(dt);
   // The flag of the device it must be on: is_cuda for a CUDA runtime (as before),
   // is_cpu for a CPU one (so an MPS, XPU or meta tensor is not taken for a CPU one).
@@ -412,9 +412,6 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   check_tensor("out", out, c, 3, c.heads.num_qo_heads);
   check_tensor("k_pool", k, c, 4, c.heads.num_kv_heads, /*kv=*/true);
   check_tensor("v_pool", v, c, 4, c.heads.num_kv_heads, /*kv=*/true);
-  for (const auto& [value, name] : {std::pair{k_scale, "k_scale"}, std::pair{v_scale, "v_scale"}})
-    if (!(value > 0.f) || !std::isfinite(value))
-      value_error(std::string(name) + ": expected a positive finite number, got " + std::to_string(value));
   if (q.shape[0] != Q) value_error("q: " + std::to_string(q.shape[0]) + " queries, the plan has " + std::to_string(Q));
   if (out.shape[0] != Q)
     value_error("out: " + std::to_string(out.shape[0]) + " queries, the plan has " + std::to_string(Q));
@@ -435,6 +432,7 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   a.scale = scale;
   a.k_scale = k_scale;
   a.v_scale = v_scale;
+  check_scales(a);  // as the executors do on every run; bind() reports it at once
   a.q_stride = q.strides[0];
   a.out_stride = out.strides[0];
   a.kv_page_stride = k.strides[0];

@@ -4,6 +4,8 @@
 // errors that name the capacity, field and value and keep the previous plan.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <string>
 #include <vector>
 
@@ -194,6 +196,19 @@ TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
   TreeAttention fresh(c);
   HostTensors h = make_random_inputs(ta.workload(), 1);
   EXPECT_NE(error_of([&] { fresh.run(h.args()); }).find("run() before any plan"), std::string::npos);
+  // Scales are checked on every run, as on the GPU.
+  for (const float bad : {0.f, -1.f, NAN, INFINITY}) {
+    AttentionArgs a = h.args();
+    a.k_scale = bad;
+    EXPECT_NE(error_of([&] { ta.run(a); }).find("k_scale: expected a positive finite number"), std::string::npos);
+    a = h.args();
+    a.v_scale = bad;
+    EXPECT_NE(error_of([&] { ta.run(a); }).find("v_scale: expected a positive finite number"), std::string::npos);
+    a = h.args();
+    a.scale = bad == 0.f ? -0.5f : bad;
+    EXPECT_NE(error_of([&] { ta.run(a); }).find("scale: expected 0 (1/sqrt(head_dim)) or a positive"),
+              std::string::npos);
+  }
 }
 
 // A decode loop on one tree: every query's node one token longer per step,

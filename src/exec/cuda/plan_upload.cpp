@@ -129,13 +129,9 @@ int64_t wave_ctas(const Launch& l, const DeviceLimits& dl) {
 
 void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams& a, MergeParams& mg) {
   const int D = t.heads.head_dim;
+  check_scales(args);
   const float scale = args.scale != 0.f ? args.scale : 1.f / std::sqrt(float(D));
-  if (!(scale > 0.f) || !std::isfinite(scale))
-    throw Error("cuda executor: softmax scale must be positive and finite, got " + std::to_string(args.scale));
   if (!args.q || !args.k || !args.v || !args.out) throw Error("cuda executor: null tensor pointer in AttentionArgs");
-  for (const auto& [value, name] : {std::pair{args.k_scale, "k_scale"}, std::pair{args.v_scale, "v_scale"}})
-    if (!(value > 0.f) || !std::isfinite(value))
-      throw Error(std::string("cuda executor: ") + name + " must be positive and finite, got " + std::to_string(value));
   Workload shape;  // resolve_strides needs only the heads and the page size
   shape.heads = t.heads;
   shape.layout.page_size = t.page_size;

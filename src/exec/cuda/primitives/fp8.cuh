@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace treeattn::cuda {
 
