@@ -154,7 +154,7 @@ PlanSummary summarize(const Workload& w, const Plan& p);
 // and owner; per unit its non-empty segments; per node its parent and tokens.
 struct ValidatePlanScratch {
   std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, seen_whole_by,
-      slot_writes, slot_reads, slot_owner, path;
+      slots_of_query, slot_owner, path;
   std::vector<Segment> ranges;
   std::vector<uint64_t> unit_non_empty;  // per unit, bit k: segment k has tokens
   std::vector<int32_t> node_parent, node_tokens;

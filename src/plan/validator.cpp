@@ -72,7 +72,8 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   sc.units_of_query.assign(Q, 0);
   sc.last_unit_of_query.assign(Q, -1);
   sc.range_offset.assign(size_t(Q) + 1, 0);
-  sc.slot_writes.assign(size_t(p.num_slots), 0);
+  sc.slots_of_query.assign(Q, 0);
+  sc.slot_owner.assign(size_t(p.num_slots), -1);  // the query whose entry writes the slot
   sc.unit_non_empty.resize(size_t(U));
   const int g = w.heads.group_size();
   for (int32_t u = 0; u < U; ++u) {
@@ -114,7 +115,11 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
       const int32_t slot = p.entry_slot[e];
       if (slot != -1) {
         if (slot < 0 || slot >= p.num_slots) fail(p.planner, unit() + "slot " + str(slot) + " out of range");
-        ++sc.slot_writes[slot];
+        if (sc.slot_owner[slot] != -1)
+          fail(p.planner, "slot " + str(slot) + " is written twice (queries " + str(sc.slot_owner[slot]) + " and " +
+                              str(q) + ")");
+        sc.slot_owner[slot] = q;
+        ++sc.slots_of_query[q];
       }
     }
     if (any_partial_mask != bool(p.unit_masked[u]))
@@ -189,36 +194,26 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   }
 
   // Merge: a query in one unit has no slot; otherwise every entry of it has a
-  // slot, written once, and its merge list holds exactly those slots.
-  std::vector<int32_t>& slot_reads = sc.slot_reads;
-  slot_reads.assign(size_t(p.num_slots), 0);
-  for (int32_t q = 0; q < Q; ++q)
+  // slot (each written once, checked above), and its merge list holds exactly
+  // those slots. Reading a listed slot marks it (owner -2), so no slot is
+  // listed twice; with as many listed slots as slots, every slot is read once.
+  for (int32_t q = 0; q < Q; ++q) {
+    const int32_t units = sc.units_of_query[q], slots = sc.slots_of_query[q];
+    const int32_t listed = p.query_slot_offset[q + 1] - p.query_slot_offset[q];
+    if (units == 1 && slots != 0) fail(p.planner, "query " + str(q) + " is in one unit but has a slot");
+    if (units > 1 && slots != units) fail(p.planner, "query " + str(q) + " is in several units but an entry has no slot");
+    if (units > 1 && listed != units)
+      fail(p.planner, "query " + str(q) + " merges " + str(listed) + " slots but is in " + str(units) + " units");
     for (int32_t k = p.query_slot_offset[q]; k < p.query_slot_offset[q + 1]; ++k) {
       const int32_t slot = p.query_slots[k];
       if (slot < 0 || slot >= p.num_slots) fail(p.planner, "query " + str(q) + ": merge slot " + str(slot) + " out of range");
-      ++slot_reads[slot];
+      int32_t& owner = sc.slot_owner[slot];
+      if (owner == -2) fail(p.planner, "slot " + str(slot) + " is read twice");
+      if (owner == -1) fail(p.planner, "slot " + str(slot) + " is read but written by no entry");
+      if (owner != q) fail(p.planner, "query " + str(q) + " merges slot " + str(slot) + " written for another query");
+      owner = -2;
     }
-  std::vector<int32_t>& slot_owner = sc.slot_owner;
-  slot_owner.assign(size_t(p.num_slots), -1);
-  const std::vector<int32_t>& units_of_query = sc.units_of_query;
-  const std::vector<int32_t>& slot_writes = sc.slot_writes;
-  for (size_t e = 0; e < E; ++e) {
-    const int32_t q = p.entry_query[e], slot = p.entry_slot[e];
-    const int32_t listed = p.query_slot_offset[q + 1] - p.query_slot_offset[q];
-    if (units_of_query[q] == 1 && slot != -1) fail(p.planner, "query " + str(q) + " is in one unit but has a slot");
-    if (units_of_query[q] > 1 && slot == -1) fail(p.planner, "query " + str(q) + " is in several units but an entry has no slot");
-    if (units_of_query[q] > 1 && listed != units_of_query[q])
-      fail(p.planner, "query " + str(q) + " merges " + str(listed) + " slots but is in " + str(units_of_query[q]) + " units");
-    if (slot >= 0) slot_owner[slot] = q;
   }
-  for (int32_t s = 0; s < p.num_slots; ++s) {
-    if (slot_writes[s] != 1) fail(p.planner, "slot " + str(s) + " is written " + str(slot_writes[s]) + " times");
-    if (slot_reads[s] != 1) fail(p.planner, "slot " + str(s) + " is read " + str(slot_reads[s]) + " times");
-  }
-  for (int32_t q = 0; q < Q; ++q)
-    for (int32_t k = p.query_slot_offset[q]; k < p.query_slot_offset[q + 1]; ++k)
-      if (slot_owner[p.query_slots[k]] != q)
-        fail(p.planner, "query " + str(q) + " merges slot " + str(p.query_slots[k]) + " written for another query");
 }
 
 }  // namespace treeattn

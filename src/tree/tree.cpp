@@ -248,26 +248,31 @@ void Workload::validate(ValidateScratch* scratch) const {
     if (!sc) {
       for (size_t i = 0; i < n.pages.size(); ++i) use_page(i);
     } else if (!n.pages.empty()) {
-      use_page(0);
-      // Inner pages are used whole: each must be in range (num_pages <= 2^30
+      // Pages [whole_begin, whole_end) are used whole: all but a first page
+      // the node starts inside and a last page it ends inside, which go
+      // through use_page. Each whole page must be in range (num_pages <= 2^30
       // here) and its bit clear. The loop stops at the first that is not,
       // with the bits of the pages before it set, as a page-by-page check.
+      const size_t whole_begin = n.first_slot != 0 ? 1 : 0;
+      const bool last_partial = end_slot != int64_t(n.pages.size()) * ps;
+      const size_t whole_end = n.pages.size() - (last_partial ? 1 : 0);
+      if (whole_begin == 1) use_page(0);
       const int32_t* pages = n.pages.data();
       uint64_t* used = sc->page_used.data();
       const uint32_t limit = uint32_t(layout.num_pages);
-      size_t i = 1;
-      for (; i < last; ++i) {
+      size_t i = whole_begin;
+      for (; i < whole_end; ++i) {
         const uint32_t pg = uint32_t(pages[i]);
         if (pg >= limit) break;
         const uint64_t bit = uint64_t(1) << (pg % 64);
         if (used[pg / 64] & bit) break;
         used[pg / 64] |= bit;
       }
-      if (i < last) {
+      if (i < whole_end) {
         if (pages[i] < 0 || pages[i] >= layout.num_pages) out_of_range(pages[i]);
         conflict(v, pages[i], 0, ps, first_user(pages[i]));
       }
-      if (last > 0) use_page(last);
+      if (last_partial && last >= whole_begin) use_page(last);
     }
     total += n.num_tokens;
   }
