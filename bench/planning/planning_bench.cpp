@@ -62,16 +62,33 @@ void pat_cached(benchmark::State& state, int nodes, bool grow) {
 
 // The runtime's whole plan step as an engine calls it: tree arrays in,
 // Workload built and validated, planned ("auto"), plan validated, and (on the
-// GPU) packed into pinned memory with its copies enqueued.
-void runtime_plan(benchmark::State& state, int nodes, Device device) {
+// GPU) packed into pinned memory with its copies enqueued. Two cases:
+// - the same tree every call, with plan extension off (max_extension_tokens
+//   = 0), so each call plans it afresh;
+// - `changing`: a branch forks or finishes every call (the tree alternates
+//   with itself less its last leaf and that leaf's query), with the default
+//   extension on, so each call is a fresh plan as an engine's batch change is,
+//   including the extension's bookkeeping for the steps after it.
+void runtime_plan(benchmark::State& state, int nodes, Device device, bool changing) {
   const Workload w = bench::planning_bench_tree(nodes, 256, 42);
-  std::vector<int32_t> parents, num_tokens, offsets{0}, pages;
-  for (const Node& n : w.tree.nodes) {
-    parents.push_back(n.parent);
-    num_tokens.push_back(n.num_tokens);
-    pages.insert(pages.end(), n.pages.begin(), n.pages.end());
-    offsets.push_back(int32_t(pages.size()));
+  struct Arrays {
+    std::vector<int32_t> parents, num_tokens, offsets{0}, pages, queries;
+  };
+  Arrays full, less;
+  const int32_t dropped = int32_t(w.tree.nodes.size()) - 1;  // the last node is a leaf, with one query
+  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
+    const Node& n = w.tree.nodes[v];
+    for (Arrays* a : {&full, &less}) {
+      if (a == &less && int32_t(v) == dropped) continue;
+      a->parents.push_back(n.parent);
+      a->num_tokens.push_back(n.num_tokens);
+      a->pages.insert(a->pages.end(), n.pages.begin(), n.pages.end());
+      a->offsets.push_back(int32_t(a->pages.size()));
+    }
   }
+  full.queries = w.query_nodes;
+  for (const int32_t v : w.query_nodes)
+    if (v != dropped) less.queries.push_back(v);
   TreeAttentionConfig c;
   c.heads = w.heads;
   c.dtype = w.layout.dtype;
@@ -80,16 +97,21 @@ void runtime_plan(benchmark::State& state, int nodes, Device device) {
   c.device = device;
   c.max_queries = 256;
   c.max_nodes = 16384;
-  c.max_page_refs = int64_t(pages.size());
-  c.max_extension_tokens = 0;  // the same tree each step: planned afresh, not extended
+  c.max_page_refs = int64_t(full.pages.size());
+  if (!changing) c.max_extension_tokens = 0;  // the same tree each step: planned afresh, not extended
   TreeAttention ta(c);
-  const TreeArrays arrays{parents, num_tokens, offsets, pages, w.query_nodes, {}};
-  for (auto _ : state) ta.plan_tree(arrays, nullptr);
+  const auto arrays = [](const Arrays& a) {
+    return TreeArrays{a.parents, a.num_tokens, a.offsets, a.pages, a.queries, {}};
+  };
+  const TreeArrays a = arrays(full), b = arrays(less);
+  bool flip = false;
+  for (auto _ : state) ta.plan_tree(changing && (flip = !flip) ? b : a, nullptr);
 #if defined(TREEATTN_HAVE_CUDA)
   if (device == Device::cuda) cudaDeviceSynchronize();
 #endif
+  if (changing && ta.plan_stats().extended != 0) state.SkipWithError("a changing tree was extended, not planned");
   state.counters["units"] = double(ta.plan().num_units());
-  state.counters["pages"] = double(pages.size());
+  state.counters["pages"] = double(full.pages.size());
 }
 
 // Decode steps as an engine plans them: the same tree, every query's node
@@ -314,7 +336,11 @@ int main(int argc, char** argv) {
   }
   for (const int nodes : {100, 1000, 10000})
     benchmark::RegisterBenchmark(("runtime/plan_tree/cpu/" + std::to_string(nodes)).c_str(), runtime_plan, nodes,
-                                 Device::cpu)
+                                 Device::cpu, false)
+        ->Unit(benchmark::kMicrosecond);
+  for (const int nodes : {100, 1000, 10000})
+    benchmark::RegisterBenchmark(("runtime/plan_tree_changing/cpu/" + std::to_string(nodes)).c_str(), runtime_plan,
+                                 nodes, Device::cpu, true)
         ->Unit(benchmark::kMicrosecond);
   for (const int nodes : {100, 1000, 10000})
     benchmark::RegisterBenchmark(("runtime/decode_steps/cpu/" + std::to_string(nodes)).c_str(), runtime_decode_steps,
@@ -332,7 +358,12 @@ int main(int argc, char** argv) {
   if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0)
     for (const int nodes : {100, 1000, 10000})
       benchmark::RegisterBenchmark(("runtime/plan_tree/cuda/" + std::to_string(nodes)).c_str(), runtime_plan, nodes,
-                                   Device::cuda)
+                                   Device::cuda, false)
+          ->Unit(benchmark::kMicrosecond);
+  if (gpus > 0)
+    for (const int nodes : {100, 1000, 10000})
+      benchmark::RegisterBenchmark(("runtime/plan_tree_changing/cuda/" + std::to_string(nodes)).c_str(), runtime_plan,
+                                   nodes, Device::cuda, true)
           ->Unit(benchmark::kMicrosecond);
   if (gpus > 0)
     for (const int nodes : {100, 1000, 10000})

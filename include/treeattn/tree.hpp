@@ -58,8 +58,16 @@ struct TreeIndex {
 // call checks the tree's pages (clear between calls), and one more for the
 // pages used in part; the uses of partial pages; and the tree's index, which
 // holds the index of the last tree validated (a planner may reuse it).
+// With keep_page_bits, a call that succeeds with the bits (pool of at most
+// 2^30 pages) leaves them set and says so in page_bits_kept: page_used then
+// holds the tree's pages and page_partial those it uses in part, and the
+// caller clears both (or swaps in clear vectors of the same size) before the
+// next call. pages_shared: some page is used in part by two nodes.
 struct ValidateScratch {
   std::vector<uint64_t> page_used, page_partial;
+  bool keep_page_bits = false;
+  bool page_bits_kept = false;
+  bool pages_shared = false;
   struct PageUse {
     int32_t page, begin, end, node;  // slots [begin, end) of the page
   };

@@ -91,14 +91,22 @@ struct TreeAttention::Impl {
   std::vector<int32_t> new_pages; // pages appended by the attempt (their bits set)
 
   // Plans `scratch`, hands the plan to the executor, then makes it current.
+  // Where plans may be extended, the validation keeps scratch's page bits
+  // (ValidateScratch::keep_page_bits): they become w's (prepare_extension).
   void commit(void* stream) {
     const bool could_extend = extendable;
     extendable = false;  // the index below is the new tree's from here on
+    validate_scratch.keep_page_bits = extension_enabled();
     try {
       scratch.validate(&validate_scratch);
       plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, next_plan);
       hand_to_executor(scratch, next_plan, stream, /*validated=*/false);
     } catch (...) {
+      if (validate_scratch.page_bits_kept) {  // the validator's bits must be clear for its next call
+        clear_page_bits(validate_scratch.page_used, scratch.tree);
+        clear_page_bits(validate_scratch.page_partial, scratch.tree);
+        validate_scratch.page_bits_kept = false;
+      }
       if (could_extend) {  // w stays in force, and extendable: its index again
         validate_scratch.index.rebuild(w.tree, w.query_nodes);
         extendable = true;
@@ -110,6 +118,21 @@ struct TreeAttention::Impl {
     planned = true;
     ++stats.planned;
     prepare_extension();
+  }
+
+  bool extension_enabled() const { return cfg.max_extension_tokens > 0 && cfg.num_pages <= (int64_t(1) << 30); }
+
+  // Clears the bits of t's pages: word by word where the pool has fewer
+  // words than t has page references, else page by page.
+  static void clear_page_bits(std::vector<uint64_t>& bits, const Tree& t) {
+    int64_t refs = 0;
+    for (const Node& n : t.nodes) refs += int64_t(n.pages.size());
+    if (int64_t(bits.size()) <= refs) {
+      std::fill(bits.begin(), bits.end(), 0);
+      return;
+    }
+    for (const Node& n : t.nodes)
+      for (const int32_t pg : n.pages) bits[size_t(pg) / 64] = 0;
   }
 
   // Validates p for tree t (on the GPU set_plan does, before it packs it)
@@ -126,27 +149,24 @@ struct TreeAttention::Impl {
     if (!validated) validate_plan(t, p, &validate_plan_scratch);
   }
 
-  // After a fresh plan: w's pages into page_bits (the previous tree's, now
-  // in scratch, cleared first), and whether w's plan may be extended.
+  // After a fresh plan: w's pages into page_bits, and whether w's plan may be
+  // extended (no page shared by two nodes). The validation kept them
+  // (commit): page_bits, cleared of the previous tree's (now in scratch),
+  // is swapped with the validator's bits, whose partial-page bits are
+  // cleared too, so that both are clear for its next call.
   void prepare_extension() {
-    const int64_t num_pages = cfg.num_pages;
-    if (cfg.max_extension_tokens <= 0 || num_pages > (int64_t(1) << 30)) return;
-    const size_t words = size_t((num_pages + 63) / 64);
-    if (page_bits.size() != words) page_bits.assign(words, 0);
-    if (w_page_bits)
-      for (const Node& n : scratch.tree.nodes)
-        for (const int32_t pg : n.pages) page_bits[size_t(pg) / 64] = 0;
-    bool shared = false;
-    for (const Node& n : w.tree.nodes)
-      for (const int32_t pg : n.pages) {
-        uint64_t& word = page_bits[size_t(pg) / 64];
-        const uint64_t bit = uint64_t(1) << (pg % 64);
-        shared |= (word & bit) != 0;
-        word |= bit;
-      }
+    if (!extension_enabled() || !validate_scratch.page_bits_kept) return;
+    if (page_bits.size() != validate_scratch.page_used.size()) {
+      page_bits.assign(validate_scratch.page_used.size(), 0);
+    } else if (w_page_bits) {
+      clear_page_bits(page_bits, scratch.tree);
+    }
+    std::swap(page_bits, validate_scratch.page_used);
+    clear_page_bits(validate_scratch.page_partial, w.tree);
+    validate_scratch.page_bits_kept = false;
     w_page_bits = true;
     unit_growth.assign(size_t(plan.num_units()), 0);
-    extendable = !shared;
+    extendable = !validate_scratch.pages_shared;
   }
 
   // The extension of the last plan to tree t, if t is the last tree grown at

@@ -158,14 +158,17 @@ void Workload::validate(ValidateScratch* scratch) const {
     sc->page_used.assign(words, 0);
     sc->page_partial.assign(words, 0);
   }
-  // The bits are clear between calls: cleared on the way out, thrown or not.
+  // The bits are clear between calls: cleared on the way out, thrown or not,
+  // unless the caller keeps them (keep_page_bits) and the tree passed.
+  if (scratch) scratch->page_bits_kept = scratch->pages_shared = false;
   struct ClearBits {
     ValidateScratch* sc;
     const Tree& tree;
     size_t words;
     int64_t refs;
+    bool keep = false;
     ~ClearBits() {
-      if (!sc) return;
+      if (!sc || keep) return;
       if (int64_t(words) <= refs) {
         std::fill_n(sc->page_used.begin(), words, 0);
         std::fill_n(sc->page_partial.begin(), words, 0);
@@ -294,6 +297,15 @@ void Workload::validate(ValidateScratch* scratch) const {
       throw Error("query " + std::to_string(q) + ": its path (root to node " + std::to_string(query_nodes[q]) +
                   ") holds " + std::to_string(ix.path_tokens[query_nodes[q]]) +
                   " tokens, over the limit of 2^30 (kMaxPathTokens)");
+  if (scratch) {
+    // A page used by two nodes (in part each: any other reuse was refused
+    // above). Without the bits every use was sorted by page.
+    bool shared = sc && shared_partial_page;
+    if (!sc)
+      for (size_t i = 1; i < uses.size(); ++i) shared |= uses[i].page == uses[i - 1].page;
+    scratch->pages_shared = shared;
+    clear_bits.keep = scratch->page_bits_kept = sc && scratch->keep_page_bits;
+  }
 }
 
 int32_t PageAllocator::add_node(Tree& tree, int32_t parent, int32_t num_tokens) {

@@ -340,6 +340,13 @@ TEST(Runtime, CapacityErrorsNameTheCapacity) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("max_units"), std::string::npos) << e.what();
   }
+  // The tree passed validation before its plan was refused: the page bits the
+  // validation kept for plan extension are cleared, so a tree on the same
+  // pages (an 8-token prompt and a 1-token branch on pages 0 and 1: one unit)
+  // plans.
+  const Workload one = make_workload("fewshot:prompt=8:branches=1:len=1", p);
+  EXPECT_NO_THROW(small.plan_tree(Arrays(one).view(), nullptr));
+  EXPECT_EQ(small.num_queries(), one.num_queries());
 }
 
 // The device index: -1 resolves to the current device; past the devices the

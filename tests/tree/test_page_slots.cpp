@@ -96,5 +96,52 @@ TEST(PageSlots, StampAndSortPathsAgreeOnRandomTrees) {
   EXPECT_GT(rejected, 100);
 }
 
+// keep_page_bits (the runtime's plan extension takes them): a tree that
+// passes leaves exactly its pages' bits set, and its partial pages'; one that
+// fails leaves them clear. pages_shared says whether two nodes share a page,
+// on the bit path and on the sort path alike.
+TEST(PageSlots, KeptBitsHoldTheTreesPagesAndSayWhetherNodesSharePages) {
+  Workload w = base(8, 130);
+  w.tree.nodes = {{-1, 11, {2, 129}, 0}};  // page 2 whole, page 129 slots 0..2
+  w.tree.nodes.push_back({0, 8, {7}, 0});  // page 7 whole
+  w.query_nodes = {1};
+  ValidateScratch s;
+  s.keep_page_bits = true;
+  w.validate(&s);
+  ASSERT_TRUE(s.page_bits_kept);
+  EXPECT_FALSE(s.pages_shared);
+  ASSERT_GE(s.page_used.size(), 3u);
+  EXPECT_EQ(s.page_used[0], (uint64_t(1) << 2) | (uint64_t(1) << 7));
+  EXPECT_EQ(s.page_used[2], uint64_t(1) << 1);  // page 129
+  EXPECT_EQ(s.page_partial[0], 0u);
+  EXPECT_EQ(s.page_partial[2], uint64_t(1) << 1);
+  // The caller clears them; a failing tree leaves them clear and not kept.
+  std::fill(s.page_used.begin(), s.page_used.end(), 0);
+  std::fill(s.page_partial.begin(), s.page_partial.end(), 0);
+  Workload bad = w;
+  bad.tree.nodes[1].pages = {2};  // page 2 twice
+  EXPECT_THROW(bad.validate(&s), Error);
+  EXPECT_FALSE(s.page_bits_kept);
+  for (size_t i = 0; i < s.page_used.size(); ++i) EXPECT_EQ(s.page_used[i] | s.page_partial[i], 0u) << "word " << i;
+  // A draft token in its request's last page: shared, on both paths.
+  Workload draft = w;
+  draft.tree.nodes.push_back({0, 1, {129}, 3});  // page 129 slot 3
+  draft.query_nodes = {1, 2};
+  draft.validate(&s);
+  EXPECT_TRUE(s.page_bits_kept);
+  EXPECT_TRUE(s.pages_shared);
+  std::fill(s.page_used.begin(), s.page_used.end(), 0);
+  std::fill(s.page_partial.begin(), s.page_partial.end(), 0);
+  for (const bool shared : {false, true}) {
+    Workload huge = shared ? draft : w;
+    huge.layout.num_pages = int64_t(1) << 34;  // no bits: every use sorted
+    ValidateScratch t;
+    t.keep_page_bits = true;
+    huge.validate(&t);
+    EXPECT_FALSE(t.page_bits_kept);
+    EXPECT_EQ(t.pages_shared, shared);
+  }
+}
+
 }  // namespace
 }  // namespace treeattn
