@@ -272,7 +272,9 @@ def main():
     print(f"plan() afresh, 1000 nodes / 256 queries / {p['pages']} pages: Python (NumPy) {p['python_numpy_us']:.1f} us, "
           f"Python (lists) {p['python_lists_us']:.1f} us; C++ runtime step cpu "
           f"{cpp.get('runtime/plan_tree/cpu/1000', float('nan')):.1f} us, cuda "
-          f"{cpp.get('runtime/plan_tree/cuda/1000', float('nan')):.1f} us; planners alone: "
+          f"{cpp.get('runtime/plan_tree/cuda/1000', float('nan')):.1f} us (a changing tree, extension on: cpu "
+          f"{cpp.get('runtime/plan_tree_changing/cpu/1000', float('nan')):.1f} us, cuda "
+          f"{cpp.get('runtime/plan_tree_changing/cuda/1000', float('nan')):.1f} us); planners alone: "
           + ", ".join(f"{n.split('/')[1]} {t:.1f} us" for n, t in cpp.items() if n.startswith("plan/")))
     print(f"plan_block_tables (256 sequences, a 4000-token prompt shared): Python decode steps {bt['decode_step_us']:.1f} us "
           f"a step ({bt['decode_stats']}), afresh {bt['afresh_us']:.1f} us; C++ cpu "

@@ -160,7 +160,6 @@ void Workload::validate(ValidateScratch* scratch) const {
   }
   // The bits are clear between calls: cleared on the way out, thrown or not,
   // unless the caller keeps them (keep_page_bits) and the tree passed.
-  if (scratch) scratch->page_bits_kept = scratch->pages_shared = false;
   struct ClearBits {
     ValidateScratch* sc;
     const Tree& tree;
@@ -251,43 +250,43 @@ void Workload::validate(ValidateScratch* scratch) const {
     if (!sc) {
       for (size_t i = 0; i < n.pages.size(); ++i) use_page(i);
     } else if (!n.pages.empty()) {
-      // Pages [whole_begin, whole_end) are used whole: all but a first page
-      // the node starts inside and a last page it ends inside, which go
-      // through use_page. Each whole page must be in range (num_pages <= 2^30
+      use_page(0);
+      // Inner pages are used whole: each must be in range (num_pages <= 2^30
       // here) and its bit clear. The loop stops at the first that is not,
       // with the bits of the pages before it set, as a page-by-page check.
-      const size_t whole_begin = n.first_slot != 0 ? 1 : 0;
-      const bool last_partial = end_slot != int64_t(n.pages.size()) * ps;
-      const size_t whole_end = n.pages.size() - (last_partial ? 1 : 0);
-      if (whole_begin == 1) use_page(0);
       const int32_t* pages = n.pages.data();
       uint64_t* used = sc->page_used.data();
       const uint32_t limit = uint32_t(layout.num_pages);
-      size_t i = whole_begin;
-      for (; i < whole_end; ++i) {
+      size_t i = 1;
+      for (; i < last; ++i) {
         const uint32_t pg = uint32_t(pages[i]);
         if (pg >= limit) break;
         const uint64_t bit = uint64_t(1) << (pg % 64);
         if (used[pg / 64] & bit) break;
         used[pg / 64] |= bit;
       }
-      if (i < whole_end) {
+      if (i < last) {
         if (pages[i] < 0 || pages[i] >= layout.num_pages) out_of_range(pages[i]);
         conflict(v, pages[i], 0, ps, first_user(pages[i]));
       }
-      if (last_partial && last >= whole_begin) use_page(last);
+      if (last > 0) use_page(last);
     }
     total += n.num_tokens;
   }
   if (sc) uses.resize(partial_uses);
+  // A page used by two nodes, in part each (any other reuse is refused):
+  // ValidateScratch::pages_shared.
+  bool pages_shared = false;
   if (total > (int64_t(1) << 40)) throw Error("tree: " + std::to_string(total) + " tokens is absurd");
   if (shared_partial_page) {
     std::sort(uses.begin(), uses.end(), [](const PageUse& a, const PageUse& b) {
       return a.page != b.page ? a.page < b.page : a.begin < b.begin;
     });
-    for (size_t i = 1; i < uses.size(); ++i)
+    for (size_t i = 1; i < uses.size(); ++i) {
       if (uses[i].page == uses[i - 1].page && uses[i].begin < uses[i - 1].end)
         conflict(uses[i].node, uses[i].page, uses[i].begin, uses[i].end, uses[i - 1].node);
+      pages_shared |= uses[i].page == uses[i - 1].page;
+    }
   }
   TreeIndex local_index;
   TreeIndex& ix = scratch ? scratch->index : local_index;
@@ -298,12 +297,7 @@ void Workload::validate(ValidateScratch* scratch) const {
                   ") holds " + std::to_string(ix.path_tokens[query_nodes[q]]) +
                   " tokens, over the limit of 2^30 (kMaxPathTokens)");
   if (scratch) {
-    // A page used by two nodes (in part each: any other reuse was refused
-    // above). Without the bits every use was sorted by page.
-    bool shared = sc && shared_partial_page;
-    if (!sc)
-      for (size_t i = 1; i < uses.size(); ++i) shared |= uses[i].page == uses[i - 1].page;
-    scratch->pages_shared = shared;
+    scratch->pages_shared = pages_shared;
     clear_bits.keep = scratch->page_bits_kept = sc && scratch->keep_page_bits;
   }
 }
