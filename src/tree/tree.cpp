@@ -160,6 +160,7 @@ void Workload::validate(ValidateScratch* scratch) const {
   }
   // The bits are clear between calls: cleared on the way out, thrown or not,
   // unless the caller keeps them (keep_page_bits) and the tree passed.
+  if (scratch) scratch->page_bits_kept = scratch->pages_shared = false;
   struct ClearBits {
     ValidateScratch* sc;
     const Tree& tree;
