@@ -13,10 +13,15 @@
 // the end (as FlashInfer's decode kernel does).
 //
 // fp8 K/V (KV = __nv_fp8_e4m3): the pipeline stages hold the tiles as stored,
-// one byte an element (half the HBM traffic); after a tile lands it is
-// converted into one K and one V tile of T, which the MMAs read as they read
-// a 16-bit stage. k_scale is folded into the softmax scale and v_scale into
-// the output (AttnParams), so the conversion is exact.
+// one byte an element (half the HBM traffic). wgmma reads its operands from
+// shared memory in T, so there each tile is converted into one K and one V
+// tile of T after it lands. The mma.sync tiles convert in registers as they
+// load their fragments (ldmatrix on the fp8 rows, then cvt), with no second
+// copy: S = Q K^T takes head_dim in a permuted order, the same for Q and K
+// (so each thread's K fragment is 4 consecutive bytes), and O = P V produces
+// its columns permuted, undone when O is stored. k_scale is folded into the
+// softmax scale and v_scale into the output (AttnParams), so the conversion
+// is exact.
 //
 // Included only by the per-instantiation files in kernels/ (one TU each).
 #pragma once
@@ -28,7 +33,6 @@
 #include <type_traits>
 
 #include "exec/cuda/attention_params.hpp"
-#include "exec/cuda/primitives/barrier.cuh"
 #include "exec/cuda/primitives/cp_async.cuh"
 #include "exec/cuda/primitives/cta_trace.cuh"
 #include "exec/cuda/primitives/fp8.cuh"
@@ -78,7 +82,6 @@ struct AttnTraits {
   static constexpr int kKvRowBytes = D * int(sizeof(KV));  // a token's K (V) row of one head, as stored
   static constexpr int kKvChunks = kKvRowBytes / 16;       // 16-byte chunks of it
   static constexpr int kStageBytes = N * kKvRowBytes;      // one K or V pipeline stage
-  static constexpr int kConvBytes = kKvFp8 ? 2 * kTileBytes : 0;  // fp8: the converted K and V tiles
 
   // The pipeline depth is chosen per launch by the executor (AttnParams::
   // stages): deep when few CTAs share an SM, shallow when occupancy matters.
@@ -90,16 +93,30 @@ struct AttnTraits {
   // memory of short decode CTAs, so more of them share an SM.
   static constexpr int kOStride = D + 8;
   static constexpr int kScratchBytes = kWarpsN * M * kOStride * 4;
-  static constexpr int kMinStages = (M <= 32 && kScratchBytes <= kQBytes + kConvBytes + 2 * kStageBytes) ? 1 : 2,
-                       kMaxStages = 6;
   // 64- and 128-row tiles run on warpgroup MMA where the target has it
   // (sm_90a): one (two) warpgroups, K/V read from shared memory once per
   // warpgroup instead of once per warp. Elsewhere, and for m <= 32, mma.sync.
+  // kWgmmaShape is the same in host and device passes (the host sizes shared
+  // memory from it); kWgmma is what the device pass compiles.
+  static constexpr bool kWgmmaShape = M % 64 == 0 && kWarpsN == 1;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static constexpr bool kWgmma = M % 64 == 0 && kWarpsN == 1;
+  static constexpr bool kWgmma = kWgmmaShape;
 #else
   static constexpr bool kWgmma = false;
 #endif
+  // fp8: the tiles of wgmma's shape have the converted K and V tiles of T
+  // (kConvBytes); the others convert in registers (kFp8InRegisters), their
+  // stages swizzled for ldmatrix (kv8_offset).
+  static constexpr bool kFp8InRegisters = kKvFp8 && !kWgmma;
+  static constexpr int kConvBytes = kKvFp8 && kWgmmaShape ? 2 * kTileBytes : 0;
+  // The fewest stages whose shared memory holds the epilogue scratch (1 only
+  // for decode tiles, see above).
+  static constexpr bool scratch_fits(int stages) { return kScratchBytes <= kQBytes + kConvBytes + 2 * stages * kStageBytes; }
+  static constexpr int kMinStages = (M <= 32 && scratch_fits(1))   ? 1
+                                    : scratch_fits(2)              ? 2
+                                    : scratch_fits(3)              ? 3
+                                                                   : 4,
+                       kMaxStages = 6;
   // Small tiles at d <= 128 are capped at 128 registers (no spills): then a
   // 128-row CTA and a 16-row CTA share an SM's register file, so concurrent
   // launches of both overlap instead of queueing. The 32-token m = 16 variant
@@ -124,8 +141,7 @@ struct AttnTraits {
   static_assert(kWarpTokens % 16 == 0, "each warp needs whole k-steps of 16 tokens");
   static_assert(N % 32 == 0 && N <= kThreads, "one filler thread per tile position");
   static_assert(D % 64 == 0, "the swizzle needs at least 8 chunks per row");
-  static_assert(kScratchBytes <= kQBytes + kConvBytes + 2 * kMinStages * kStageBytes,
-                "epilogue scratch must fit in Q + K/V");
+  static_assert(scratch_fits(kMinStages), "epilogue scratch must fit in Q + K/V");
   static_assert(kKvRowBytes % 16 == 0 && kStageBytes % 1024 == 0, "whole chunks per row, stages 1024-byte aligned");
   static_assert(smem_bytes(kMinStages) <= 227 * 1024, "shared memory of one CTA");
 };
@@ -153,6 +169,18 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
     return uint32_t((c >> 3) * Rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
   else
     return uint32_t(r * Tr::kRowBytes + ((c ^ (r & 7)) << 4));
+}
+
+// Byte offset of 16-byte chunk c of token row r in an fp8 stage of the
+// mma.sync tiles (kFp8InRegisters): rows as stored, the chunk index XORed with
+// a key that differs for the 8 rows one ldmatrix phase reads, so that they
+// hit distinct banks (64-byte rows: two rows per 128-byte line, key r / 2).
+template <class Tr>
+__device__ __forceinline__ uint32_t kv8_offset(int r, int c) {
+  constexpr int kRowBytes = Tr::kKvRowBytes;
+  static_assert(kRowBytes == 64 || kRowBytes == 128 || kRowBytes == 256, "fp8 rows of head_dim 64, 128 or 256");
+  const int key = kRowBytes >= 128 ? (r & 7) : ((r >> 1) & 3);
+  return uint32_t(r * kRowBytes + ((c ^ key) << 4));
 }
 
 template <class Tr>
@@ -262,8 +290,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // global column offset and, where kCopyRows keeps r % 8, its swizzled
     // shared offset are fixed, so a copy costs a row load and two multiply-adds
     // (the generic index arithmetic took ~20 instructions per copy).
-    // fp8 stages are plain [N][kKvRowBytes] rows: they are read once, chunk
-    // by chunk in order, by the conversion (convert below).
+    // fp8 stages of wgmma tiles are plain [N][kKvRowBytes] rows, read once,
+    // chunk by chunk in order, by the conversion (convert below); those of
+    // mma.sync tiles are read by ldmatrix, swizzled (kv8_offset).
     const int64_t col_bytes = int64_t(kvh) * Tr::kKvRowBytes + copy_c * 16;
     const uint8_t* kcol = static_cast<const uint8_t*>(p.k) + col_bytes;
     const uint8_t* vcol = static_cast<const uint8_t*>(p.v) + col_bytes;
@@ -277,7 +306,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         const int row = misc.row[sl][r];
         const uint64_t off = uint64_t(uint32_t(max(row, 0))) * token_bytes;
         uint32_t so;
-        if constexpr (Tr::kKvFp8)
+        if constexpr (Tr::kFp8InRegisters)
+          so = kv8_offset<Tr>(r, copy_c);
+        else if constexpr (Tr::kKvFp8)
           so = so0 + uint32_t(k * kCopyRows * Tr::kKvRowBytes);
         else
           so = kCopyRows % 8 == 0 ? so0 + k * kCopyRows * kSwzRowBytes : swz<Tr, N>(r, copy_c);
@@ -285,20 +316,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         cp_async_16_zfill(dv + so, vcol + off, row >= 0);
       }
     };
-    // fp8: stage st -> the converted K and V tiles (T, swizzled as a 16-bit
-    // stage is). Rows past the end were zero-filled and convert to zeros.
-    // wgmma reads the whole tile from every warp: the CTA converts it and
-    // waits at a CTA barrier. An mma.sync warp reads only the rows of its
-    // token slice (wn): the WM warps of a slice convert those rows and wait
-    // for each other alone (a warp sync, or a named barrier per slice).
-    constexpr int kConvRows = Tr::kWgmma ? N : WT, kConvThreads = Tr::kWgmma ? kThreads : WM * 32;
-    const int conv_row0 = Tr::kWgmma ? 0 : wn * WT, conv_tid = Tr::kWgmma ? tid : wm * 32 + lane;
+    // fp8 on wgmma: stage st -> the converted K and V tiles (T, swizzled as a
+    // 16-bit stage is). Rows past the end were zero-filled and convert to
+    // zeros. wgmma reads the whole tile from every warp: the CTA converts it
+    // and waits at a CTA barrier.
+    constexpr int kConvRows = N, kConvThreads = kThreads;
+    const int conv_row0 = 0, conv_tid = tid;
     // In batches of up to 4 chunks, loads first: the chunks' load -> convert
     // -> store chains overlap instead of running one after another (more
     // than 4 chunks in registers spilled at the 128-register caps).
     constexpr int kConvIters = kConvRows * kKvChunks / kConvThreads;
     constexpr int kConvBatch = kConvIters < 4 ? kConvIters : 4;
-    static_assert(!Tr::kKvFp8 || (kConvRows * kKvChunks % kConvThreads == 0 && kConvIters % kConvBatch == 0),
+    static_assert(!(Tr::kKvFp8 && Tr::kWgmma) || (kConvRows * kKvChunks % kConvThreads == 0 && kConvIters % kConvBatch == 0),
                   "whole conversion passes and batches");
     auto convert_tile = [&](const uint8_t* raw, uint8_t* dst) {
 #pragma unroll
@@ -422,18 +451,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
         cp_async_commit();
       }
-      if constexpr (Tr::kKvFp8) {
+      if constexpr (Tr::kKvFp8 && Tr::kWgmma) {
         // Tile t landed for everyone (the barrier above), and every warp is
         // done with the converted tiles of tile t - 1.
         convert(st);
-        if constexpr (Tr::kWgmma) {
-          fence_proxy_async();
-          __syncthreads();
-        } else if constexpr (WM == 1) {
-          __syncwarp();
-        } else {
-          named_barrier_sync(1 + wn, WM * 32);
-        }
+        fence_proxy_async();
+        __syncthreads();
       }
       if (t + S < num_tiles) {
         commit(next, sl_fill);
@@ -441,8 +464,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
 
       if (t == 0 && first_item) trace.mark(kTraceFirstTile);
-      const uint8_t* Ks = Tr::kKvFp8 ? sKc : sK + st * Tr::kStageBytes;
-      const uint8_t* Vs = Tr::kKvFp8 ? sVc : sV + st * Tr::kStageBytes;
+      const uint8_t* Ks = Tr::kKvFp8 && Tr::kWgmma ? sKc : sK + st * Tr::kStageBytes;
+      const uint8_t* Vs = Tr::kKvFp8 && Tr::kWgmma ? sVc : sV + st * Tr::kStageBytes;
 
       // S = Q K^T over this warp's WT tokens.
       float s[WT / 8][4];
@@ -463,6 +486,37 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         }
         wgmma_commit();
         wgmma_wait<0>();
+      } else if constexpr (Tr::kFp8InRegisters) {
+        // head_dim in a permuted order, the same for Q and K: k-step kk's
+        // logical k = 2t + j (+ 8) of thread t = lane % 4 is element
+        // 16 kk + 4t + j (+ 2), so that one ldmatrix row of 16 fp8 bytes
+        // gives thread t the 4 bytes of K it needs for a k-step, and Q's A
+        // fragment is 8 bytes of a row (a0 a2 of row g, a1 a3 of row g + 8).
+#pragma unroll
+        for (int k4 = 0; k4 < D / 64; ++k4) {
+          uint32_t a[4][4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int col = 16 * (4 * k4 + i) + 4 * (lane & 3);  // element of the Q row
+            const int r = wm * 16 + (lane >> 2);
+            const uint2 lo = *reinterpret_cast<const uint2*>(sQ + swz<Tr, M>(r, col >> 3) + ((col & 7) << 1));
+            const uint2 hi = *reinterpret_cast<const uint2*>(sQ + swz<Tr, M>(r + 8, col >> 3) + ((col & 7) << 1));
+            a[i][0] = lo.x;
+            a[i][1] = hi.x;
+            a[i][2] = lo.y;
+            a[i][3] = hi.y;
+          }
+#pragma unroll
+          for (int nb = 0; nb < WT / 8; ++nb) {
+            // Matrix i: the 8 token rows of n-block nb, 16-byte chunk 4 k4 + i
+            // (k-step 4 k4 + i); register i: bytes 4t .. 4t + 3 of row g.
+            uint32_t b[4];
+            ldmatrix_x4(b, Ks + kv8_offset<Tr>(wn * WT + nb * 8 + (lane & 7), 4 * k4 + (lane >> 3)));
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              MmaT::run(s[nb], a[i], fp8x2_to<T>(uint16_t(b[i] & 0xffffu)), fp8x2_to<T>(uint16_t(b[i] >> 16)));
+          }
+        }
       } else {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
@@ -551,6 +605,32 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], wgmma_desc(v_base + kk * 16 * 128, N * 128));
         wgmma_commit();
         wgmma_wait<0>();
+      } else if constexpr (Tr::kFp8InRegisters) {
+        // ldmatrix.trans on the fp8 rows hands thread (g, t) the bytes
+        // V[2t][2g], V[2t][2g + 1], V[2t + 1][2g], V[2t + 1][2g + 1] of a
+        // 16-byte chunk (tokens 8 apart in the next matrix): the even and the
+        // odd columns of the chunk are each a B fragment once the bytes are
+        // regrouped, o[2c] holding columns 16c + 2n and o[2c + 1] columns
+        // 16c + 2n + 1 (n: the MMA's column); the epilogue puts them back.
+#pragma unroll
+        for (int kk = 0; kk < WT / 16; ++kk) {
+          uint32_t a[4];
+          p_fragment(kk, a);
+          const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+#pragma unroll
+          for (int c2 = 0; c2 < D / 32; ++c2) {
+            uint32_t v[4];  // tokens 0-7 and 8-15 of chunk 2 c2, then of chunk 2 c2 + 1
+            ldmatrix_x4_trans(v, Vs + kv8_offset<Tr>(r, 2 * c2 + (lane >> 4)));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t even = __byte_perm(v[2 * h], v[2 * h + 1], 0x6420);
+              const uint32_t odd = __byte_perm(v[2 * h], v[2 * h + 1], 0x7531);
+              const int c = 2 * c2 + h;
+              MmaT::run(o[2 * c], a, fp8x2_to<T>(uint16_t(even & 0xffffu)), fp8x2_to<T>(uint16_t(even >> 16)));
+              MmaT::run(o[2 * c + 1], a, fp8x2_to<T>(uint16_t(odd & 0xffffu)), fp8x2_to<T>(uint16_t(odd >> 16)));
+            }
+          }
+        }
       } else {
 #pragma unroll
         for (int kk = 0; kk < WT / 16; ++kk) {
@@ -593,10 +673,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         misc.row_m[wn][r] = row_max[i];
         misc.row_d[wn][r] = d;
       }
-      float* dst = sO + (wn * M + r) * Tr::kOStride + ((lane & 3) << 1);
+      if constexpr (Tr::kFp8InRegisters) {
+        // o[2c] holds columns 16c + 4t and + 2, o[2c + 1] 16c + 4t + 1 and + 3.
+        float* dst = sO + (wn * M + r) * Tr::kOStride + ((lane & 3) << 2);
 #pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+        for (int c = 0; c < D / 16; ++c)
+          *reinterpret_cast<float4*>(dst + c * 16) =
+              make_float4(o[2 * c][2 * i], o[2 * c + 1][2 * i], o[2 * c][2 * i + 1], o[2 * c + 1][2 * i + 1]);
+      } else {
+        float* dst = sO + (wn * M + r) * Tr::kOStride + ((lane & 3) << 1);
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+          *reinterpret_cast<float2*>(dst + j * 8) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+      }
     }
     __syncthreads();
 
