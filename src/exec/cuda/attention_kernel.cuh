@@ -605,44 +605,41 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], wgmma_desc(v_base + kk * 16 * 128, N * 128));
         wgmma_commit();
         wgmma_wait<0>();
-      } else if constexpr (Tr::kFp8InRegisters) {
-        // ldmatrix.trans on the fp8 rows hands thread (g, t) the bytes
-        // V[2t][2g], V[2t][2g + 1], V[2t + 1][2g], V[2t + 1][2g + 1] of a
-        // 16-byte chunk (tokens 8 apart in the next matrix): the even and the
-        // odd columns of the chunk are each a B fragment once the bytes are
-        // regrouped, o[2c] holding columns 16c + 2n and o[2c + 1] columns
-        // 16c + 2n + 1 (n: the MMA's column); the epilogue puts them back.
-#pragma unroll
-        for (int kk = 0; kk < WT / 16; ++kk) {
-          uint32_t a[4];
-          p_fragment(kk, a);
-          const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
-#pragma unroll
-          for (int c2 = 0; c2 < D / 32; ++c2) {
-            uint32_t v[4];  // tokens 0-7 and 8-15 of chunk 2 c2, then of chunk 2 c2 + 1
-            ldmatrix_x4_trans(v, Vs + kv8_offset<Tr>(r, 2 * c2 + (lane >> 4)));
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t even = __byte_perm(v[2 * h], v[2 * h + 1], 0x6420);
-              const uint32_t odd = __byte_perm(v[2 * h], v[2 * h + 1], 0x7531);
-              const int c = 2 * c2 + h;
-              MmaT::run(o[2 * c], a, fp8x2_to<T>(uint16_t(even & 0xffffu)), fp8x2_to<T>(uint16_t(even >> 16)));
-              MmaT::run(o[2 * c + 1], a, fp8x2_to<T>(uint16_t(odd & 0xffffu)), fp8x2_to<T>(uint16_t(odd >> 16)));
-            }
-          }
-        }
       } else {
+        // fp8 (kFp8InRegisters): ldmatrix.trans on the fp8 rows hands thread
+        // (g, t) the bytes V[2t][2g], V[2t][2g + 1], V[2t + 1][2g],
+        // V[2t + 1][2g + 1] of a 16-byte chunk (tokens 8 apart in the next
+        // matrix): the even and the odd columns of the chunk are each a B
+        // fragment once the bytes are regrouped, o[2c] holding columns
+        // 16c + 2n and o[2c + 1] columns 16c + 2n + 1 (n: the MMA's column);
+        // the epilogue puts them back.
 #pragma unroll
         for (int kk = 0; kk < WT / 16; ++kk) {
           uint32_t a[4];
           p_fragment(kk, a);
           const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+          if constexpr (Tr::kFp8InRegisters) {
 #pragma unroll
-          for (int d2 = 0; d2 < D / 16; ++d2) {
-            uint32_t b[4];
-            ldmatrix_x4_trans(b, Vs + swz<Tr, N>(r, 2 * d2 + (lane >> 4)));
-            MmaT::run(o[2 * d2], a, b[0], b[1]);
-            MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
+            for (int c2 = 0; c2 < D / 32; ++c2) {
+              uint32_t v[4];  // tokens 0-7 and 8-15 of chunk 2 c2, then of chunk 2 c2 + 1
+              ldmatrix_x4_trans(v, Vs + kv8_offset<Tr>(r, 2 * c2 + (lane >> 4)));
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const uint32_t even = __byte_perm(v[2 * h], v[2 * h + 1], 0x6420);
+                const uint32_t odd = __byte_perm(v[2 * h], v[2 * h + 1], 0x7531);
+                const int c = 2 * c2 + h;
+                MmaT::run(o[2 * c], a, fp8x2_to<T>(uint16_t(even & 0xffffu)), fp8x2_to<T>(uint16_t(even >> 16)));
+                MmaT::run(o[2 * c + 1], a, fp8x2_to<T>(uint16_t(odd & 0xffffu)), fp8x2_to<T>(uint16_t(odd >> 16)));
+              }
+            }
+          } else {
+#pragma unroll
+            for (int d2 = 0; d2 < D / 16; ++d2) {
+              uint32_t b[4];
+              ldmatrix_x4_trans(b, Vs + swz<Tr, N>(r, 2 * d2 + (lane >> 4)));
+              MmaT::run(o[2 * d2], a, b[0], b[1]);
+              MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
+            }
           }
         }
       }
