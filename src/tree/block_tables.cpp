@@ -14,6 +14,15 @@
 
 namespace treeattn {
 
+namespace {
+// A block-table row shorter than its sequence needs, named by the row's
+// length (`have`: the table's width, or a ragged row's own length).
+[[noreturn]] void table_too_short(int64_t s, int32_t len, int64_t npages, int page_size, int64_t have) {
+  throw Error("seq " + std::to_string(s) + ": seq_len = " + std::to_string(len) + " needs " + std::to_string(npages) +
+              " pages of " + std::to_string(page_size) + " tokens but its block table has " + std::to_string(have));
+}
+}  // namespace
+
 // One page of the trie. A page id occurs in at most one trie node: the same
 // physical page cannot hold tokens of two different prefixes.
 struct BlockTableTree::TriePage {
@@ -96,9 +105,7 @@ void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch
     const int32_t len = seq_lens[s];
     if (len <= 0) throw Error(seq(s) + ": seq_len = " + std::to_string(len) + " must be positive");
     const int64_t npages = (int64_t(len) + ps - 1) / ps;
-    if (npages > width)
-      throw Error(seq(s) + ": seq_len = " + std::to_string(len) + " needs " + std::to_string(npages) + " pages of " +
-                  std::to_string(ps) + " tokens but its block table has " + std::to_string(width));
+    if (npages > width) table_too_short(s, len, npages, ps, width);
     const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
     // The pages this sequence shares with the one before (the common case:
     // a batch's sequences of one prefix are neighbours) are its trie nodes
@@ -199,9 +206,7 @@ Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables
     const int64_t npages = (int64_t(seq_lens[s]) + p.page_size - 1) / p.page_size;
     if (seq_lens[s] <= 0) break;  // reported by the builder, in its order
     if (int64_t(block_tables[s].size()) < npages)
-      throw Error("seq " + std::to_string(s) + ": seq_len = " + std::to_string(seq_lens[s]) + " needs " +
-                  std::to_string(npages) + " pages of " + std::to_string(p.page_size) +
-                  " tokens but its block table has " + std::to_string(block_tables[s].size()));
+      table_too_short(int64_t(s), seq_lens[s], npages, p.page_size, int64_t(block_tables[s].size()));
   }
   BlockTableTree t;
   build_block_table_tree(flat, int32_t(block_tables.size()), int32_t(width), seq_lens, p.page_size, num_pages, t);
