@@ -102,6 +102,10 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     sc.unit_non_empty[u] = non_empty;
     const uint64_t full = full_mask(nseg);
     bool any_partial_mask = false;
+    // An unmasked unit's entries all see its non-empty segments (a mask that
+    // is not full fails the unit_masked check below): counted once.
+    const bool unit_masked = p.unit_masked[u] != 0;
+    const int visible_all = bit_count(non_empty);
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
       const int32_t q = p.entry_query[e];
       if (q < 0 || q >= Q) fail(p.planner, unit() + "query " + str(q) + " out of range");
@@ -110,7 +114,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
       const uint64_t mask = p.entry_mask[e];
       if (mask & ~full) fail(p.planner, unit() + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
       any_partial_mask |= mask != full;
-      sc.range_offset[size_t(q) + 1] += bit_count(mask & non_empty);
+      sc.range_offset[size_t(q) + 1] += unit_masked ? bit_count(mask & non_empty) : visible_all;
       ++sc.units_of_query[q];
       const int32_t slot = p.entry_slot[e];
       if (slot != -1) {
