@@ -76,11 +76,11 @@ struct TreeAttention::Impl {
 #endif
 
   // Plan extension (TreeAttentionConfig::max_extension_tokens). Valid while
-  // `extendable`: w's pages, a bit each, when no two nodes share a page
-  // (w_page_bits); per unit of `plan`, the tokens added since the planner
-  // made it (unit_growth). Per node, scratch for one extension attempt.
+  // `extendable` (no two nodes share a page): page_bits, w's pages, a bit
+  // each (empty before the first plan); per unit of `plan`, the tokens added
+  // since the planner made it (unit_growth). Per node, scratch for one
+  // extension attempt.
   bool extendable = false;
-  bool w_page_bits = false;       // page_bits holds w's pages (shared or not)
   std::vector<uint64_t> page_bits;
   std::vector<int32_t> unit_growth;
   struct SegmentEnd {
@@ -156,15 +156,13 @@ struct TreeAttention::Impl {
   // cleared too, so that both are clear for its next call.
   void prepare_extension() {
     if (!extension_enabled() || !validate_scratch.page_bits_kept) return;
-    if (page_bits.size() != validate_scratch.page_used.size()) {
+    if (page_bits.size() != validate_scratch.page_used.size())
       page_bits.assign(validate_scratch.page_used.size(), 0);
-    } else if (w_page_bits) {
+    else
       clear_page_bits(page_bits, scratch.tree);
-    }
     std::swap(page_bits, validate_scratch.page_used);
     clear_page_bits(validate_scratch.page_partial, w.tree);
     validate_scratch.page_bits_kept = false;
-    w_page_bits = true;
     unit_growth.assign(size_t(plan.num_units()), 0);
     extendable = !validate_scratch.pages_shared;
   }

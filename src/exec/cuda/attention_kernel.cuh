@@ -320,25 +320,23 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // 16-bit stage is). Rows past the end were zero-filled and convert to
     // zeros. wgmma reads the whole tile from every warp: the CTA converts it
     // and waits at a CTA barrier.
-    constexpr int kConvRows = N, kConvThreads = kThreads;
-    const int conv_row0 = 0, conv_tid = tid;
     // In batches of up to 4 chunks, loads first: the chunks' load -> convert
     // -> store chains overlap instead of running one after another (more
     // than 4 chunks in registers spilled at the 128-register caps).
-    constexpr int kConvIters = kConvRows * kKvChunks / kConvThreads;
+    constexpr int kConvIters = N * kKvChunks / kThreads;
     constexpr int kConvBatch = kConvIters < 4 ? kConvIters : 4;
-    static_assert(!(Tr::kKvFp8 && Tr::kWgmma) || (kConvRows * kKvChunks % kConvThreads == 0 && kConvIters % kConvBatch == 0),
+    static_assert(!(Tr::kKvFp8 && Tr::kWgmma) || (N * kKvChunks % kThreads == 0 && kConvIters % kConvBatch == 0),
                   "whole conversion passes and batches");
     auto convert_tile = [&](const uint8_t* raw, uint8_t* dst) {
 #pragma unroll
       for (int j0 = 0; j0 < kConvIters; j0 += kConvBatch) {
         uint4 x[kConvBatch];
 #pragma unroll
-        for (int j = 0; j < kConvBatch; ++j) x[j] = *reinterpret_cast<const uint4*>(raw + (conv_tid + (j0 + j) * kConvThreads) * 16);
+        for (int j = 0; j < kConvBatch; ++j) x[j] = *reinterpret_cast<const uint4*>(raw + (tid + (j0 + j) * kThreads) * 16);
 #pragma unroll
         for (int j = 0; j < kConvBatch; ++j) {
-          const int i = conv_tid + (j0 + j) * kConvThreads;
-          const int r = conv_row0 + i / kKvChunks, c = i % kKvChunks;
+          const int i = tid + (j0 + j) * kThreads;
+          const int r = i / kKvChunks, c = i % kKvChunks;
           uint4 lo, hi;
           fp8x16_to<T>(x[j], lo, hi);
           *reinterpret_cast<uint4*>(dst + swz<Tr, N>(r, 2 * c)) = lo;
@@ -347,8 +345,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
     };
     auto convert = [&](int st) {
-      convert_tile(sK + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes, sKc);
-      convert_tile(sV + st * Tr::kStageBytes + conv_row0 * Tr::kKvRowBytes, sVc);
+      convert_tile(sK + st * Tr::kStageBytes, sKc);
+      convert_tile(sV + st * Tr::kStageBytes, sVc);
     };
 
     // ---- the unit's segment records and entries -> shared memory. The first
