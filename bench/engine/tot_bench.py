@@ -14,10 +14,13 @@ task's prefill) run once untimed, so that neither case pays the first pass over 
 lengths (compilation, tuning).
 
     python3 bench/engine/tot_bench.py --out results.json            # all tasks, 1000 steps
+    # a replay longer than one command may run: one attention per command, then
+    python3 bench/engine/tot_bench.py --combine auto.json per-query.json --out both.json
     # CPU smoke (seconds): --model random:tiny --device cpu --tasks 2 --scale 0.01
 """
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -144,6 +147,9 @@ def parse_args(argv=None):
     p.add_argument("--attention-every", type=int, default=20,
                    help="time the attention of one step in this many")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--combine", nargs="+", metavar="JSON",
+                   help="no run: merge the rows of these result files (the same device, "
+                        "files and options, one attention each) and compute the ratios")
     add_engine_args(p)
     args = p.parse_args(argv)
     args.files = [f for f in args.files.split(",") if f]
@@ -160,10 +166,59 @@ def log(text):
     print(f"[{time.perf_counter() - T0:6.1f}s] {text}", flush=True)
 
 
+# args that must agree between combined parts (the attentions differ; out, names do not matter)
+SAME_ARGS = ("tasks", "max_steps", "scale", "temperature", "model", "dtype", "graphs", "cache",
+             "compile", "page_size", "seed")
+
+
+def combine(paths, out):
+    """One report from several (each run by its own command): rows concatenated, ratios and
+    goal computed as main() does. ValueError when the parts differ in device or options, or
+    repeat a (file, attention) case."""
+    parts = []
+    for path in paths:
+        with open(path) as f:
+            parts.append(json.load(f))
+    first = parts[0]
+    seen = set()
+    for path, part in zip(paths, parts):
+        if part["device"] != first["device"]:
+            raise ValueError(f"--combine: {path} ran on {part['device']!r}, "
+                             f"{paths[0]} on {first['device']!r}")
+        for key in SAME_ARGS:
+            if part["args"].get(key) != first["args"].get(key):
+                raise ValueError(f"--combine: {path} has {key}={part['args'].get(key)!r}, "
+                                 f"{paths[0]} {key}={first['args'].get(key)!r}")
+        for r in part["rows"]:
+            if (r["file"], r["attention"]) in seen:
+                raise ValueError(f"--combine: {path} repeats {r['file']} / {r['attention']}")
+            seen.add((r["file"], r["attention"]))
+    rows = [r for part in parts for r in part["rows"]]
+    ups = ratios(rows)
+    report = dict(device=first["device"], date=max(p["date"] for p in parts),
+                  commit=",".join(dict.fromkeys(p["commit"] for p in parts)),
+                  command="python3 bench/engine/tot_bench.py --combine " + " ".join(paths),
+                  parts=[dict(source=path, **{k: p.get(k) for k in
+                                              ("date", "commit", "command", "torch", "wall_s")})
+                         for path, p in zip(paths, parts)],
+                  args=first["args"], rows=rows, ratios=ups,
+                  goal={f: dict(min_end_to_end=GOAL, met=u["end_to_end"] >= GOAL)
+                        for f, per in ups.items() for a, u in per.items() if a == "auto"})
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=2)
+    print(f"{report['device']}, parts: " + "; ".join(
+        f"{p['source']} ({p['commit']}, {p['date']})" for p in report["parts"]))
+    print(table(rows, ups))
+    return 1 if any("error" in r for r in rows) else 0
+
+
 def main(argv=None):
     global T0
     T0 = time.perf_counter()
     args = parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.out)
     device, report, save = open_report(args, argv, "bench/engine/tot_bench.py", rows=[])
     name = report["device"]
     model = load_model(args.model, device=device, dtype=args.dtype, seed=args.seed)

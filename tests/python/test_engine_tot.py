@@ -287,6 +287,42 @@ def test_bench_smoke(tmp_path, monkeypatch, capsys):
     assert "| file | attention | tasks |" in capsys.readouterr().out
 
 
+def test_bench_combine(tmp_path, monkeypatch, capsys):
+    """tot_bench --combine: one attention per run (as a replay longer than one device command
+    is measured), merged into one report whose ratios are those of a run of both; parts that
+    differ in options or repeat a case are refused by name."""
+    pytest.importorskip("treeattn._treeattn")
+    bench_dir = os.path.join(os.path.dirname(WORKLOADS), "..", "bench", "engine")
+    monkeypatch.syspath_prepend(bench_dir)
+    import tot_bench
+    common = ["--model", "random:tiny", "--device", "cpu", "--tasks", "2", "--scale", "0.01",
+              "--max-steps", "6", "--attention-every", "3", "--files", FILES[0]]
+    parts = {}
+    for attention in ("auto", "per-query"):
+        parts[attention] = tmp_path / f"{attention}.json"
+        assert tot_bench.main(common + ["--attentions", attention,
+                                        "--out", str(parts[attention])]) == 0
+    both = tmp_path / "both.json"
+    assert tot_bench.main(["--combine", str(parts["auto"]), str(parts["per-query"]),
+                           "--out", str(both)]) == 0
+    report = json.loads(both.read_text())
+    rows = {r["attention"]: r for r in report["rows"]}
+    assert set(rows) == {"auto", "per-query"}
+    ratio = report["ratios"][FILES[0]]["auto"]["end_to_end"]
+    assert ratio == pytest.approx(rows["per-query"]["end_to_end_s"] / rows["auto"]["end_to_end_s"])
+    assert report["goal"][FILES[0]]["met"] == (ratio >= tot_bench.GOAL)
+    assert [p["source"] for p in report["parts"]] == [str(parts["auto"]), str(parts["per-query"])]
+    assert all(p["command"] and p["date"] and p["commit"] for p in report["parts"])
+    assert "| file | attention | tasks |" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="repeats"):
+        tot_bench.main(["--combine", str(parts["auto"]), str(parts["auto"])])
+    other = json.loads(parts["per-query"].read_text())
+    other["args"]["seed"] = 1
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="seed=1"):
+        tot_bench.main(["--combine", str(parts["auto"]), str(tmp_path / "other.json")])
+
+
 def test_specs():
     with pytest.raises(ValueError, match="tot needs file=PATH"):
         make_tot_program("tot:tasks=2", 256)
