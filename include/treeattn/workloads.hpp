@@ -64,7 +64,10 @@ struct RandomTreeOptions {
 Workload random_workload(uint64_t seed, const WorkloadParams& p,
                          const RandomTreeOptions& o = {});
 
-// Tree-of-thoughts replay of data/workloads/*ToT.json (format: data/workloads/README.md): task k at iteration t.
+// Tree-of-thoughts replay of data/workloads/*ToT.json (format: data/workloads/README.md): task k at iteration t;
+// task = kTotAllTasks: the forest of every task still generating at t (all tasks decoded together, as the
+// engine's ToT replay batches them), one root per task. Spec: "tot:FILE:task=all:iter=t".
+inline constexpr int kTotAllTasks = -1;
 Workload tot_workload(const std::string& path, int task, int iter, const WorkloadParams& p);
 // Medusa token tree (APPS_tree_size*.json) of a record at a step, on top of a
 // sequence of `prefix` tokens plus the tokens accepted before that step.

@@ -146,7 +146,7 @@ std::shared_ptr<const std::vector<TotTask>> load_tot_file(const std::string& pat
 // prefix of those; finished subtrees with nothing generating below are dropped,
 // as a decode engine would have evicted them, and they get no query.
 namespace {
-Workload tot_replay(const std::vector<TotTask>* tasks_in, const std::string& path, int task, int iter,
+Workload tot_replay(const std::vector<TotTask>* tasks, const std::string& path, int task, int iter,
                     const WorkloadParams& p);
 }  // namespace
 
@@ -168,49 +168,87 @@ Workload tot_workload_from_text(std::string_view text, const std::string& path, 
 }  // namespace detail
 
 namespace {
+// A task at one iteration (the replay rule above): which nodes are kept and
+// which generate; nothing is kept when none generates.
+struct TotAt {
+  std::vector<uint8_t> keep, generating;
+  int32_t last_iter = 0;  // the task's last generating iteration
+};
+
+TotAt tot_at(const TotTask& tt, int iter) {
+  const int32_t n = int32_t(tt.nodes.size());
+  TotAt at;
+  at.keep.assign(n, 0);
+  at.generating.assign(n, 0);
+  std::vector<uint8_t> exists(n, 0);
+  for (int32_t v : tt.order) {
+    const TotNode& t = tt.nodes[v];
+    at.last_iter = std::max(at.last_iter, t.end);
+    exists[v] = v == tt.root || (exists[tt.parent[v]] && t.start <= iter);
+    at.generating[v] = exists[v] && t.start <= iter && iter <= t.end;
+  }
+  for (auto it = tt.order.rbegin(); it != tt.order.rend(); ++it) {
+    at.keep[*it] |= at.generating[*it];
+    if (at.keep[*it] && tt.parent[*it] >= 0) at.keep[tt.parent[*it]] = 1;
+  }
+  return at;
+}
+
+__int128 tot_pages(const TotTask& tt, const TotAt& at, int page_size) {
+  __int128 pages = 0;
+  for (int32_t v : tt.order) pages += at.keep[v] ? detail::pages_for(tt.nodes[v].value, page_size) : 0;
+  return pages;
+}
+
+// Adds the kept nodes of task tt at iteration iter to tree (its root a root of
+// the tree) and a query per generating node.
+void add_tot_nodes(const TotTask& tt, const TotAt& at, int iter, PageAllocator& alloc, Tree& tree,
+                   std::vector<int32_t>& queries) {
+  std::vector<int32_t> out(tt.nodes.size(), -1);
+  for (int32_t v : tt.order) {
+    if (!at.keep[v]) continue;
+    const TotNode& t = tt.nodes[v];
+    const bool root = v == tt.root;
+    const int32_t len = root ? t.value : int32_t(std::min<int64_t>(t.value, int64_t(iter) - t.start + 1));
+    out[v] = alloc.add_node(tree, root ? -1 : out[tt.parent[v]], len);
+    if (at.generating[v]) queries.push_back(out[v]);
+  }
+}
+
+// task = kTotAllTasks: the forest of every task that has a generating node at iter.
 Workload tot_replay(const std::vector<TotTask>* tasks, const std::string& path, int task, int iter,
                     const WorkloadParams& p) {
-  const std::string name = "tot:" + path + ":task=" + std::to_string(task) + ":iter=" + std::to_string(iter);
-  if (task < 0 || size_t(task) >= tasks->size())
+  const bool all = task == kTotAllTasks;
+  const std::string name =
+      "tot:" + path + ":task=" + (all ? std::string("all") : std::to_string(task)) + ":iter=" + std::to_string(iter);
+  if (!all && (task < 0 || size_t(task) >= tasks->size()))
     throw Error("tot: task = " + std::to_string(task) + " is out of range [0, " + std::to_string(tasks->size()) +
                 ") in " + path);
-  const TotTask& tt = (*tasks)[task];
-  if (!tt.error.empty()) throw Error(tt.error);
-  const std::vector<TotNode>& nodes = tt.nodes;
-  const std::vector<int32_t>& parent = tt.parent;
-  const std::vector<int32_t>& order = tt.order;
-  const int32_t root = tt.root;
-  const int32_t n = int32_t(nodes.size());
-
-  std::vector<uint8_t> exists(n, 0), generating(n, 0), keep(n, 0);
+  const size_t first = all ? 0 : size_t(task), last = all ? tasks->size() : size_t(task) + 1;
+  std::vector<TotAt> at(last - first);
+  __int128 nodes = 0, pages = 0;
   int32_t last_iter = 0;
-  for (int32_t v : order) {
-    const TotNode& t = nodes[v];
-    last_iter = std::max(last_iter, t.end);
-    exists[v] = v == root || (exists[parent[v]] && t.start <= iter);
-    generating[v] = exists[v] && t.start <= iter && iter <= t.end;
+  for (size_t k = first; k < last; ++k) {
+    const TotTask& tt = (*tasks)[k];
+    if (!tt.error.empty()) throw Error(tt.error);
+    at[k - first] = tot_at(tt, iter);
+    last_iter = std::max(last_iter, at[k - first].last_iter);
+    nodes += tt.nodes.size();
+    pages += tot_pages(tt, at[k - first], p.page_size);
   }
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    keep[*it] |= generating[*it];
-    if (keep[*it] && parent[*it] >= 0) keep[parent[*it]] = 1;
-  }
-  if (!keep[root])
-    throw Error("tot: task " + std::to_string(task) + " has no generating node at iter " + std::to_string(iter) +
-                " (last iteration " + std::to_string(last_iter) + ")");
-
-  __int128 pages = 0;
-  for (int32_t v : order) pages += keep[v] ? detail::pages_for(nodes[v].value, p.page_size) : 0;
-  detail::check_budget(n, pages, name);
+  const auto kept = [&](size_t k) { return at[k - first].keep[(*tasks)[k].root] != 0; };
+  bool any = false;
+  for (size_t k = first; k < last; ++k) any |= kept(k);
+  if (!any)
+    throw Error("tot: " + (all ? std::string("no task has a") : "task " + std::to_string(task) + " has no") +
+                " generating node at iter " + std::to_string(iter) + " (last iteration " +
+                std::to_string(last_iter) + ")");
+  detail::check_budget(nodes, pages, name);
   PageAllocator alloc(p.page_size, detail::mix_seed(p.seed, 0x7071));
   Tree tree;
-  std::vector<int32_t> out(n, -1), queries;
-  for (int32_t v : order) {
-    if (!keep[v]) continue;
-    const TotNode& t = nodes[v];
-    const int32_t len = v == root ? t.value : int32_t(std::min<int64_t>(t.value, int64_t(iter) - t.start + 1));
-    out[v] = alloc.add_node(tree, v == root ? -1 : out[parent[v]], len);
-    if (generating[v]) queries.push_back(out[v]);
-  }
+  std::vector<int32_t> queries;
+  for (size_t k = first; k < last; ++k)
+    if (kept(k)) add_tot_nodes((*tasks)[k], at[k - first], iter, alloc, tree, queries);
   return detail::finish_workload(name, std::move(tree), std::move(queries), alloc, p);
 }
 }  // namespace

@@ -138,7 +138,7 @@ const std::vector<WorkloadFamily>& workload_families() {
        "vLLM-style block tables + seq_lens (JSON, docs/formats.md); equal leading pages become shared prefixes"},
       {"tot", "tot:FILE:task=3:iter=200",
        "tree-of-thoughts replay (data/workloads/*ToT.json) of task k at decode iteration t: one query per "
-       "node still generating"},
+       "node still generating; task=all: the forest of every task at t, as the engine batches them"},
       {"kary", "kary:arity=2:depth=5:total=65536[:leftmost=1]",
        "FlashForge's shapes: complete arity-ary tree of depth levels below the root at a fixed total of "
        "tokens (a query per leaf); leftmost=1: only the leftmost node of a level has children"},
@@ -190,7 +190,8 @@ Workload make_workload(std::string_view spec, const WorkloadParams& p) {
   }
   if (family == "tot") {
     Spec sp = parse_spec(spec, true, false);
-    const int task = sp.integer("task", 0), iter = sp.integer("iter", 0);
+    const bool all = sp.find("task") && sp.find("task")->value == "all";
+    const int task = all ? kTotAllTasks : sp.integer("task", 0), iter = sp.integer("iter", 0);
     sp.check_all_used();
     return tot_workload(sp.file, task, iter, p);
   }

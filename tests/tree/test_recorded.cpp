@@ -67,10 +67,27 @@ TEST(Tot, Spec) {
   treeattn_test::expect_same_workload(make_workload("tot:" + kTot + ":iter=11:task=0", WorkloadParams{}), w);
 }
 
+TEST(Tot, AllTasksMakeOneForest) {
+  WorkloadParams p;
+  // iter 1: task 0 (3 nodes, 2 queries, 102 tokens) and task 1 (2 nodes, 1 query, 51 tokens).
+  const Workload w = tot_workload(kTot, kTotAllTasks, 1, p);
+  expect_shape(w, {5, 3, 153});
+  int roots = 0;
+  for (const Node& n : w.tree.nodes) roots += n.parent < 0;
+  EXPECT_EQ(roots, 2);
+  // iter 31: task 0 has ended, task 1 alone (it generates up to 41).
+  expect_shape(tot_workload(kTot, kTotAllTasks, 31, p), {3, 1, 81});
+  EXPECT_ERROR_WITH(tot_workload(kTot, kTotAllTasks, 42, p), "tot: no task has a generating node at iter 42",
+                    "last iteration 41");
+  const Workload spec = make_workload("tot:" + kTot + ":task=all:iter=1", p);
+  EXPECT_EQ(spec.name, "tot:" + kTot + ":task=all:iter=1");
+  treeattn_test::expect_same_workload(spec, w);
+}
+
 TEST(Tot, BadInput) {
   WorkloadParams p;
   EXPECT_ERROR_WITH(tot_workload(kTot, 2, 1, p), "task = 2", "out of range [0, 2)");
-  EXPECT_ERROR_WITH(tot_workload(kTot, -1, 1, p), "task = -1");
+  EXPECT_ERROR_WITH(tot_workload(kTot, -2, 1, p), "task = -2");
   EXPECT_ERROR_WITH(tot_workload(kTot, 0, -1, p), "iter = -1");
   EXPECT_ERROR_WITH(tot_workload("/nonexistent/tot.json", 0, 1, p), "cannot read '/nonexistent/tot.json'");
   EXPECT_ERROR_WITH(tot_workload(kMedusa, 0, 1, p), "not a list of tasks");
