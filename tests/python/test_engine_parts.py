@@ -115,6 +115,23 @@ def test_sampling():
     assert all(bool(torch.isin(many[:, i], top20[i]).all()) for i in range(3))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampling_draws_from_the_softmax(dtype):
+    """The exponential race draws token i with probability softmax(logits / T)[i] (to
+    within 4 standard deviations over 40000 draws), never a -inf logit, in the logits'
+    dtype; top-k keeps the k largest in proportion."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, float("-inf"), -1.0]], dtype=dtype)
+    n, gen = 40000, torch.Generator().manual_seed(1)
+    for params, kept in ((SamplingParams(0.5), [0, 1, 2, 4]), (SamplingParams(0.5, top_k=2), [1, 2])):
+        draws = sample(logits.expand(n, -1), params, gen)
+        freq = torch.bincount(draws, minlength=5).double() / n
+        probs = torch.zeros(5, dtype=torch.float64)
+        probs[kept] = torch.softmax(logits[0, kept].double() / params.temperature, dim=0)
+        sd = (probs * (1 - probs) / n).sqrt()
+        assert ((freq - probs).abs() <= 4 * sd + 1e-12).all(), (params, freq, probs)
+        assert freq[3] == 0
+
+
 def test_named_shapes_are_real():
     llama = named_config("llama3-8b")
     assert (llama.num_layers, llama.num_heads, llama.num_kv_heads, llama.hidden_size,

@@ -112,6 +112,29 @@ def test_replay_logits(models, name):
     assert len(set(firsts)) > 1
 
 
+def test_overlap_keeps_the_tokens(models):
+    """A step launched ahead (fed the sampled ids on the device) decodes what a step after
+    the host read the tokens decodes: every branch's tokens are the same with overlap on and
+    off, on the replay and on the live policy (which also reads log-probabilities)."""
+    _, folder = models
+    model = load_model(folder, dtype="fp32")
+    for spec in (f"tot:file={workload(FILES[0])},tasks=3,scale=0.01",
+                 "tot-live:prompt=9,tasks=2,rounds=2,width=2,k=2,budget=6"):
+        runs = []
+        for overlap in (True, False):
+            program = make_tot_program(spec, model.cfg.vocab_size, seed=3)
+            engine = build_engine(model, "torch-ref", "auto", page_size=4,
+                                  num_pages=program.pages_needed(4), max_batch=program.max_batch)
+            launched = []
+            decode = engine.decode
+            engine.decode = lambda seqs, ids=None, **kw: (launched.append(ids is not None),
+                                                          decode(seqs, ids=ids, **kw))[1]
+            result = run_tot(engine, program, seed=5, check_cache=True, overlap=overlap)
+            runs.append([(b.task, b.node, b.tokens) for b in result.branches])
+            assert any(launched) == overlap and not all(launched)
+        assert runs[0] == runs[1]
+
+
 def test_replay_treeattn_planner(models):
     # treeattn's planner and CPU executor (fp16) plan each step's forest of three trees
     hf, folder = models

@@ -150,7 +150,8 @@ class Engine:
 
     def fork(self, seq, n):
         """n sequences continuing seq (which is consumed). They share its cached pages;
-        its leftover rows past the last whole page are copied into each child's tail."""
+        its leftover rows past the last whole page are copied into each child's tail (one
+        copy for all children)."""
         self.publish(seq)
         left = seq.kv_len - seq.cached_len       # < page_size after publish
         children = []
@@ -163,8 +164,12 @@ class Engine:
                 children.append(child)
                 if left:
                     child.tail = self._alloc(1, "fork")
-                    src = self._rows(seq, seq.cached_len, seq.kv_len)
-                    self.kv.copy_rows(src, self._rows(child, child.cached_len, child.kv_len))
+            if left and children:
+                src = self.host_rows(seq, seq.cached_len, seq.kv_len)
+                dst = [self.host_rows(c, c.cached_len, c.kv_len) for c in children]
+                rows = torch.from_numpy(np.stack([np.tile(src, len(children)), np.concatenate(dst)]))
+                rows = rows.to(self.device)
+                self.kv.copy_rows(rows[0], rows[1])
         except BaseException:
             for child in children:
                 self.release(child, publish=False)
@@ -256,28 +261,39 @@ class Engine:
                 and all(x is y and x.kv_len == k and x.cached_len == c
                         for x, y, k, c in zip(seqs, a[0], a[1], a[2])))
 
-    def decode(self, seqs, time_attention=False):
+    def decode(self, seqs, time_attention=False, ids=None):
         """One decode step of seqs: writes each pending token's K/V; returns logits [B, V]
-        (launched: on a GPU they are ready once the stream reaches them)."""
+        (launched: on a GPU they are ready once the stream reaches them).
+
+        ids: the pending tokens' ids as a tensor [B] (int64) on the engine's device, e.g. the
+        last step's sampled tokens before they reach the host. The step is then launched
+        without reading them on the host: seq.tokens may lack its pending token, which the
+        caller appends once it has it (before anything else reads seq.tokens: publish, fork,
+        release). Default: read from seq.tokens[seq.kv_len]."""
         if not 0 < len(seqs) <= self.max_batch:
             raise ValueError(f"seqs: expected 1..max_batch={self.max_batch} sequences, "
                              f"got {len(seqs)}")
+        n = len(seqs)
+        if ids is not None and (ids.shape != (n,) or ids.dtype != torch.long or ids.device != self.device):
+            raise ValueError(f"ids: expected an int64 tensor [{n}] on {self.device}, got "
+                             f"{ids.dtype} {tuple(ids.shape)} on {ids.device}")
         if not self._prepared(seqs):
             for s in seqs:
                 self._reserve_slot(s)
             self._plan(seqs)
         self._ahead = None                 # consumed: the next step plans again
-        n = len(seqs)
         inputs = self._inputs()
-        inputs[0, :n] = [s.tokens[s.kv_len] for s in seqs]
+        inputs[0, :n] = 0 if ids is not None else [s.tokens[s.kv_len] for s in seqs]
         inputs[1, :n] = [s.kv_len for s in seqs]
         inputs[2, :n] = [self._slot(s) for s in seqs]
         if self.graphs is not None:
-            logits = self.graphs.decode(n, inputs)
+            logits = self.graphs.decode(n, inputs, ids)
         else:
             self.timer.reset()
             ctx = DecodeContext(self.attention, self.timer if time_attention else None)
             t = self._upload()
+            if ids is not None:
+                t[0, :n] = ids     # over the staged zeros (on a GPU: after the upload, on the stream)
             logits = self.model(t[0, :n], t[1, :n], t[2, :n], self.kv, ctx)
         for s in seqs:
             s.kv_len += 1

@@ -81,19 +81,23 @@ class GraphRunner:
             self.capture(b)
         return b
 
-    def decode(self, n, inputs):
+    def decode(self, n, inputs, ids=None):
         """Replay the bucket of n queries (captured and planned by the engine already);
         inputs: the engine's host staging [3, max_tokens] (ids, positions, slots), padded
-        here and uploaded in one copy."""
+        here and uploaded in one copy; ids (optional): the n token ids on the device, which
+        replace the staged ones."""
         b = self._bucket(n)
         self.pad(inputs, n, b)
-        return self.replay(b)[:n].clone()   # the static buffer is overwritten next replay
+        return self.replay(b, ids)[:n].clone()   # the static buffer is overwritten next replay
 
-    def replay(self, b):
-        """Upload the engine's host staging (its first b columns filled, padding included)
-        and replay bucket b (captured, planned for b queries). Returns the graph's static
-        logits [b, vocab]: valid until the next replay."""
+    def replay(self, b, ids=None):
+        """Upload the engine's host staging (its first b columns filled, padding included),
+        then ids (a device tensor, when given) over its first ids columns, and replay bucket b
+        (captured, planned for b queries). Returns the graph's static logits [b, vocab]:
+        valid until the next replay."""
         self.engine._upload(self.inputs)
+        if ids is not None:
+            self.ids[:len(ids)].copy_(ids)   # device to device, after the upload on the stream
         self.graphs[b].replay()
         return self.logits[b]
 

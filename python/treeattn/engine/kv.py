@@ -23,7 +23,12 @@ class KVPool:
         self._rows(self.v, layer).index_copy_(0, slots, v.to(self.v.dtype))
 
     def copy_rows(self, src, dst):
-        """Copy rows src -> dst in every layer (the leftover rows of a forked sequence)."""
+        """Copy rows src -> dst (int64 [N] on the pool's device) in every layer (the leftover
+        rows of forked sequences): one gather and one scatter per pool, along dim 0 of its
+        [layers * rows, heads * dim] view."""
+        layers, rows = self.k.shape[0], self.num_pages * self.page_size
+        offsets = torch.arange(layers, device=src.device)[:, None] * rows
+        src, dst = (offsets + src).reshape(-1), (offsets + dst).reshape(-1)
         for t in (self.k, self.v):
-            rows = self._rows(t)
-            rows[:, dst] = rows[:, src]
+            flat = t.view(layers * rows, -1)
+            flat.index_copy_(0, dst, flat.index_select(0, src))

@@ -1,5 +1,6 @@
 """The decoder's elementwise steps between its matrix products, one function each: RMSNorm
-(with the residual add before it), RoPE on the fused QKV output, SwiGLU's activation.
+(with the residual add before it), RoPE on the fused QKV output, SwiGLU's activation; and
+the sampler's pass over the logits (sampling.exponential_race).
 
 Eager, each is a handful of PyTorch kernels with Hugging Face's rounding. On a GPU,
 compiled_ops() hands them to torch.compile (Triton), which makes each a single kernel: a
@@ -12,6 +13,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .sampling import exponential_race
 
 
 def rms_norm(x, weight, eps: float):
@@ -56,6 +59,7 @@ class Ops:
     add_rms_norm: Callable
     rope_qkv: Callable
     silu_mul: Callable
+    race: Callable = exponential_race
     compiled: bool = False
 
 
@@ -74,6 +78,21 @@ def compile_available() -> tuple:
     return True, ""
 
 
+RACE_MIN_ROWS = 64   # smaller batches sample eagerly: cheap, and no compile per small size
+
+
+def _large_batches(compiled_race):
+    """compiled_race for batches of RACE_MIN_ROWS rows or more, exponential_race below: the
+    compiled one has symbolic shapes from its first call (one compile for every batch and
+    vocabulary size, made by a program's first large step: its warm-up), while sizes 0 and 1
+    would each compile a specialised version, possibly inside a timed step."""
+    def race(scores, inv_temperature: float, noise):
+        if scores.shape[0] < RACE_MIN_ROWS:
+            return exponential_race(scores, inv_temperature, noise)
+        return compiled_race(scores, inv_temperature, noise)
+    return race
+
+
 def compiled_ops() -> Ops:
     """The ops compiled once per process (each function recompiles per input shape class:
     shapes become dynamic after the second distinct one, so batch buckets and prefill
@@ -84,7 +103,9 @@ def compiled_ops() -> Ops:
         raise ValueError(f"compile: torch.compile of the engine's ops needs a GPU backend: {why}")
     if _COMPILED is None:
         fn = lambda f: torch.compile(f, fullgraph=True)
-        _COMPILED = Ops(fn(rms_norm), fn(add_rms_norm), fn(rope_qkv), fn(silu_mul), compiled=True)
+        _COMPILED = Ops(fn(rms_norm), fn(add_rms_norm), fn(rope_qkv), fn(silu_mul),
+                        _large_batches(torch.compile(exponential_race, fullgraph=True, dynamic=True)),
+                        compiled=True)
     return _COMPILED
 
 

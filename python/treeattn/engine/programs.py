@@ -125,7 +125,8 @@ def run_program(engine, program, seed=0, steps=None, record_logits=False,
         seq, logits = engine.add(prompt)
         group = engine.fork(seq, program.samples) if program.samples > 1 else [seq]
         batch = logits[None].expand(len(group), -1)
-        for s, tok in zip(group, sample(batch, program.sampling, gen).tolist()):
+        firsts = sample(batch, program.sampling, gen, engine.model.ops.race)
+        for s, tok in zip(group, firsts.tolist()):
             s.tokens.append(tok)
             logits_rows.append([logits.cpu()] if record_logits else None)
         seqs += group
@@ -143,7 +144,8 @@ def run_program(engine, program, seed=0, steps=None, record_logits=False,
         # logits rows, on_step) does not
         started = time.perf_counter()
         logits = engine.decode(seqs, time_attention=time_attention)
-        tokens = sample(logits, program.sampling, gen)   # on the device: queued, no sync
+        # on the device: queued, no sync
+        tokens = sample(logits, program.sampling, gen, engine.model.ops.race)
         if step + 1 < num_steps:
             # the next step's slots, forest and attention plan, while this one runs on the
             # GPU: they depend on the tree's shape only, not on the tokens being sampled

@@ -1,5 +1,12 @@
 """Token sampling on the logits' device: temperature, top-k, top-p, seeded by a
-torch.Generator; temperature 0 is greedy (argmax)."""
+torch.Generator; temperature 0 is greedy (argmax).
+
+A draw from softmax(logits / temperature) is made by the exponential race: with noise
+E ~ Exp(1) i.i.d. per entry, argmax(logits / temperature - log E) is token i with probability
+softmax(logits / temperature)[i] (torch.multinomial draws one sample the same way, after a
+softmax and a division that each take a pass over [batch, vocab] in fp32). Here the noise is
+one fp32 pass and the race one more, which ops.compiled_ops() fuses into a single kernel
+reading the logits in their own dtype."""
 from dataclasses import dataclass
 
 import torch
@@ -20,11 +27,21 @@ class SamplingParams:
             raise ValueError(f"top_k: expected >= 0, got {self.top_k}")
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator=None) -> torch.Tensor:
-    """logits [B, V] -> token ids [B] (int64, same device)."""
+def exponential_race(scores, inv_temperature: float, noise):
+    """Row-wise argmax(scores * inv_temperature - log(noise)) (int64): with noise ~ Exp(1),
+    a draw from softmax(scores * inv_temperature); -inf scores are never drawn."""
+    return (scores.float() * inv_temperature - noise.log()).argmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator=None,
+           race=exponential_race) -> torch.Tensor:
+    """logits [B, V] -> token ids [B] (int64, same device). race: exponential_race or its
+    compiled version (ops.Ops.race)."""
     if params.temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / params.temperature
+    inv_temperature = 1.0 / params.temperature
+    if params.top_k or params.top_p < 1:
+        logits, inv_temperature = logits.float() * inv_temperature, 1.0
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -35,5 +52,5 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator=None) -> torc
         drop = probs.cumsum(dim=-1) - probs >= params.top_p
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    return race(logits, inv_temperature, noise.exponential_(generator=generator))

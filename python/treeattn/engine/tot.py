@@ -28,7 +28,7 @@ import torch
 
 from .programs import COMMON, RunResult, _sync, parse_params
 from .recorded import is_int, load_tot_file, scaled
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, exponential_race, sample
 
 # kind -> default parameters (each also takes COMMON's gen-less sampling keys); temperature
 # defaults to 1: greedy siblings would repeat each other's tokens
@@ -300,6 +300,7 @@ class _Run:
         self.evictable = getattr(cache, "num_evictable_pages", None)
         self.free_min = cache.num_free_pages()
         self.held_peak = 0
+        self.host_tokens = self.host_lp = self.copied = None   # sample_async's pinned buffers
 
     def note_pages(self):
         free = self.engine.cache.num_free_pages()
@@ -382,12 +383,39 @@ class _Run:
                 self.finish([c for c, _ in empty], [row for _, row in empty], iteration - 1)
 
     def sample(self, logits):
-        """Sampled ids and (for a policy that scores) their log-probabilities, on the host."""
-        tokens = sample(logits, self.program.sampling, self.gen)
-        if not self.policy.needs_scores:
-            return tokens.tolist(), [0.0] * len(tokens)
-        lp = torch.log_softmax(logits.float(), dim=-1).gather(1, tokens[:, None])[:, 0]
-        return tokens.tolist(), lp.tolist()
+        """Sampled ids and (for a policy that scores) their log-probabilities, on the host:
+        the children's first tokens (waves of any size, drawn eagerly; the compiled draw is
+        the decode step's)."""
+        tokens, fetch = self.sample_async(logits, race=exponential_race)
+        return fetch()
+
+    def sample_async(self, logits, race=None):
+        """(ids, fetch): the sampled ids as a device tensor, queued with no host sync, and
+        fetch(), which returns (ids, log-probabilities: zeros unless the policy scores) as host
+        lists. Their copy to pinned host memory is queued here, so fetch() waits for the
+        sampling only, not for work queued after it (the next step launched meanwhile)."""
+        tokens = sample(logits, self.program.sampling, self.gen, race or self.engine.model.ops.race)
+        lp = None
+        if self.policy.needs_scores:
+            lp = torch.log_softmax(logits.float(), dim=-1).gather(1, tokens[:, None])[:, 0]
+        n = len(tokens)
+        if tokens.device.type != "cuda":
+            return tokens, lambda: (tokens.tolist(), [0.0] * n if lp is None else lp.tolist())
+        if self.host_tokens is None or len(self.host_tokens) < n:
+            size = max(n, self.engine.max_batch)
+            self.host_tokens = torch.empty(size, dtype=torch.long, pin_memory=True)
+            self.host_lp = torch.empty(size, dtype=torch.float32, pin_memory=True)
+            self.copied = torch.cuda.Event()
+        host_tokens, host_lp = self.host_tokens[:n], self.host_lp[:n]
+        host_tokens.copy_(tokens, non_blocking=True)
+        if lp is not None:
+            host_lp.copy_(lp, non_blocking=True)
+        self.copied.record()
+
+        def fetch():
+            self.copied.synchronize()
+            return host_tokens.tolist(), [0.0] * n if lp is None else host_lp.tolist()
+        return tokens, fetch
 
     def release_all(self):
         """Release every sequence still held (also those of children a failed step had
@@ -400,14 +428,26 @@ class _Run:
 
 
 def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_cache=False,
-            time_attention=False, attention_every=1, on_step=None) -> ToTResult:
+            time_attention=False, attention_every=1, on_step=None, overlap=True) -> ToTResult:
     """Prefill every task's prompt, then iterate: start the branches due, decode every
     generating branch in one step, sample, finish the branches that reached their length
     (the policy gives their children). Stops when no branch is left or after max_steps
     decode steps (the program's own max_steps too); every sequence is released at the end.
-    A step's time covers the whole iteration (forks, decode, sampling, releases); the
-    end-to-end time is the prefill's and the iterations' (instrumentation left out: the
-    records, the attention timing of one step in attention_every, the cache checks)."""
+
+    overlap: when the next step decodes the same branches (none finishes, none starts), it
+    is planned while this one runs and launched as soon as this one's sampling is queued,
+    fed the sampled ids on the device; the host then reads this step's tokens (waiting for
+    the sampling only) and does its bookkeeping while the GPU runs the next step. The tokens
+    are the same either way (the same sampling calls in the same order). A step whose
+    attention is timed does not launch ahead (its timing replays its own plan). Recording
+    logits (tests) reads each step's rows with a sync, which waits for the step launched
+    ahead too: do not time a run that records.
+
+    A step's time runs from the end of the previous step's host work (or from its own start
+    when nothing was launched ahead) to the end of its own, so the steps add up to the
+    decode's wall time; the end-to-end time is the prefill's and the iterations'
+    (instrumentation left out: the records, the attention timing of one step in
+    attention_every, the cache checks)."""
     if program.max_steps is not None:
         max_steps = program.max_steps if max_steps is None else min(max_steps, program.max_steps)
     total_steps = program.num_steps if max_steps is None else min(program.num_steps, max_steps)
@@ -419,31 +459,45 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
     _sync(engine.device)
     started, instrumentation = time.perf_counter(), 0.0
     result = ToTResult(seqs=[], prefill_seconds=0.0, branches=run.branches)
+    ahead = None    # (batch, logits, timed) of the step launched before this one's tokens were read
     try:
         run.prefill()
         run.note_pages()
         _sync(engine.device)
         result.prefill_seconds = time.perf_counter() - started
         iteration = 0
+        step_started = None
         while run.generating or run.pending:
             if max_steps is not None and len(result.step_seconds) >= max_steps:
                 break
             iteration += 1
-            if not run.generating and iteration not in run.pending:
-                iteration = min(run.pending)     # an idle gap in the schedule: skip it
-            step_started = time.perf_counter()
-            run.start_due(iteration)
-            batch = list(run.generating)
-            if not batch:
-                continue
-            timed = time_attention and len(result.step_seconds) % attention_every == 0
-            logits = engine.decode([b.seq for b in batch], time_attention=timed)
+            if ahead is not None:
+                # launched by the last iteration: the same branches, nothing due now
+                batch, logits, timed = ahead
+                ahead = None
+            else:
+                if not run.generating and iteration not in run.pending:
+                    iteration = min(run.pending)     # an idle gap in the schedule: skip it
+                step_started = time.perf_counter()
+                run.start_due(iteration)
+                batch = list(run.generating)
+                if not batch:
+                    continue
+                timed = time_attention and len(result.step_seconds) % attention_every == 0
+                logits = engine.decode([b.seq for b in batch], time_attention=timed)
+            seqs = [b.seq for b in batch]
             done = [b.generated + 1 == b.value for b in batch]
             last_step = max_steps is not None and len(result.step_seconds) + 1 >= max_steps
-            if not any(done) and iteration + 1 not in run.pending and not last_step:
+            same_next = not any(done) and iteration + 1 not in run.pending and not last_step
+            if same_next:
                 # the next step decodes the same sequences: plan it while this one runs
-                engine.prepare([b.seq for b in batch])
-            tokens, logprobs = run.sample(logits)
+                engine.prepare(seqs)
+            tokens, fetch = run.sample_async(logits)
+            if same_next and overlap and not timed:
+                timed_next = time_attention and (len(result.step_seconds) + 1) % attention_every == 0
+                ahead = (batch, engine.decode(seqs, time_attention=timed_next, ids=tokens),
+                         timed_next)
+            tokens, logprobs = fetch()
             for b, tok, lp, d in zip(batch, tokens, logprobs, done):
                 b.generated += 1
                 if not d:         # a done branch's sampled token would be a child's: dropped
@@ -468,7 +522,8 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
             run.note_pages()
             if on_step:
                 on_step(len(result.step_seconds), total_steps)
-            instrumentation += time.perf_counter() - measured
+            step_started = time.perf_counter()   # a step launched ahead counts from here
+            instrumentation += step_started - measured
     finally:
         run.release_all()
     _sync(engine.device)
