@@ -53,13 +53,16 @@ def spec_of(path, args):
 @contextlib.contextmanager
 def sized_engine(model, program, attention, args):
     """A fresh engine sized by the schedule (the pool for its peak, max_batch for its
-    widest step), freed on exit."""
-    engine = build_engine(model, attention, args.cache, args.page_size, program.pages_needed(args.page_size),
-                          max_batch=program.max_batch, graphs=args.graphs == "on")
+    widest step), freed on exit. It is handed out in a list that is emptied on exit: the
+    caller's `as` name then holds no engine, so its pool (up to ~96 GB for the sorting file)
+    is gone before the next engine is made."""
+    holder = [build_engine(model, attention, args.cache, args.page_size,
+                           program.pages_needed(args.page_size), max_batch=program.max_batch,
+                           graphs=args.graphs == "on")]
     try:
-        yield engine
+        yield holder
     finally:
-        del engine
+        holder.clear()
         free_memory(model.model.embed_tokens.weight.device)
 
 
@@ -72,8 +75,8 @@ def run_case(model, name, spec, attention, args):
                graphs=args.graphs)
     log(f"{name} / {attention}: {row['tasks']} tasks, {program.num_steps} steps planned, "
         f"widest step {program.max_batch} queries, {num_pages} pages")
-    with sized_engine(model, program, attention, args) as engine:
-        result = run_tot(engine, program, seed=args.seed, time_attention=True,
+    with sized_engine(model, program, attention, args) as holder:
+        result = run_tot(holder[0], program, seed=args.seed, time_attention=True,
                          attention_every=args.attention_every)
         row.update(result.summary())
         if result.step_seconds:
@@ -89,9 +92,9 @@ def warm_up_file(model, spec, args):
     before the timed cases of a file: its prompt lengths are what the prefill compiles and
     tunes for (seconds on the first pass), so neither timed case pays for that."""
     program = make_tot_program(spec, model.cfg.vocab_size, seed=args.seed)
-    with sized_engine(model, program, args.attentions[0], args) as engine:
+    with sized_engine(model, program, args.attentions[0], args) as holder:
         started = time.perf_counter()
-        run_tot(engine, program, seed=args.seed, max_steps=2)
+        run_tot(holder[0], program, seed=args.seed, max_steps=2)
         sync(model.model.embed_tokens.weight.device)
         log(f"  warm-up (prefill of every task, 2 steps, untimed): {time.perf_counter() - started:.2f} s")
 
