@@ -79,7 +79,7 @@ Suite parse_suite(std::string_view text, const std::string& name) {
   return s;
 }
 
-std::vector<std::string> builtin_suites() { return {"fasttree", "pat", "flashforge", "deft"}; }
+std::vector<std::string> builtin_suites() { return {"fasttree", "pat", "flashforge", "deft", "forests"}; }
 
 Suite load_suite(const std::string& name_or_path, const std::string& data_dir) {
   namespace fs = std::filesystem;
