@@ -123,3 +123,32 @@ def test_decode_runs_out_of_pages():
         engine.decode([seq])
     engine.release(seq)
     engine.cache.check()
+
+
+def test_decode_ids_named_when_wrong():
+    """decode(seqs, ids=...) (the sampled ids fed on the device) refuses ids of the wrong
+    dtype, length or device by name, before reserving anything; right ids decode as the
+    host's would."""
+    import torch
+    model = load_model("random:tiny", dtype="fp32")
+    logits = []
+    for feed in (False, True):
+        engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=16)
+        seq, first = engine.add(list(range(6)))
+        token = int(first.argmax())
+        assert token != 0   # the staged placeholder: a fed id must differ from it to show
+        for bad, what in ((torch.tensor([token], dtype=torch.int32), "int32"),
+                          (torch.tensor([token, token]), r"\(2,\)"),
+                          (torch.tensor(token), r"\(\)")):
+            with pytest.raises(ValueError, match=r"ids: expected an int64 tensor \[1\] on cpu, "
+                                                 r"got .*" + what):
+                engine.decode([seq], ids=bad)
+        assert seq.kv_len == 6
+        if feed:   # seq.tokens lacks the pending id: only the device tensor has it
+            logits.append(engine.decode([seq], ids=torch.tensor([token]))[0])
+        else:
+            seq.tokens.append(token)
+            logits.append(engine.decode([seq])[0])
+        engine.release(seq, publish=False)
+        engine.cache.check()
+    assert torch.equal(*logits)
