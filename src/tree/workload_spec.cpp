@@ -190,7 +190,8 @@ Workload make_workload(std::string_view spec, const WorkloadParams& p) {
   }
   if (family == "tot") {
     Spec sp = parse_spec(spec, true, false);
-    const bool all = sp.find("task") && sp.find("task")->value == "all";
+    const Field* task_field = sp.find("task");
+    const bool all = task_field && task_field->value == "all";
     const int task = all ? kTotAllTasks : sp.integer("task", 0), iter = sp.integer("iter", 0);
     sp.check_all_used();
     return tot_workload(sp.file, task, iter, p);

@@ -386,7 +386,7 @@ class _Run:
         """Sampled ids and (for a policy that scores) their log-probabilities, on the host:
         the children's first tokens (waves of any size, drawn eagerly; the compiled draw is
         the decode step's)."""
-        tokens, fetch = self.sample_async(logits, race=exponential_race)
+        _, fetch = self.sample_async(logits, race=exponential_race)
         return fetch()
 
     def sample_async(self, logits, race=None):
