@@ -58,6 +58,9 @@ struct TreeAttentionConfig {
 struct PlanStats {
   int64_t planned = 0;   // plans made by the planner
   int64_t extended = 0;  // steps that extended the last plan
+  // Of the fresh plans, those whose pages were checked only where their
+  // nodes differ from the last tree's (its page bits kept; no page shared).
+  int64_t pages_rechecked = 0;
 };
 
 // A tree as flat arrays, nodes in any order with parents given by index:

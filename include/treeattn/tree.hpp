@@ -63,8 +63,13 @@ struct TreeIndex {
 // holds the tree's pages and page_partial those it uses in part, and the
 // caller clears both (or swaps in clear vectors of the same size) before the
 // next call. pages_shared: some page is used in part by two nodes.
+// pages_checked: the caller has checked the page ids (each in range, each
+// slot of the pool used by at most one node) against its own record of the
+// pool, and the call checks everything else (TreeAttention, which checks
+// only the nodes that changed since its last tree).
 struct ValidateScratch {
   std::vector<uint64_t> page_used, page_partial;
+  bool pages_checked = false;
   bool keep_page_bits = false;
   bool page_bits_kept = false;
   bool pages_shared = false;

@@ -307,7 +307,8 @@ class TreeAttention:
         return self._impl.plan_summary()
 
     def plan_stats(self) -> dict:
-        """How the steps so far were planned: ``{"planned": fresh plans, "extended": steps that extended the last}``."""
+        """How the steps so far were planned: ``{"planned": fresh plans, "extended": steps that extended the last,
+        "pages_rechecked": fresh plans that checked only the pages of nodes changed since the last tree}``."""
         return self._impl.plan_stats()
 
     def describe(self) -> str:

@@ -625,6 +625,7 @@ void bind_runtime(nb::module_& m) {
              nb::dict d;
              d["planned"] = s.planned;
              d["extended"] = s.extended;
+             d["pages_rechecked"] = s.pages_rechecked;
              return d;
            })
       .def("plan_summary", [](const TreeAttention& ta) {

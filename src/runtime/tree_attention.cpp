@@ -75,12 +75,13 @@ struct TreeAttention::Impl {
   }
 #endif
 
-  // Plan extension (TreeAttentionConfig::max_extension_tokens). Valid while
-  // `extendable` (no two nodes share a page): page_bits, w's pages, a bit
-  // each (empty before the first plan); per unit of `plan`, the tokens added
-  // since the planner made it (unit_growth). Per node, scratch for one
-  // extension attempt.
-  bool extendable = false;
+  // w's pages, a bit each, valid while `bits_valid` (then no two nodes of w
+  // share a page): a fresh plan checks only the nodes that differ from w's
+  // against them (check_pages_against_last), and plan extension
+  // (TreeAttentionConfig::max_extension_tokens) the pages it appends. Per
+  // unit of `plan`, the tokens added since the planner made it
+  // (unit_growth). Per node, scratch for one extension attempt.
+  bool bits_valid = false;
   std::vector<uint64_t> page_bits;
   std::vector<int32_t> unit_growth;
   struct SegmentEnd {
@@ -88,15 +89,22 @@ struct TreeAttention::Impl {
   };
   std::vector<SegmentEnd> lengthened;
   std::vector<int32_t> grown_to;  // per node: its new token count, -1: unchanged
-  std::vector<int32_t> new_pages; // pages appended by the attempt (their bits set)
+  std::vector<int32_t> new_pages; // pages set by an extension attempt or a page check against w's bits
+  struct PageChange {
+    int32_t node, from;  // a node of both trees whose page ids differ from position `from` on
+  };
+  std::vector<PageChange> changed;
 
   // Plans `scratch`, hands the plan to the executor, then makes it current.
-  // Where plans may be extended, the validation keeps scratch's page bits
-  // (ValidateScratch::keep_page_bits): they become w's (prepare_extension).
+  // Its pages are checked against w's bits where they are valid, else by the
+  // validation, which then keeps scratch's page bits
+  // (ValidateScratch::keep_page_bits): they become w's (take_page_bits).
   void commit(void* stream) {
-    const bool could_extend = extendable;
-    extendable = false;  // the index below is the new tree's from here on
-    validate_scratch.keep_page_bits = extension_enabled();
+    const bool had_bits = bits_valid;
+    bits_valid = false;  // the index below is the new tree's from here on
+    const bool pages_checked = had_bits && check_pages_against_last();
+    validate_scratch.pages_checked = pages_checked;
+    validate_scratch.keep_page_bits = !pages_checked && page_bits_enabled();
     try {
       scratch.validate(&validate_scratch);
       plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, next_plan);
@@ -107,9 +115,10 @@ struct TreeAttention::Impl {
         clear_page_bits(validate_scratch.page_partial, scratch.tree);
         validate_scratch.page_bits_kept = false;
       }
-      if (could_extend) {  // w stays in force, and extendable: its index again
+      if (pages_checked) undo_page_check();
+      if (had_bits) {  // w stays in force, with its bits: its index again
         validate_scratch.index.rebuild(w.tree, w.query_nodes);
-        extendable = true;
+        bits_valid = true;
       }
       throw;
     }
@@ -117,10 +126,79 @@ struct TreeAttention::Impl {
     std::swap(plan, next_plan);
     planned = true;
     ++stats.planned;
-    prepare_extension();
+    stats.pages_rechecked += pages_checked;
+    if (pages_checked)
+      bits_valid = true;
+    else
+      take_page_bits();
+    unit_growth.assign(size_t(plan.num_units()), 0);
   }
 
-  bool extension_enabled() const { return cfg.max_extension_tokens > 0 && cfg.num_pages <= (int64_t(1) << 30); }
+  bool page_bits_enabled() const { return cfg.num_pages <= (int64_t(1) << 30); }
+  bool extendable() const { return bits_valid && cfg.max_extension_tokens > 0; }
+
+  // Workload::validate's page check (each page in range, each slot used by
+  // one node) against w's bits (bits_valid). Only page ids set bits: of each
+  // node of both trees, the pages from the first where they differ on (none
+  // for most nodes, the appended ones for a grown node) are cleared (w's)
+  // and checked and set (scratch's). True when every page passed: page_bits
+  // are then scratch's (no page shared), until undo_page_check. False,
+  // page_bits unchanged, where a page is out of range or already used: the
+  // full check then decides (two nodes may share a page in part) and names
+  // the error.
+  bool check_pages_against_last() {
+    const std::vector<Node>&old = w.tree.nodes, &now = scratch.tree.nodes;
+    changed.clear();
+    new_pages.clear();
+    for (size_t v = 0; v < std::min(old.size(), now.size()); ++v) {
+      const std::vector<int32_t>&a = old[v].pages, &b = now[v].pages;
+      if (a == b) continue;
+      const size_t common = std::min(a.size(), b.size());
+      size_t from = 0;
+      while (from < common && a[from] == b[from]) ++from;
+      changed.push_back({int32_t(v), int32_t(from)});
+    }
+    for_old_pages_not_kept([&](int32_t pg) { page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64)); });
+    const uint32_t limit = uint32_t(cfg.num_pages);
+    const auto check = [&](const Node& n, size_t from) {
+      for (size_t i = from; i < n.pages.size(); ++i) {
+        const int32_t pg = n.pages[i];
+        if (uint32_t(pg) >= limit) return false;
+        uint64_t& word = page_bits[uint32_t(pg) / 64];
+        const uint64_t bit = uint64_t(1) << (pg % 64);
+        if (word & bit) return false;
+        word |= bit;
+        new_pages.push_back(pg);
+      }
+      return true;
+    };
+    bool ok = true;
+    for (size_t i = 0; ok && i < changed.size(); ++i) ok = check(now[size_t(changed[i].node)], size_t(changed[i].from));
+    for (size_t v = old.size(); ok && v < now.size(); ++v) ok = check(now[v], 0);
+    if (!ok) undo_page_check();
+    return ok;
+  }
+
+  // page_bits back to w's after check_pages_against_last.
+  void undo_page_check() {
+    for (const int32_t pg : new_pages) page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64));
+    new_pages.clear();
+    for_old_pages_not_kept([&](int32_t pg) { page_bits[size_t(pg) / 64] |= uint64_t(1) << (pg % 64); });
+  }
+
+  // f(page) for each page of w's that scratch does not hold at the same
+  // node and position: the changed nodes' from their first difference on,
+  // and all of the nodes scratch lacks.
+  template <class F>
+  void for_old_pages_not_kept(F&& f) const {
+    const std::vector<Node>& old = w.tree.nodes;
+    for (const PageChange& c : changed) {
+      const std::vector<int32_t>& pages = old[size_t(c.node)].pages;
+      for (size_t i = size_t(c.from); i < pages.size(); ++i) f(pages[i]);
+    }
+    for (size_t v = scratch.tree.nodes.size(); v < old.size(); ++v)
+      for (const int32_t pg : old[v].pages) f(pg);
+  }
 
   // Clears the bits of t's pages: word by word where the pool has fewer
   // words than t has page references, else page by page.
@@ -149,13 +227,13 @@ struct TreeAttention::Impl {
     if (!validated) validate_plan(t, p, &validate_plan_scratch);
   }
 
-  // After a fresh plan: w's pages into page_bits, and whether w's plan may be
-  // extended (no page shared by two nodes). The validation kept them
+  // After a fresh plan checked by the validation: w's pages into page_bits,
+  // valid where no page is shared by two nodes. The validation kept them
   // (commit): page_bits, cleared of the previous tree's (now in scratch),
   // is swapped with the validator's bits, whose partial-page bits are
   // cleared too, so that both are clear for its next call.
-  void prepare_extension() {
-    if (!extension_enabled() || !validate_scratch.page_bits_kept) return;
+  void take_page_bits() {
+    if (!validate_scratch.page_bits_kept) return;
     if (page_bits.size() != validate_scratch.page_used.size())
       page_bits.assign(validate_scratch.page_used.size(), 0);
     else
@@ -163,8 +241,7 @@ struct TreeAttention::Impl {
     std::swap(page_bits, validate_scratch.page_used);
     clear_page_bits(validate_scratch.page_partial, w.tree);
     validate_scratch.page_bits_kept = false;
-    unit_growth.assign(size_t(plan.num_units()), 0);
-    extendable = !validate_scratch.pages_shared;
+    bits_valid = !validate_scratch.pages_shared;
   }
 
   // The extension of the last plan to tree t, if t is the last tree grown at
@@ -173,7 +250,7 @@ struct TreeAttention::Impl {
   // validate would reject, which the fresh plan then reports. Checks first,
   // then changes w, plan and page_bits together.
   bool try_extend(const TreeArrays& t, void* stream) {
-    if (!extendable) return false;
+    if (!extendable()) return false;
     const size_t n = w.tree.nodes.size();
     if (t.parents.size() != n || t.num_tokens.size() != n || t.page_offsets.size() != n + 1 ||
         (!t.first_slots.empty() && t.first_slots.size() != n) || t.page_offsets[0] != 0 ||

@@ -4,7 +4,10 @@
 // errors that name the capacity, field and value and keep the previous plan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <random>
 
 #include <string>
 #include <vector>
@@ -312,6 +315,165 @@ TEST(TreeAttentionCpu, StepsThatAreNotAGrowthArePlannedAfresh) {
   TreeAttentionConfig bad = c;
   bad.max_extension_tokens = -1;
   EXPECT_THROW({ TreeAttention x(bad); }, Error);
+}
+
+// Fresh plans after the first check only the pages of the nodes that differ
+// from the last tree's against its kept page bits. A random walk of trees
+// (pages moved to free ones, taken from another node, out of range, shared
+// in part by a node that starts where another ends, nodes added and
+// dropped, the last good tree again) goes through one TreeAttention and,
+// for each tree, through Workload::validate on its own: both accept the
+// same trees and name the same error, every accepted plan passes the
+// validator and holds the tree, and the walk's good steps after a tree
+// without shared pages take the page-bits path.
+Workload workload_of(const Arrays& a, const WorkloadParams& p, int64_t num_pages) {
+  Workload w;
+  w.heads = p.heads;
+  w.layout = {p.page_size, num_pages, p.dtype, std::nullopt};
+  for (size_t v = 0; v < a.parents.size(); ++v) {
+    Node n;
+    n.parent = a.parents[v];
+    n.num_tokens = a.num_tokens[v];
+    n.first_slot = a.first_slots[v];
+    n.pages.assign(a.page_ids.begin() + a.page_offsets[v], a.page_ids.begin() + a.page_offsets[v + 1]);
+    w.tree.nodes.push_back(std::move(n));
+  }
+  w.query_nodes = a.query_nodes;
+  return w;
+}
+
+TEST(TreeAttentionCpu, FreshPlansRecheckOnlyChangedPagesAndAgreeWithTheValidator) {
+  WorkloadParams p;
+  p.heads = {4, 2, 64};
+  p.page_size = 4;
+  for (const int32_t extension : {0, 16}) {
+    std::mt19937_64 rng(11 + extension);
+    const auto pick = [&](int64_t n) { return int32_t(rng() % uint64_t(n)); };
+    const Workload start = make_workload("random:seed=5:nodes=24", p);
+    const int64_t pool = 2 * start.layout.num_pages;  // room for pages moved to free ones
+    Arrays good(start), a = good;
+    TreeAttentionConfig c = cpu_config(p, pool);
+    c.max_extension_tokens = extension;
+    TreeAttention ta(c);
+    ta.plan_tree(good.view());
+    // Node v's pages as a vector, and the arrays with v's pages replaced.
+    const auto pages_of = [](const Arrays& x, size_t v) {
+      return std::vector<int32_t>(x.page_ids.begin() + x.page_offsets[v], x.page_ids.begin() + x.page_offsets[v + 1]);
+    };
+    const auto with_pages = [&](const Arrays& x, size_t v, const std::vector<int32_t>& pages) {
+      Arrays y = x;
+      y.page_ids.clear();
+      y.page_offsets = {0};
+      for (size_t u = 0; u < x.parents.size(); ++u) {
+        const std::vector<int32_t> own = u == v ? pages : pages_of(x, u);
+        y.page_ids.insert(y.page_ids.end(), own.begin(), own.end());
+        y.page_offsets.push_back(int32_t(y.page_ids.size()));
+      }
+      return y;
+    };
+    const auto free_page = [&](const Arrays& x) {  // a page no node of x holds
+      for (;;) {
+        const int32_t pg = pick(pool);
+        if (std::find(x.page_ids.begin(), x.page_ids.end(), pg) == x.page_ids.end()) return pg;
+      }
+    };
+    int64_t accepted = 0, rechecked_expected = 0, rejected = 0;
+    bool last_shares = false;  // the tree in force has a page shared in part (random trees do not)
+    for (int step = 0; step < 400; ++step) {
+      a = good;
+      const size_t n = a.parents.size();
+      const size_t v = size_t(pick(int64_t(n)));
+      std::vector<int32_t> pages = pages_of(a, v);
+      switch (pick(7)) {
+        case 0:  // a page moved to a free one
+          if (!pages.empty()) pages[size_t(pick(int64_t(pages.size())))] = free_page(a);
+          a = with_pages(a, v, pages);
+          break;
+        case 1:  // a page another node holds
+          if (!pages.empty() && !a.page_ids.empty()) pages[size_t(pick(int64_t(pages.size())))] = a.page_ids[size_t(pick(int64_t(a.page_ids.size())))];
+          a = with_pages(a, v, pages);
+          break;
+        case 2:  // out of range
+          if (!pages.empty()) pages[size_t(pick(int64_t(pages.size())))] = pick(2) ? int32_t(pool) : -1;
+          a = with_pages(a, v, pages);
+          break;
+        case 3: {  // a new leaf, starting where node v ends when v's last page has room (shared in part)
+          const int32_t end = a.first_slots[v] + a.num_tokens[v];
+          const bool share = !pages.empty() && end % p.page_size != 0 && pick(2);
+          const int32_t first = share ? end % p.page_size : 0, tokens = 1 + pick(9);
+          std::vector<int32_t> own;
+          if (share) own.push_back(pages.back());
+          while (int64_t(own.size()) * p.page_size < first + tokens) own.push_back(free_page(a));
+          a.parents.push_back(int32_t(v));
+          a.num_tokens.push_back(tokens);
+          a.first_slots.push_back(first);
+          a.page_ids.insert(a.page_ids.end(), own.begin(), own.end());
+          a.page_offsets.push_back(int32_t(a.page_ids.size()));
+          a.query_nodes.push_back(int32_t(n));
+          break;
+        }
+        case 4: {  // the last node dropped, if it is a leaf and some query stays
+          const int32_t last = int32_t(n) - 1;
+          if (std::count(a.parents.begin(), a.parents.end(), last) != 0) break;
+          std::vector<int32_t> q;
+          for (const int32_t x : a.query_nodes)
+            if (x != last) q.push_back(x);
+          if (q.empty()) break;
+          a.query_nodes = q;
+          a.parents.pop_back();
+          a.num_tokens.pop_back();
+          a.first_slots.pop_back();
+          a.page_offsets.pop_back();
+          a.page_ids.resize(size_t(a.page_offsets.back()));
+          break;
+        }
+        case 5:  // two nodes swap a page each (valid: each page still used once)
+          if (!pages.empty()) {
+            const size_t u = size_t(pick(int64_t(n)));
+            std::vector<int32_t> other = pages_of(a, u);
+            if (u != v && !other.empty() && a.first_slots[u] == 0 && a.first_slots[v] == 0) {
+              std::swap(pages.front(), other.front());
+              a = with_pages(with_pages(a, v, pages), u, other);
+            }
+          }
+          break;
+        default:  // the last good tree again
+          break;
+      }
+      std::string expected, got;
+      ValidateScratch sc;
+      try {
+        workload_of(a, p, pool).validate(&sc);
+      } catch (const Error& e) {
+        expected = e.what();
+      }
+      const PlanStats before = ta.plan_stats();
+      try {
+        ta.plan_tree(a.view());
+      } catch (const Error& e) {
+        got = e.what();
+      }
+      ASSERT_EQ(got, expected) << "step " << step;
+      if (!got.empty()) {
+        ++rejected;
+        continue;
+      }
+      ++accepted;
+      const PlanStats after = ta.plan_stats();
+      // A page shared in part, before or now, takes the full check.
+      if (after.planned > before.planned && !last_shares && !sc.pages_shared) ++rechecked_expected;
+      good = a;
+      ASSERT_EQ(ta.workload().tree.nodes.size(), a.parents.size());
+      for (size_t u = 0; u < a.parents.size(); ++u) ASSERT_EQ(ta.workload().tree.nodes[u].pages, pages_of(a, u));
+      ASSERT_NO_THROW(validate_plan(ta.workload(), ta.plan())) << "step " << step;
+      if (step % 16 == 0) EXPECT_LE(step_error(ta, uint64_t(step) + 1), 2e-3) << "step " << step;
+      last_shares = sc.pages_shared;
+    }
+    EXPECT_GE(accepted, 150) << "extension " << extension;
+    EXPECT_GE(rejected, 50) << "extension " << extension;
+    EXPECT_EQ(ta.plan_stats().pages_rechecked, rechecked_expected) << "extension " << extension;
+    EXPECT_GE(rechecked_expected, 50) << "extension " << extension;
+  }
 }
 
 }  // namespace
