@@ -660,11 +660,37 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     if constexpr (Tr::kPersistent)
       if (next_item < num_items()) next_unit = units()[next_item / Hkv];  // in flight during the epilogue
     float* sO = reinterpret_cast<float*>(sQ);
+    // One slice (the 64- and 128-row tiles): each row is finished once, by
+    // the thread that holds its softmax state, instead of by every thread
+    // that stores a column of it (which took an integer division by the
+    // group size, a float division and the slot lookup per 16 bytes stored).
+    constexpr bool kRowsOnce = WN == 1;
+    constexpr float kLn2 = 0.6931471805599453f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = wm * 16 + (lane >> 2) + 8 * i;
       const float d = quad_sum(row_sum[i]);
-      if ((lane & 3) == 0) {
+      if constexpr (kRowsOnce) {
+        // Its lse, 1 / sum (into row_d) and its output offset (into
+        // ent_mask, read only before the KV loop): >= 0 into out, ~offset
+        // into partial_o. The same arithmetic as the loop below with one
+        // slice (weight exp2(0) = 1), so the results are bit-identical.
+        if ((lane & 3) == 0 && r < rows) {
+          const float sum = row_max[i] == kNegInf ? 0.f : d;
+          const float lse = sum > 0.f ? (row_max[i] + fast_log2(sum)) * kLn2 : kNegInf;
+          const int e = r / G, h = kvh * G + r % G, slot = misc.ent_slot[e];
+          int64_t off;
+          if (slot < 0) {
+            off = int64_t(misc.ent_query[e]) * p.o_stride + h * D;
+            if (p.lse_out) p.lse_out[int64_t(misc.ent_query[e]) * Hqo + h] = lse;
+          } else {
+            off = ~((int64_t(slot) * Hqo + h) * D);
+            p.partial_lse[int64_t(slot) * Hqo + h] = lse;
+          }
+          misc.row_d[0][r] = sum > 0.f ? p.v_scale / sum : 0.f;  // a fully masked row yields zeros
+          misc.ent_mask[r] = uint64_t(off);
+        }
+      } else if ((lane & 3) == 0) {
         misc.row_m[wn][r] = row_max[i];
         misc.row_d[wn][r] = d;
       }
@@ -684,8 +710,25 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     }
     __syncthreads();
 
-    constexpr float kLn2 = 0.6931471805599453f;
-    for (int i = tid; i < rows * (D / 4); i += kThreads) {
+    if constexpr (kRowsOnce) {
+      for (int i = tid; i < rows * (D / 4); i += kThreads) {
+        const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+        const float inv = misc.row_d[0][r];
+        const int64_t off = int64_t(misc.ent_mask[r]);
+        float4 acc = *reinterpret_cast<const float4*>(sO + r * Tr::kOStride + c);
+        acc.x *= inv;
+        acc.y *= inv;
+        acc.z *= inv;
+        acc.w *= inv;
+        if (off >= 0) {
+          uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
+          *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off + c) = packed;
+        } else {
+          *reinterpret_cast<float4*>(p.partial_o + (~off) + c) = acc;
+        }
+      }
+    }
+    for (int i = tid; !kRowsOnce && i < rows * (D / 4); i += kThreads) {
       const int r = i / (D / 4), c = (i % (D / 4)) * 4;
       float mx = kNegInf;
 #pragma unroll

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 21 goal 4 (tree queries): A/B of attention kernels on the tree-query
+# workloads, in one device call. Each argument is a directory holding a
+# `treeattn` binary (label = directory name); every binary times the same
+# configs (planner auto, L2 flushed, median of 50, CUDA events) in ROUNDS
+# alternating rounds, so that the machine's drift falls on both sides.
+# Usage: ROUNDS=2 SET=medusa scripts/medusa_ab.sh build/h21/base build/h21/new
+#   SET=medusa: Medusa 128/32 drafts on 8192 + the DeFT suite's 9 medusa configs, 32/8 and 32/32
+#   SET=other:  a few configs of the other suites whose time is in 64/128-row tiles
+set -uo pipefail
+ROUNDS=${ROUNDS:-2}
+SET=${SET:-medusa}
+W=
+MED=()
+for s in 128 32; do MED+=(-w medusa:APPS_tree_size$s.json:record=0:step=10:prefix=8192); done
+for s in 32 64 128; do for p in 1024 4096 16384; do MED+=(-w medusa:APPS_tree_size$s.json:record=0:step=10:prefix=$p); done; done
+OTH=(-w pat:B=1,8,512:L=32,2048,256 -w fasttree:N=1,10:C=4000,400 -w fasttree:N=1,256:C=256,32
+     -w fewshot:prompt=4000:branches=30:len=200 -w pat:B=1,4,16,512:L=32,1024,256,256 -w fasttree:N=1,1024:C=2048,32)
+for r in $(seq 1 "$ROUNDS"); do
+  for d in "$@"; do
+    for h in 32/8 32/32; do
+      if [ "$SET" = medusa ]; then WS=("${MED[@]}"); else WS=("${OTH[@]}"); fi
+      echo "### round $r bin $(basename "$d") heads $h"
+      "$d/treeattn" bench "${WS[@]}" --heads "$h" -p auto --verify 2 --no-graph 2>&1 |
+        grep -E "^[a-z]|^  auto|error|Error|FAIL" | sed 's/^  auto/    auto/'
+    done
+  done
+done
