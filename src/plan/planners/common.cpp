@@ -19,6 +19,7 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
                               std::vector<int64_t>& slot_loads) {
   const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
   constexpr int64_t kPieceCost = 64;  // fixed cost of a CTA, in tokens
+  constexpr int64_t kFewerPieces = 3, kMinGainPercent = 5;
   int64_t work = 0, longest = 0;
   for (const auto& [tokens, copies] : jobs) {
     work += tokens * copies;
@@ -53,7 +54,19 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
   };
   const int64_t even = split_length(work, w, opt);
   int64_t lo = std::max<int64_t>(opt.min_split_tokens, 1), hi = std::max(lo, longest);
-  if (pieces(hi) > slots) return even;  // no one-wave choice
+  if (pieces(hi) > slots) {  // no one-wave choice: the longest job in a few pieces fewer than at even
+    const int64_t at_even = (longest + even - 1) / even;
+    if (at_even < 2) return even;
+    const int64_t even_end = makespan(even);
+    int64_t best = even, best_end = even_end;
+    for (int64_t c = std::max<int64_t>(1, at_even - kFewerPieces); c < at_even; ++c) {
+      const int64_t p = (longest + c - 1) / c;
+      if (p < lo) continue;
+      if (const int64_t end = makespan(p); end < best_end) best = p, best_end = end;
+    }
+    if (100 * best_end > (100 - kMinGainPercent) * even_end) return even;
+    return best;
+  }
   while (lo < hi) {                     // pieces(p) does not grow with p
     const int64_t mid = lo + (hi - lo) / 2;
     if (pieces(mid) <= slots) hi = mid; else lo = mid + 1;

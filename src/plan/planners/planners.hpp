@@ -37,13 +37,21 @@ Plan plan_once(ReusingPlannerFn fn, const Workload& w, const PlanOptions& opt);
 int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt);
 
 // For jobs of (tokens, copies), each cut into ceil(tokens / P) equal pieces:
-// the P, of two candidates, whose pieces finish first when scheduled longest
-// first onto the resident CTA slots per kv head (each piece costing its tokens
-// plus one 64-token tile of fixed cost): split_length of the total work, and
-// the least P >= opt.min_split_tokens that fits every piece in one wave (no
-// piece waits for a slot). A second, partial wave costs a whole piece; one
-// long unsplit job in one wave costs more (a 4000-token prompt beside 32
-// leaves).
+// the P whose pieces finish first when scheduled longest first onto the
+// resident CTA slots per kv head (each piece costing its tokens plus one
+// 64-token tile of fixed cost), of these candidates: split_length of the
+// total work, and the least P >= opt.min_split_tokens that fits every piece
+// in one wave (no piece waits for a slot). A second, partial wave costs a
+// whole piece; one long unsplit job in one wave costs more (a 4000-token
+// prompt beside 32 leaves). Where no P fits one wave (more jobs than slots)
+// and split_length cuts the longest job, the lengths that cut it into 1-3
+// pieces fewer are candidates too, taken where the schedule finishes at
+// least 5 % earlier: many short jobs beside a long one (a speculative token
+// tree on its prefix) leave the long job's pieces a partial wave at
+// split_length. The model leaves out what a piece costs beyond its tokens
+// (its partial slot, the merge) and errs by more than 5 % both ways: more
+// pieces than split_length's ran slower where it predicted faster, and gains
+// it put under 5 % went either way (docs/planners.md, "node").
 // pieces: memory for the pieces' lengths and the slots' loads.
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads);
