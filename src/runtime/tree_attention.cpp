@@ -137,6 +137,23 @@ struct TreeAttention::Impl {
   bool page_bits_enabled() const { return cfg.num_pages <= (int64_t(1) << 30); }
   bool extendable() const { return bits_valid && cfg.max_extension_tokens > 0; }
 
+  // Sets page pg's bit and records it in new_pages; false (nothing set)
+  // where pg is out of the pool or its bit is set already.
+  bool claim_page(int32_t pg) {
+    if (pg < 0 || pg >= cfg.num_pages) return false;
+    uint64_t& word = page_bits[size_t(pg) / 64];
+    const uint64_t bit = uint64_t(1) << (pg % 64);
+    if (word & bit) return false;
+    word |= bit;
+    new_pages.push_back(pg);
+    return true;
+  }
+  // Clears the bits claim_page set.
+  void release_new_pages() {
+    for (const int32_t pg : new_pages) page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64));
+    new_pages.clear();
+  }
+
   // Workload::validate's page check (each page in range, each slot used by
   // one node) against w's bits (bits_valid). Only page ids set bits: of each
   // node of both trees, the pages from the first where they differ on (none
@@ -159,17 +176,9 @@ struct TreeAttention::Impl {
       changed.push_back({int32_t(v), int32_t(from)});
     }
     for_old_pages_not_kept([&](int32_t pg) { page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64)); });
-    const uint32_t limit = uint32_t(cfg.num_pages);
     const auto check = [&](const Node& n, size_t from) {
-      for (size_t i = from; i < n.pages.size(); ++i) {
-        const int32_t pg = n.pages[i];
-        if (uint32_t(pg) >= limit) return false;
-        uint64_t& word = page_bits[uint32_t(pg) / 64];
-        const uint64_t bit = uint64_t(1) << (pg % 64);
-        if (word & bit) return false;
-        word |= bit;
-        new_pages.push_back(pg);
-      }
+      for (size_t i = from; i < n.pages.size(); ++i)
+        if (!claim_page(n.pages[i])) return false;
       return true;
     };
     bool ok = true;
@@ -181,8 +190,7 @@ struct TreeAttention::Impl {
 
   // page_bits back to w's after check_pages_against_last.
   void undo_page_check() {
-    for (const int32_t pg : new_pages) page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64));
-    new_pages.clear();
+    release_new_pages();
     for_old_pages_not_kept([&](int32_t pg) { page_bits[size_t(pg) / 64] |= uint64_t(1) << (pg % 64); });
   }
 
@@ -262,7 +270,7 @@ struct TreeAttention::Impl {
     grown_to.resize(n);
     new_pages.clear();
     const auto undo_bits = [&] {
-      for (const int32_t pg : new_pages) page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64));
+      release_new_pages();
       return false;
     };
     bool any = false;
@@ -283,15 +291,8 @@ struct TreeAttention::Impl {
       const int64_t end_slot = int64_t(a.first_slot) + tokens, have = e - b;
       if (!((have - 1) * ps < end_slot && end_slot <= have * ps)) return undo_bits();
       if (ix.path_tokens[v] - a.num_tokens + tokens > kMaxPathTokens) return undo_bits();
-      for (int32_t i = b + int32_t(had); i < e; ++i) {
-        const int32_t pg = t.page_ids[size_t(i)];
-        if (pg < 0 || pg >= cfg.num_pages) return undo_bits();
-        uint64_t& word = page_bits[size_t(pg) / 64];
-        const uint64_t bit = uint64_t(1) << (pg % 64);
-        if (word & bit) return undo_bits();  // used by another node, or twice here
-        word |= bit;
-        new_pages.push_back(pg);
-      }
+      for (int32_t i = b + int32_t(had); i < e; ++i)  // each appended page new to the pool
+        if (!claim_page(t.page_ids[size_t(i)])) return undo_bits();
       grown_to[v] = tokens;
       any = true;
     }
