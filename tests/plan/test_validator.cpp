@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
+#include <random>
 
 #include "treeattn/planner.hpp"
+#include "treeattn/workloads.hpp"
 
 using namespace treeattn;
 
@@ -121,4 +124,133 @@ TEST(Validator, RejectsTooManySegments) {
   }
   // The built-in planners cut deep chains into pieces of at most 64 segments.
   for (const PlannerInfo& pl : planners()) EXPECT_NO_THROW(validate_plan(w, pl.fn(w, {}))) << pl.name;
+}
+
+namespace {
+
+// Coverage by brute force: every token of each query's path seen exactly
+// once over its visible ranges, and no other token.
+bool covers_paths(const Workload& w, const Plan& p) {
+  for (int32_t q = 0; q < w.num_queries(); ++q) {
+    std::map<std::pair<int32_t, int32_t>, int> seen;  // (node, token) -> times seen
+    for (int32_t u = 0; u < p.num_units(); ++u)
+      for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
+        if (p.entry_query[e] != q) continue;
+        for (int32_t k = 0; k < p.unit_num_segments(u); ++k)
+          if (p.entry_mask[e] >> k & 1) {
+            const Segment& s = p.segments[p.unit_segment_offset[u] + k];
+            for (int32_t t = s.begin; t < s.end; ++t) ++seen[{s.node, t}];
+          }
+      }
+    size_t path_tokens = 0;
+    for (int32_t v = w.query_nodes[q]; v >= 0; v = w.tree.nodes[v].parent)
+      for (int32_t t = 0; t < w.tree.nodes[v].num_tokens; ++t, ++path_tokens) {
+        const auto it = seen.find({v, t});
+        if (it == seen.end() || it->second != 1) return false;
+      }
+    if (seen.size() != path_tokens) return false;
+  }
+  return true;
+}
+
+// A forest of a random tree and a chain of 70 nodes, some empty (paths over
+// a unit's 64 segments), with queries on the chain at depths 10, 63, 64 and 69.
+Workload deep_workload(uint64_t seed) {
+  WorkloadParams wp;
+  wp.heads = {4, 2, 64};
+  wp.page_size = 4;
+  RandomTreeOptions ro;
+  ro.max_nodes = 12;
+  ro.max_tokens = 40;
+  ro.empty_node_prob = 0.2;
+  Workload w = random_workload(seed, wp, ro);
+  std::mt19937_64 rng(seed);
+  int32_t page = int32_t(w.layout.num_pages), parent = -1;
+  for (int d = 0; d < 70; ++d) {
+    Node n;
+    n.parent = parent;
+    n.num_tokens = int32_t(rng() % 4);  // some empty
+    for (int32_t t = 0; t < n.num_tokens; t += wp.page_size) n.pages.push_back(page++);
+    parent = int32_t(w.tree.nodes.size());
+    w.tree.nodes.push_back(n);
+    if (d == 10 || d == 63 || d == 64 || d == 69) w.query_nodes.push_back(parent);
+  }
+  w.layout.num_pages = page;
+  w.validate();
+  return w;
+}
+
+}  // namespace
+
+// Mutated segments (moved to another node whole or in part, duplicated,
+// swapped, shifted, all widened to whole nodes) over every planner's plans of random and deep trees:
+// the validator accepts exactly the plans whose coverage is right.
+TEST(Validator, CoverageCheckAgreesWithTokenCountsOnMutatedSegments) {
+  int accepted = 0, rejected = 0, rejected_whole = 0;
+  PlanOptions opt;
+  opt.num_sms = 3;
+  opt.chunk_tokens = 8;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const Workload w = seed % 2 ? deep_workload(seed) : [&] {
+      WorkloadParams wp;
+      wp.heads = {4, 2, 64};
+      wp.page_size = 4;
+      RandomTreeOptions ro;
+      ro.max_nodes = 16;
+      ro.max_tokens = 40;
+      ro.empty_node_prob = 0.2;
+      ro.internal_query_prob = 0.3;
+      return random_workload(seed, wp, ro);
+    }();
+    const int32_t N = int32_t(w.tree.nodes.size());
+    std::mt19937_64 rng(seed * 977);
+    for (const PlannerInfo& info : planners()) {
+      const Plan valid = make_plan(info.name, w, opt);
+      ASSERT_NO_THROW(validate_plan(w, valid)) << info.name << " seed " << seed;
+      for (int trial = 0; trial < 24; ++trial) {
+        Plan p = valid;
+        const size_t S = p.segments.size();
+        bool all_whole = true;
+        for (int m = 0, count = 1 + int(rng() % 2); m < count; ++m) {
+          Segment& s = p.segments[rng() % S];
+          switch (rng() % 5) {
+            case 0: {  // another node, whole
+              const int32_t v = int32_t(rng() % N);
+              s = {v, 0, w.tree.nodes[v].num_tokens};
+              break;
+            }
+            case 1: s = p.segments[rng() % S]; break;  // a copy of another segment
+            case 2: std::swap(s, p.segments[rng() % S]); break;
+            case 3:  // every piece widened to its whole node: a node cut in pieces is then seen twice or more
+              for (Segment& x : p.segments) x = {x.node, 0, w.tree.nodes[x.node].num_tokens};
+              break;
+            default: {  // a part of its node
+              const int32_t n = w.tree.nodes[s.node].num_tokens;
+              const int32_t a = int32_t(rng() % (n + 1)), b = int32_t(rng() % (n + 1));
+              s.begin = std::min(a, b), s.end = std::max(a, b);
+            }
+          }
+        }
+        for (const Segment& s : p.segments) all_whole &= s.begin == 0 && s.end == w.tree.nodes[s.node].num_tokens;
+        const bool right = covers_paths(w, p);
+        bool threw = false;
+        try {
+          validate_plan(w, p);
+        } catch (const Error& e) {
+          threw = true;
+          ASSERT_FALSE(right) << info.name << " seed " << seed << ": rejected a right plan: " << e.what();
+        }
+        ASSERT_TRUE(threw || right) << info.name << " seed " << seed << " trial " << trial << ": accepted a wrong plan";
+        accepted += !threw;
+        rejected += threw;
+        rejected_whole += threw && all_whole;
+      }
+    }
+  }
+  // Both outcomes must be common, and so must wrong plans made of whole
+  // nodes only (the validator's quick path for a query that sees each node
+  // of its path whole).
+  EXPECT_GT(accepted, 500);
+  EXPECT_GT(rejected, 2000);
+  EXPECT_GT(rejected_whole, 300);
 }
