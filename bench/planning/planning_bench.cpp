@@ -21,6 +21,7 @@
 #include <array>
 
 #include "exec/cuda/step_pack.hpp"
+#include "treeattn/cuda_executor.hpp"
 #endif
 
 using namespace treeattn;
@@ -271,6 +272,39 @@ void step_pack(benchmark::State& state, int nodes) {
   state.counters["bytes"] = double(cuda::pack_step_plan(w, p, layout, launch_of_tile, kLaunches, host.data(), scratch).src_bytes);
 }
 
+// The whole CUDA half of a step as TreeAttention does it for a plan it
+// trusts (an extension): CudaStepExecutor::set_plan with PlanCheck::trusted,
+// i.e. its checks, the wait for the staging buffer used two calls back, the
+// pack into pinned memory, the copy and the placing launch; `validate`: with
+// validate_plan first, as for a fresh plan. `legacy`: on the legacy default
+// stream (stream 0, which PyTorch's current stream is by default), else on a
+// non-blocking stream of its own. Needs a GPU.
+void step_set_plan(benchmark::State& state, int nodes, bool validate, bool legacy) {
+  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
+  const Plan p = make_plan("auto", w);
+  StepCapacity cap;
+  cap.max_units = p.num_units();
+  cap.max_segments = int32_t(p.segments.size());
+  cap.max_entries = int32_t(p.entry_query.size());
+  cap.max_slots = p.num_slots;
+  cap.max_page_refs = 0;
+  for (const Node& n : w.tree.nodes) cap.max_page_refs += int64_t(n.pages.size());
+  CudaStepExecutor ex(w.heads, w.layout, cap);
+  cudaStream_t stream = nullptr;
+  if (!legacy) cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  int n = 0;
+  for (auto _ : state) {
+    ex.set_plan(w, p, stream, validate ? PlanCheck::validate : PlanCheck::trusted);
+    if (++n % 256 == 0) {  // keeps the stream's queue short, off the clock
+      state.PauseTiming();
+      cudaStreamSynchronize(stream);
+      state.ResumeTiming();
+    }
+  }
+  cudaStreamSynchronize(stream);
+  if (stream) cudaStreamDestroy(stream);
+}
+
 // Host time of one run() of the C++ runtime (checks + launches, no GPU wait):
 // the baseline of the Python binding's overhead. A one-query, 16-token tree so
 // the GPU keeps up; the device is synchronised every 40 calls, off the clock.
@@ -371,6 +405,15 @@ int main(int argc, char** argv) {
                                    nodes, Device::cuda)
           ->Unit(benchmark::kMicrosecond);
   if (gpus > 0) benchmark::RegisterBenchmark("runtime/run/cuda", runtime_run)->Unit(benchmark::kMicrosecond);
+  if (gpus > 0)
+    for (const int nodes : {1000, 10000})
+      for (const bool legacy : {false, true}) {
+        const std::string at = std::to_string(nodes) + (legacy ? "/legacy_stream" : "");
+        benchmark::RegisterBenchmark(("step/set_plan/cuda/" + at).c_str(), step_set_plan, nodes, false, legacy)
+            ->Unit(benchmark::kMicrosecond);
+        benchmark::RegisterBenchmark(("step/set_plan_validate/cuda/" + at).c_str(), step_set_plan, nodes, true, legacy)
+            ->Unit(benchmark::kMicrosecond);
+      }
 #endif
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

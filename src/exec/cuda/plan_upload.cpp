@@ -34,17 +34,19 @@ void build_unit_descs(const Workload& w, const Plan& p, const int32_t* node_page
     d.ent_off = p.unit_query_offset[u];
     d.nent = p.unit_num_queries(u);
     int32_t pos = 0;
+    d.seg0 = SegDesc{0, 0, 0, 0};
+    // segs may be pinned staging memory: written, never read back.
     for (int s = 0; s < d.nseg; ++s) {
       const Segment& sg = p.segments[d.seg_off + s];
       // The kernel counts a segment's tokens in slots of the node's page list:
       // a node that starts inside a page (Node::first_slot) starts that much later.
-      segs[d.seg_off + s] = {node_page_offset[sg.node], sg.begin + w.tree.nodes[sg.node].first_slot, pos,
-                             pos + sg.size()};
+      const SegDesc sd{node_page_offset[sg.node], sg.begin + w.tree.nodes[sg.node].first_slot, pos, pos + sg.size()};
+      segs[d.seg_off + s] = sd;
+      if (s == 0) d.seg0 = sd;
       pos += sg.size();
     }
     d.len = pos;
     d.pad = 0;
-    d.seg0 = d.nseg > 0 ? segs[d.seg_off] : SegDesc{0, 0, 0, 0};
     const uint64_t full = full_mask(d.nseg);
     d.any_missing = 0;
     for (int e = d.ent_off; e < d.ent_off + d.nent; ++e) d.any_missing |= ~p.entry_mask[e] & full;

@@ -89,14 +89,18 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
     sc.unit_order[u] = uint64_t(sc.unit_launch[u]) << 60 | uint64_t(UINT32_MAX - uint32_t(sc.desc[u].len)) << 24 |
                        uint64_t(u);  // u < 2^24 (max_units)
   std::sort(sc.unit_order.begin(), sc.unit_order.end());
-  for (int l = 0; l < 2 * L; ++l) counts[l] = 0;
+  // The staging buffer (pinned memory) is written, never read back: the
+  // counts are made in scratch, then stored.
+  std::vector<int32_t>& count = sc.counts;
+  count.assign(size_t(2 * L + 1), 0);
   for (int i = 0; i < U; ++i) {
     const uint64_t key = sc.unit_order[i];
     units[i] = sc.desc[key & 0xFFFFFF];
-    ++counts[2 * (key >> 60) + 1];
+    ++count[2 * (key >> 60) + 1];
   }
-  for (int l = 1; l < L; ++l) counts[2 * l] = counts[2 * l - 2] + counts[2 * l - 1];
-  counts[2 * L] = num_merges;
+  for (int l = 1; l < L; ++l) count[2 * l] = count[2 * l - 2] + count[2 * l - 1];
+  count[2 * L] = num_merges;
+  std::memcpy(counts, count.data(), sizeof(int32_t) * (2 * L + 1));
   return ranges;
 }
 

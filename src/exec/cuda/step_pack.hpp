@@ -29,6 +29,7 @@ struct StepPackScratch {
   std::vector<uint64_t> unit_order;  // sort keys
   std::vector<int8_t> unit_launch;
   std::vector<UnitDesc> desc;
+  std::vector<int32_t> counts;  // the header, made here, then stored
 };
 
 // Writes plan p of tree w (validated, within the capacities of `layout`)
