@@ -243,6 +243,18 @@ void step_validate_plan(benchmark::State& state, int nodes) {
 }
 
 #if defined(TREEATTN_HAVE_CUDA)
+// The step executor's capacities that plan p of tree w fills exactly.
+StepCapacity capacity_of(const Workload& w, const Plan& p) {
+  StepCapacity cap;
+  cap.max_units = p.num_units();
+  cap.max_segments = int32_t(p.segments.size());
+  cap.max_entries = int32_t(p.entry_query.size());
+  cap.max_slots = p.num_slots;
+  cap.max_page_refs = 0;
+  for (const Node& n : w.tree.nodes) cap.max_page_refs += int64_t(n.pages.size());
+  return cap;
+}
+
 // The host half of a CUDA step's plan upload (CudaStepExecutor::set_plan
 // past its checks): the plan's kernel arrays packed into a staging buffer
 // (here pageable) for its one copy. Needs no GPU. A decode step on the CUDA
@@ -251,13 +263,7 @@ void step_validate_plan(benchmark::State& state, int nodes) {
 void step_pack(benchmark::State& state, int nodes) {
   const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   const Plan p = make_plan("auto", w);
-  StepCapacity cap;
-  cap.max_units = p.num_units();
-  cap.max_segments = int32_t(p.segments.size());
-  cap.max_entries = int32_t(p.entry_query.size());
-  cap.max_slots = p.num_slots;
-  cap.max_page_refs = 0;
-  for (const Node& n : w.tree.nodes) cap.max_page_refs += int64_t(n.pages.size());
+  const StepCapacity cap = capacity_of(w, p);
   constexpr int kLaunches = 4;  // the step executor's default: one per n = 64 tile, m 128 .. 16
   const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
   std::array<int8_t, kTileConfigs.size()> launch_of_tile{};
@@ -282,13 +288,7 @@ void step_pack(benchmark::State& state, int nodes) {
 void step_set_plan(benchmark::State& state, int nodes, bool validate, bool legacy) {
   const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   const Plan p = make_plan("auto", w);
-  StepCapacity cap;
-  cap.max_units = p.num_units();
-  cap.max_segments = int32_t(p.segments.size());
-  cap.max_entries = int32_t(p.entry_query.size());
-  cap.max_slots = p.num_slots;
-  cap.max_page_refs = 0;
-  for (const Node& n : w.tree.nodes) cap.max_page_refs += int64_t(n.pages.size());
+  const StepCapacity cap = capacity_of(w, p);
   CudaStepExecutor ex(w.heads, w.layout, cap);
   cudaStream_t stream = nullptr;
   if (!legacy) cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);

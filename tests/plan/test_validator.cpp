@@ -155,22 +155,29 @@ bool covers_paths(const Workload& w, const Plan& p) {
 
 // A forest of a random tree and a chain of 70 nodes, some empty (paths over
 // a unit's 64 segments), with queries on the chain at depths 10, 63, 64 and 69.
-Workload deep_workload(uint64_t seed) {
+// A seeded random tree of up to `max_nodes` nodes of up to 40 tokens, heads
+// 4/2, page 4, some nodes empty, some queries on internal nodes.
+Workload small_random_workload(uint64_t seed, int max_nodes) {
   WorkloadParams wp;
   wp.heads = {4, 2, 64};
   wp.page_size = 4;
   RandomTreeOptions ro;
-  ro.max_nodes = 12;
+  ro.max_nodes = max_nodes;
   ro.max_tokens = 40;
   ro.empty_node_prob = 0.2;
-  Workload w = random_workload(seed, wp, ro);
+  ro.internal_query_prob = 0.3;
+  return random_workload(seed, wp, ro);
+}
+
+Workload deep_workload(uint64_t seed) {
+  Workload w = small_random_workload(seed, 12);
   std::mt19937_64 rng(seed);
   int32_t page = int32_t(w.layout.num_pages), parent = -1;
   for (int d = 0; d < 70; ++d) {
     Node n;
     n.parent = parent;
     n.num_tokens = int32_t(rng() % 4);  // some empty
-    for (int32_t t = 0; t < n.num_tokens; t += wp.page_size) n.pages.push_back(page++);
+    for (int32_t t = 0; t < n.num_tokens; t += w.layout.page_size) n.pages.push_back(page++);
     parent = int32_t(w.tree.nodes.size());
     w.tree.nodes.push_back(n);
     if (d == 10 || d == 63 || d == 64 || d == 69) w.query_nodes.push_back(parent);
@@ -191,17 +198,7 @@ TEST(Validator, CoverageCheckAgreesWithTokenCountsOnMutatedSegments) {
   opt.num_sms = 3;
   opt.chunk_tokens = 8;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
-    const Workload w = seed % 2 ? deep_workload(seed) : [&] {
-      WorkloadParams wp;
-      wp.heads = {4, 2, 64};
-      wp.page_size = 4;
-      RandomTreeOptions ro;
-      ro.max_nodes = 16;
-      ro.max_tokens = 40;
-      ro.empty_node_prob = 0.2;
-      ro.internal_query_prob = 0.3;
-      return random_workload(seed, wp, ro);
-    }();
+    const Workload w = seed % 2 ? deep_workload(seed) : small_random_workload(seed, 16);
     const int32_t N = int32_t(w.tree.nodes.size());
     std::mt19937_64 rng(seed * 977);
     for (const PlannerInfo& info : planners()) {
