@@ -1,5 +1,4 @@
-"""The runtime benchmark of the Python package (one GPU, CUDA events, medians;
-the plan() measurements pinned to one CPU core, --core):
+"""The runtime benchmark of the Python package (one GPU, CUDA events, medians):
 
 1. plan() from Python vs the C++ runtime's plan step (Google Benchmark,
    treeattn_planning_bench --benchmark_filter=runtime) on the serving-like
@@ -162,8 +161,9 @@ def hbm_gbps():
 
 
 def cpp_bench(build):
-    """The C++ runtime's steps (Google Benchmark), on the CPUs this process may
-    use (one core once pinned): the median of 5 repetitions, in microseconds."""
+    """The C++ runtime's steps (Google Benchmark): the median of 5 repetitions,
+    in microseconds. Not pinned to a core: pinned with its CUDA driver threads,
+    the CUDA path has measured slower (docs/runtime.md)."""
     exe = os.path.join(build, "bench", "planning", "treeattn_planning_bench")
     if not os.path.exists(exe):
         return {}
@@ -176,18 +176,6 @@ def cpp_bench(build):
         if b.get("aggregate_name") == "median":
             res[b["run_name"]] = b["real_time"]  # microseconds
     return res
-
-
-def pinned_to_one_core(core):
-    """Pins this process (and the processes it starts) to one CPU: `core`, or
-    the last this process may use when None. Returns the CPUs it had, for
-    unpinning, and the core. Planning is single-threaded: one core gives
-    the numbers the planning benchmark reports, without the scheduler
-    moving the process between cores mid-measurement."""
-    had = os.sched_getaffinity(0)
-    core = max(had) if core is None else core
-    os.sched_setaffinity(0, {core})
-    return had, core
 
 
 def step_attention(planner, arrays, pages, bandwidth):
@@ -229,8 +217,6 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: the plan() measurements on the CPU runtime and run_overhead.py on the CPU executor only")
-    ap.add_argument("--core", type=int, help="the CPU core the plan() measurements (Python and C++) run on "
-                    "(default: the last this process may use)")
     args = ap.parse_args()
     device = args.device
     if device == "cpu":
@@ -244,10 +230,7 @@ def main():
     res = dict(device=dev, commit=commit, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                command=f"python3 bench/runtime/bench_runtime.py --device {device} --build {args.build}")
 
-    # 1. plan() from Python on the 1000-node / 256-query tree, then the C++
-    # runtime's steps, all on one core.
-    had_cpus, core = pinned_to_one_core(args.core)
-    res["plan_core"] = core
+    # 1. plan() from Python on the 1000-node / 256-query tree.
     arrays, pages = serving_tree(1000, 256)
     # Planned afresh each call (the same tree: max_extension_tokens=0), then
     # decode steps (every query's node a token longer a step, 128 steps
@@ -284,11 +267,9 @@ def main():
     if device == "cuda":
         torch.cuda.synchronize()
     cpp = cpp_bench(args.build)
-    os.sched_setaffinity(0, had_cpus)
     res["plan"] = dict(python_numpy_us=py_plan, python_lists_us=py_plan_lists, python_decode_step_us=py_decode,
                        decode_stats=decode_stats, python_block_tables=bt, cpp=cpp, pages=pages)
     p = res["plan"]
-    print(f"plan() measurements on core {core} (C++: median of 5 repetitions)")
     print(f"plan() decode steps (1000 nodes / 256 queries, {p['decode_stats']}): Python {p['python_decode_step_us']:.1f} us "
           f"a step; C++ cpu {cpp.get('runtime/decode_steps/cpu/1000', float('nan')):.1f} us, cuda "
           f"{cpp.get('runtime/decode_steps/cuda/1000', float('nan')):.1f} us; the CUDA pack alone "
