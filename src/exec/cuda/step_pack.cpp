@@ -6,6 +6,7 @@
 #include <string>
 
 #include "exec/cuda/plan_upload.hpp"
+#include "exec/radix_sort.hpp"
 
 namespace treeattn::cuda {
 
@@ -88,7 +89,7 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
   for (int u = 0; u < U; ++u)
     sc.unit_order[u] = uint64_t(sc.unit_launch[u]) << 60 | uint64_t(UINT32_MAX - uint32_t(sc.desc[u].len)) << 24 |
                        uint64_t(u);  // u < 2^24 (max_units)
-  std::sort(sc.unit_order.begin(), sc.unit_order.end());
+  radix_sort_keys(sc.unit_order, sc.sort_tmp, 24);  // by (launch, length); unit order where equal
   // The staging buffer (pinned memory) is written, never read back: the
   // counts are made in scratch, then stored.
   std::vector<int32_t>& count = sc.counts;

@@ -26,7 +26,7 @@ struct StepLayout {
 // Host memory a pack reuses from step to step (no allocation once grown).
 struct StepPackScratch {
   std::vector<int32_t> node_page_offset;
-  std::vector<uint64_t> unit_order;  // sort keys
+  std::vector<uint64_t> unit_order, sort_tmp;  // sort keys, and the sort's scratch
   std::vector<int8_t> unit_launch;
   std::vector<UnitDesc> desc;
   std::vector<int32_t> counts;  // the header, made here, then stored
