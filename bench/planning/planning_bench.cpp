@@ -8,6 +8,7 @@
 #include <malloc.h>
 #endif
 
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -115,48 +116,62 @@ void runtime_plan(benchmark::State& state, int nodes, Device device, bool changi
   state.counters["pages"] = double(full.pages.size());
 }
 
-// Decode steps as an engine plans them: the same tree, every query's node
-// one token longer each step (a page appended from the free pool when it
-// fills), 128 steps, then the first step again (a new batch). With the
-// default max_extension_tokens most steps extend the last plan; the fresh
-// plans (the first step, and each time a unit outgrows the limit) are in the
-// mean. The steps' arrays are made before the clock starts.
-void runtime_decode_steps(benchmark::State& state, int nodes, Device device) {
-  constexpr int kSteps = 128;
-  Workload w = bench::planning_bench_tree(nodes, 256, 42);
-  std::vector<char> grows(w.tree.nodes.size(), 0);
-  for (const int32_t v : w.query_nodes) grows[v] = 1;
+// The arrays of 128 decode steps of the planning benchmark's tree: every
+// query's node one token longer each step (a page appended from the free pool
+// when it fills); the config of a runtime on `device` that plans them.
+struct DecodeSteps {
+  static constexpr int kSteps = 128;
   struct Step {
     std::vector<int32_t> parents, num_tokens, offsets, pages;
   };
-  std::vector<Step> steps(kSteps);
-  int64_t next_page = w.layout.num_pages;
-  for (Step& st : steps) {
-    st.offsets.push_back(0);
-    for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
-      Node& n = w.tree.nodes[v];
-      st.parents.push_back(n.parent);
-      st.num_tokens.push_back(n.num_tokens);
-      st.pages.insert(st.pages.end(), n.pages.begin(), n.pages.end());
-      st.offsets.push_back(int32_t(st.pages.size()));
-      if (grows[v] && ++n.num_tokens > int64_t(n.pages.size()) * w.layout.page_size)
-        n.pages.push_back(int32_t(next_page++));
+  Workload w;  // the first step's tree (the queries of all)
+  std::vector<Step> steps;
+  TreeAttentionConfig config;
+
+  DecodeSteps(int nodes, Device device) : w(bench::planning_bench_tree(nodes, 256, 42)), steps(kSteps) {
+    Workload grown = w;
+    std::vector<char> grows(grown.tree.nodes.size(), 0);
+    for (const int32_t v : grown.query_nodes) grows[v] = 1;
+    int64_t next_page = grown.layout.num_pages;
+    for (Step& st : steps) {
+      st.offsets.push_back(0);
+      for (size_t v = 0; v < grown.tree.nodes.size(); ++v) {
+        Node& n = grown.tree.nodes[v];
+        st.parents.push_back(n.parent);
+        st.num_tokens.push_back(n.num_tokens);
+        st.pages.insert(st.pages.end(), n.pages.begin(), n.pages.end());
+        st.offsets.push_back(int32_t(st.pages.size()));
+        if (grows[v] && ++n.num_tokens > int64_t(n.pages.size()) * grown.layout.page_size)
+          n.pages.push_back(int32_t(next_page++));
+      }
     }
+    config.heads = w.heads;
+    config.dtype = w.layout.dtype;
+    config.page_size = w.layout.page_size;
+    config.num_pages = next_page;
+    config.device = device;
+    config.max_queries = 256;
+    config.max_nodes = 16384;
+    config.max_page_refs = int64_t(steps.back().pages.size());
   }
-  TreeAttentionConfig c;
-  c.heads = w.heads;
-  c.dtype = w.layout.dtype;
-  c.page_size = w.layout.page_size;
-  c.num_pages = next_page;
-  c.device = device;
-  c.max_queries = 256;
-  c.max_nodes = 16384;
-  c.max_page_refs = int64_t(steps.back().pages.size());
-  TreeAttention ta(c);
-  size_t i = 0;
+  TreeArrays arrays(int i) const {
+    const Step& st = steps[size_t(i)];
+    return {st.parents, st.num_tokens, st.offsets, st.pages, w.query_nodes, {}};
+  }
+};
+
+// Decode steps as an engine plans them (DecodeSteps), 128 steps, then the
+// first step again (a new batch). With the default max_extension_tokens most
+// steps extend the last plan; the fresh plans (the first step, and each time
+// a unit outgrows the limit) are in the mean. The steps' arrays are made
+// before the clock starts.
+void runtime_decode_steps(benchmark::State& state, int nodes, Device device) {
+  const DecodeSteps d(nodes, device);
+  constexpr int kSteps = DecodeSteps::kSteps;
+  TreeAttention ta(d.config);
+  int i = 0;
   for (auto _ : state) {
-    const Step& st = steps[i];
-    ta.plan_tree({st.parents, st.num_tokens, st.offsets, st.pages, w.query_nodes, {}}, nullptr);
+    ta.plan_tree(d.arrays(i), nullptr);
     i = (i + 1) % kSteps;
   }
 #if defined(TREEATTN_HAVE_CUDA)
@@ -260,10 +275,34 @@ StepCapacity capacity_of(const Workload& w, const Plan& p) {
 // (here pageable) for its one copy. Needs no GPU. A decode step on the CUDA
 // path costs runtime/decode_steps/cpu (which validates nothing an extension
 // keeps valid) + this + two driver calls (the copy and the placing launch).
-void step_pack(benchmark::State& state, int nodes) {
-  const Workload w = bench::planning_bench_tree(nodes, 256, 42);
-  const Plan p = make_plan("auto", w);
-  const StepCapacity cap = capacity_of(w, p);
+// `decode_steps`: the plans of DecodeSteps' 128 steps (as the CPU runtime
+// makes them, most by extension) packed in turn, so that the units' lengths
+// change from one pack to the next as in a decode loop; else one plan of the
+// tree packed again and again.
+void step_pack(benchmark::State& state, int nodes, bool decode_steps) {
+  std::vector<Workload> trees;
+  std::vector<Plan> plans;
+  if (decode_steps) {
+    const DecodeSteps d(nodes, Device::cpu);
+    TreeAttention ta(d.config);
+    for (int i = 0; i < DecodeSteps::kSteps; ++i) {
+      ta.plan_tree(d.arrays(i), nullptr);
+      trees.push_back(ta.workload());
+      plans.push_back(ta.plan());
+    }
+  } else {
+    trees.push_back(bench::planning_bench_tree(nodes, 256, 42));
+    plans.push_back(make_plan("auto", trees[0]));
+  }
+  StepCapacity cap = capacity_of(trees[0], plans[0]);
+  for (size_t i = 1; i < plans.size(); ++i) {
+    const StepCapacity c = capacity_of(trees[i], plans[i]);
+    cap.max_units = std::max(cap.max_units, c.max_units);
+    cap.max_segments = std::max(cap.max_segments, c.max_segments);
+    cap.max_entries = std::max(cap.max_entries, c.max_entries);
+    cap.max_slots = std::max(cap.max_slots, c.max_slots);
+    cap.max_page_refs = std::max(cap.max_page_refs, c.max_page_refs);
+  }
   constexpr int kLaunches = 4;  // the step executor's default: one per n = 64 tile, m 128 .. 16
   const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
   std::array<int8_t, kTileConfigs.size()> launch_of_tile{};
@@ -271,11 +310,15 @@ void step_pack(benchmark::State& state, int nodes) {
     launch_of_tile[t] = int8_t(kTileConfigs[t].m >= 128 ? 0 : kTileConfigs[t].m >= 64 ? 1 : kTileConfigs[t].m >= 32 ? 2 : 3);
   std::vector<uint8_t> host(layout.total);
   cuda::StepPackScratch scratch;
+  size_t i = 0;
   for (auto _ : state) {
-    const cuda::CopyRanges r = cuda::pack_step_plan(w, p, layout, launch_of_tile, kLaunches, host.data(), scratch);
+    const cuda::CopyRanges r =
+        cuda::pack_step_plan(trees[i], plans[i], layout, launch_of_tile, kLaunches, host.data(), scratch);
     benchmark::DoNotOptimize(r.src_bytes);
+    i = (i + 1) % plans.size();
   }
-  state.counters["bytes"] = double(cuda::pack_step_plan(w, p, layout, launch_of_tile, kLaunches, host.data(), scratch).src_bytes);
+  state.counters["bytes"] =
+      double(cuda::pack_step_plan(trees[0], plans[0], layout, launch_of_tile, kLaunches, host.data(), scratch).src_bytes);
 }
 
 // The whole CUDA half of a step as TreeAttention does it for a plan it
@@ -386,7 +429,10 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMicrosecond);
 #if defined(TREEATTN_HAVE_CUDA)
   for (const int nodes : {100, 1000, 10000})
-    benchmark::RegisterBenchmark(("step/pack/cuda/" + std::to_string(nodes)).c_str(), step_pack, nodes)
+    benchmark::RegisterBenchmark(("step/pack/cuda/" + std::to_string(nodes)).c_str(), step_pack, nodes, false)
+        ->Unit(benchmark::kMicrosecond);
+  for (const int nodes : {1000, 10000})
+    benchmark::RegisterBenchmark(("step/pack/cuda/decode_steps/" + std::to_string(nodes)).c_str(), step_pack, nodes, true)
         ->Unit(benchmark::kMicrosecond);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0)
