@@ -270,6 +270,16 @@ StepCapacity capacity_of(const Workload& w, const Plan& p) {
   return cap;
 }
 
+// The step executor's default launches: one per n = 64 tile, m 128 .. 16;
+// a plan tile runs on the smallest that holds it.
+constexpr int kLaunches = 4;
+std::array<int8_t, kTileConfigs.size()> default_launch_of_tile() {
+  std::array<int8_t, kTileConfigs.size()> launch_of_tile{};
+  for (size_t t = 0; t < kTileConfigs.size(); ++t)
+    launch_of_tile[t] = int8_t(kTileConfigs[t].m >= 128 ? 0 : kTileConfigs[t].m >= 64 ? 1 : kTileConfigs[t].m >= 32 ? 2 : 3);
+  return launch_of_tile;
+}
+
 // The host half of a CUDA step's plan upload (CudaStepExecutor::set_plan
 // past its checks): the plan's kernel arrays packed into a staging buffer
 // (here pageable) for its one copy. Needs no GPU. A decode step on the CUDA
@@ -303,11 +313,8 @@ void step_pack(benchmark::State& state, int nodes, bool decode_steps) {
     cap.max_slots = std::max(cap.max_slots, c.max_slots);
     cap.max_page_refs = std::max(cap.max_page_refs, c.max_page_refs);
   }
-  constexpr int kLaunches = 4;  // the step executor's default: one per n = 64 tile, m 128 .. 16
   const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
-  std::array<int8_t, kTileConfigs.size()> launch_of_tile{};
-  for (size_t t = 0; t < kTileConfigs.size(); ++t)
-    launch_of_tile[t] = int8_t(kTileConfigs[t].m >= 128 ? 0 : kTileConfigs[t].m >= 64 ? 1 : kTileConfigs[t].m >= 32 ? 2 : 3);
+  const std::array<int8_t, kTileConfigs.size()> launch_of_tile = default_launch_of_tile();
   std::vector<uint8_t> host(layout.total);
   cuda::StepPackScratch scratch;
   size_t i = 0;
@@ -319,6 +326,41 @@ void step_pack(benchmark::State& state, int nodes, bool decode_steps) {
   }
   state.counters["bytes"] =
       double(cuda::pack_step_plan(trees[0], plans[0], layout, launch_of_tile, kLaunches, host.data(), scratch).src_bytes);
+}
+
+// A CUDA decode step's host work without the GPU: the CPU runtime's step
+// (runtime/decode_steps/cpu) and then the pack of the plan it made, the
+// tree edited in place as the CUDA runtime keeps it (hot in cache, unlike
+// step/pack/cuda/decode_steps' 128 stored plans), its page table flat from
+// the step's arrays as the runtime passes it. The CUDA path on a GPU
+// machine adds its driver calls (the copy and the placing launch).
+void runtime_decode_steps_and_pack(benchmark::State& state, int nodes) {
+  const DecodeSteps d(nodes, Device::cpu);
+  TreeAttention ta(d.config);
+  const TreeAttentionConfig& c = ta.config();
+  StepCapacity cap;
+  cap.max_queries = c.max_queries;
+  cap.max_units = c.max_units;
+  cap.max_segments = c.max_segments;
+  cap.max_entries = c.max_entries;
+  cap.max_slots = c.max_slots;
+  cap.max_page_refs = c.max_page_refs;
+  const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
+  const std::array<int8_t, kTileConfigs.size()> launch_of_tile = default_launch_of_tile();
+  std::vector<uint8_t> host(layout.total);
+  cuda::StepPackScratch scratch;
+  int i = 0;
+  for (auto _ : state) {
+    const TreeArrays t = d.arrays(i);
+    ta.plan_tree(t, nullptr);
+    const PageTableView pages{t.page_ids, t.page_offsets};  // the tree's, as the runtime hands them to set_plan
+    const cuda::CopyRanges r = cuda::pack_step_plan(ta.workload(), ta.plan(), layout, launch_of_tile, kLaunches,
+                                                    host.data(), scratch, &pages);
+    benchmark::DoNotOptimize(r.src_bytes);
+    i = (i + 1) % DecodeSteps::kSteps;
+  }
+  const PlanStats s = ta.plan_stats();
+  state.counters["fresh_%"] = 100.0 * double(s.planned) / double(s.planned + s.extended);
 }
 
 // The whole CUDA half of a step as TreeAttention does it for a plan it
@@ -433,6 +475,10 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMicrosecond);
   for (const int nodes : {1000, 10000})
     benchmark::RegisterBenchmark(("step/pack/cuda/decode_steps/" + std::to_string(nodes)).c_str(), step_pack, nodes, true)
+        ->Unit(benchmark::kMicrosecond);
+  for (const int nodes : {1000, 10000})
+    benchmark::RegisterBenchmark(("runtime/decode_steps/cpu_and_pack/" + std::to_string(nodes)).c_str(),
+                                 runtime_decode_steps_and_pack, nodes)
         ->Unit(benchmark::kMicrosecond);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0)

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,14 @@ struct CudaStepOptions {
 // (TreeAttention's plan extension) and says so with `trusted`.
 enum class PlanCheck { validate, trusted };
 
+// A workload's page table held flat, as an engine passes it: node v's page
+// ids at ids[node_offsets[v] .. node_offsets[v + 1]), nodes in order. Given
+// to set_plan, it is copied in one piece instead of node by node.
+struct PageTableView {
+  std::span<const int32_t> ids;
+  std::span<const int32_t> node_offsets;  // nodes + 1 entries, from 0 to ids.size()
+};
+
 class CudaStepExecutor {
  public:
   // layout: the dtype of q and out, that of the K/V pools, the page size and
@@ -171,7 +180,11 @@ class CudaStepExecutor {
   // Validates w (against the construction's heads, dtypes, page size and
   // pool) and p (unless `check` is PlanCheck::trusted), then uploads p
   // asynchronously on `stream`. Capacities are checked either way.
-  void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate);
+  // `pages`, optional: w's page table, flat. Its shape (each node's page
+  // count) is checked; its ids are compared with w's unless `check` is
+  // trusted, which then vouches for them too.
+  void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate,
+                const PageTableView* pages = nullptr);
   // Attention of the last plan set, for device tensors `a`: the fixed
   // launches, then the merge. Throws if no plan was set.
   void run(const AttentionArgs& a, cudaStream_t stream) const;

@@ -1,5 +1,7 @@
-// A stable LSD radix sort of 64-bit keys (no comparisons, so no branch
-// mispredictions on keys that change from call to call).
+// Sorts of 64-bit keys for the CUDA step executor's units (step_pack.cpp):
+// a stable LSD radix sort (no comparisons, so no branch mispredictions on
+// keys that change from call to call), and an insertion sort for keys in
+// nearly sorted order (the last step's order, a token longer).
 #pragma once
 
 #include <array>
@@ -32,6 +34,23 @@ inline void radix_sort_keys(std::vector<uint64_t>& keys, std::vector<uint64_t>& 
     for (const uint64_t k : keys) tmp[start[(k >> shift) & 0xFF]++] = k;
     keys.swap(tmp);
   }
+}
+
+// Sorts distinct `keys` ascending by insertion if that takes at most
+// `max_moves` moves (a key passing another): O(keys + moves), one
+// comparison per key where the order stands. Returns false, the keys then
+// partly sorted (a permutation of the input), once it would take more.
+inline bool insertion_sort_keys(std::vector<uint64_t>& keys, size_t max_moves) {
+  size_t moves = 0;
+  for (size_t i = 1; i < keys.size(); ++i) {
+    const uint64_t k = keys[i];
+    size_t j = i;
+    for (; j > 0 && keys[j - 1] > k; --j) keys[j] = keys[j - 1];
+    keys[j] = k;
+    moves += i - j;
+    if (moves > max_moves) return false;
+  }
+  return true;
 }
 
 }  // namespace treeattn

@@ -1,6 +1,8 @@
 // TreeAttention (runtime.hpp): an engine's step inputs -> a validated
 // Workload and Plan -> the CPU executor or a CudaStepExecutor.
 #include <algorithm>
+#include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +96,14 @@ struct TreeAttention::Impl {
     int32_t node, from;  // a node of both trees whose page ids differ from position `from` on
   };
   std::vector<PageChange> changed;
+  // The page tables of w and of scratch, flat as the caller's arrays give
+  // them (node v's ids at ids[offsets[v] .. offsets[v + 1])): the CUDA
+  // executor's pack copies them in one piece, and plan extension compares a
+  // step's page ids with w's in runs of nodes rather than node by node.
+  struct PageTable {
+    std::vector<int32_t> ids, offsets;
+  };
+  PageTable table, scratch_table;
 
   // Plans `scratch`, hands the plan to the executor, then makes it current.
   // Its pages are checked against w's bits where they are valid, else by the
@@ -108,7 +118,7 @@ struct TreeAttention::Impl {
     try {
       scratch.validate(&validate_scratch);
       plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, next_plan);
-      hand_to_executor(scratch, next_plan, stream, /*validated=*/false);
+      hand_to_executor(scratch, next_plan, stream, /*validated=*/false, scratch_table.ids, scratch_table.offsets);
     } catch (...) {
       if (validate_scratch.page_bits_kept) {  // the validator's bits must be clear for its next call
         clear_page_bits(validate_scratch.page_used, scratch.tree);
@@ -123,6 +133,7 @@ struct TreeAttention::Impl {
       throw;
     }
     std::swap(w, scratch);
+    std::swap(table, scratch_table);
     std::swap(plan, next_plan);
     planned = true;
     ++stats.planned;
@@ -222,16 +233,19 @@ struct TreeAttention::Impl {
   }
 
   // Validates p for tree t (on the GPU set_plan does, before it packs it)
-  // unless it is `validated`: an extension of a validated plan (try_extend).
-  void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool validated) {
+  // unless it is `validated`: an extension of a validated plan (try_extend),
+  // whose page table (`ids` at `offsets` per node, t's) is then trusted too.
+  void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool validated,
+                        std::span<const int32_t> ids, std::span<const int32_t> offsets) {
 #if defined(TREEATTN_HAVE_CUDA)
     if (cuda) {
       DeviceGuard on(cfg.device_index);
+      const PageTableView pages{ids, offsets};
       return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream),
-                            validated ? PlanCheck::trusted : PlanCheck::validate);
+                            validated ? PlanCheck::trusted : PlanCheck::validate, &pages);
     }
 #endif
-    (void)stream;
+    (void)stream, (void)ids, (void)offsets;
     if (!validated) validate_plan(t, p, &validate_plan_scratch);
   }
 
@@ -260,6 +274,7 @@ struct TreeAttention::Impl {
   bool try_extend(const TreeArrays& t, void* stream) {
     if (!extendable()) return false;
     const size_t n = w.tree.nodes.size();
+    if (table.offsets.size() != n + 1) return false;  // table is w's
     if (t.parents.size() != n || t.num_tokens.size() != n || t.page_offsets.size() != n + 1 ||
         (!t.first_slots.empty() && t.first_slots.size() != n) || t.page_offsets[0] != 0 ||
         size_t(t.page_offsets[n]) != t.page_ids.size() || int64_t(t.page_ids.size()) > cfg.max_page_refs ||
@@ -273,14 +288,30 @@ struct TreeAttention::Impl {
       release_new_pages();
       return false;
     };
+    // Each node's pages must start with w's: compared in runs of nodes whose
+    // pages moved by the same amount (a run ends after a node that gained
+    // pages), one memcmp a run. Invariant: the nodes of the run so far have
+    // their old pages at ids[run_old + i] and their new at page_ids[run_new + i].
+    const int32_t* old_ids = table.ids.data();
+    const std::vector<int32_t>& old_at = table.offsets;
+    size_t run_old = 0, run_new = 0;
+    const auto run_kept = [&](size_t old_end) {  // the run, up to old_end, unchanged
+      const size_t len = old_end - run_old;
+      return len == 0 || std::memcmp(old_ids + run_old, t.page_ids.data() + run_new, sizeof(int32_t) * len) == 0;
+    };
     bool any = false;
     for (size_t v = 0; v < n; ++v) {
       const Node& a = w.tree.nodes[v];
       const int32_t tokens = t.num_tokens[v], b = t.page_offsets[v], e = t.page_offsets[v + 1];
       const size_t had = a.pages.size();
       if (t.parents[v] != a.parent || (t.first_slots.empty() ? 0 : t.first_slots[v]) != a.first_slot || b < 0 ||
-          e < b || size_t(e) > t.page_ids.size() || size_t(e - b) < had || !std::equal(a.pages.begin(), a.pages.end(), t.page_ids.begin() + b))
+          e < b || size_t(e) > t.page_ids.size() || size_t(e - b) < had)
         return undo_bits();
+      if (size_t(b) - run_new != size_t(old_at[v]) - run_old) {  // moved by another amount: a new run
+        if (!run_kept(size_t(old_at[v]))) return undo_bits();
+        run_old = size_t(old_at[v]);
+        run_new = size_t(b);
+      }
       grown_to[v] = -1;
       if (tokens == a.num_tokens) {
         if (size_t(e - b) != had) return undo_bits();
@@ -296,6 +327,7 @@ struct TreeAttention::Impl {
       grown_to[v] = tokens;
       any = true;
     }
+    if (!run_kept(table.ids.size())) return undo_bits();
     // The plan, in place: each grown node's segments that end at its old end
     // now end at its new one. The plan was valid for w, so each query on a
     // grown node's path saw exactly one of them (its visible ranges tiled the
@@ -333,7 +365,7 @@ struct TreeAttention::Impl {
                        t.page_ids.begin() + t.page_offsets[v + 1]);
       }
     try {
-      hand_to_executor(w, plan, stream, /*validated=*/true);
+      hand_to_executor(w, plan, stream, /*validated=*/true, t.page_ids, t.page_offsets);
     } catch (...) {
       for (size_t v = 0; v < n; ++v)
         if (grown_to[v] >= 0) {
@@ -345,6 +377,8 @@ struct TreeAttention::Impl {
       undo_plan();
       throw;
     }
+    table.ids.assign(t.page_ids.begin(), t.page_ids.end());
+    table.offsets.assign(t.page_offsets.begin(), t.page_offsets.end());
     ++stats.extended;
     return true;
   }
@@ -388,6 +422,8 @@ struct TreeAttention::Impl {
       node.pages.assign(t.page_ids.begin() + b, t.page_ids.begin() + e);
     }
     scratch.query_nodes.assign(t.query_nodes.begin(), t.query_nodes.end());
+    scratch_table.ids.assign(t.page_ids.begin(), t.page_ids.end());
+    scratch_table.offsets.assign(t.page_offsets.begin(), t.page_offsets.end());
   }
 };
 
@@ -512,6 +548,8 @@ void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays&
     dn.num_tokens = 1;
     dn.first_slot = int32_t(row % ps);
     dn.pages.assign(1, int32_t(row / ps));
+    m.scratch_table.ids.push_back(int32_t(row / ps));
+    m.scratch_table.offsets.push_back(int32_t(m.scratch_table.ids.size()));
     m.scratch.query_nodes.push_back(n + int32_t(i));
   }
   m.commit(stream);

@@ -349,6 +349,55 @@ TEST(Runtime, CapacityErrorsNameTheCapacity) {
   EXPECT_EQ(small.num_queries(), one.num_queries());
 }
 
+// set_plan's flat page table: the same output as the pages gathered from the
+// workload's nodes, validated or trusted; a table of another shape is
+// refused whatever the check, and one with another page id when validated,
+// each naming the table and the node.
+TEST(Runtime, SanitizeFlatPageTableOfSetPlan) {
+  WorkloadParams p;
+  p.heads = {8, 2, 128};
+  p.page_size = 16;
+  const Workload w = make_workload("fewshot:prompt=300:branches=12:len=40", p);
+  const Plan plan = make_plan("node", w);
+  const Arrays arr(w);
+  StepCapacity cap;
+  cap.max_queries = 64;
+  cap.max_page_refs = 4096;
+  CudaStepExecutor ex(w.heads, w.layout, cap);
+  HostTensors h = make_random_inputs(w, 3);
+  DeviceTensors d = DeviceTensors::upload(h);
+  const std::vector<double> ref = reference_attention(w, h.args());
+  const PageTableView flat{arr.page_ids, arr.page_offsets};
+  for (const PlanCheck check : {PlanCheck::validate, PlanCheck::trusted})
+    for (const PageTableView* table : {static_cast<const PageTableView*>(nullptr), &flat}) {
+      ex.set_plan(w, plan, nullptr, check, table);
+      d.poison_out();
+      ex.run(d.args(), nullptr);
+      check_cuda(cudaDeviceSynchronize(), "flat page table run");
+      HostTensors g = h;
+      d.download_out(g);
+      EXPECT_LE(relative_error(w, g.out.data(), ref), tolerance(w.layout.dtype)) << (table ? "flat" : "gathered");
+    }
+  auto error_of = [&](const PageTableView& t, PlanCheck check) {
+    try {
+      ex.set_plan(w, plan, nullptr, check, &t);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::vector<int32_t> short_offsets(arr.page_offsets.begin(), arr.page_offsets.end() - 1);
+  EXPECT_NE(error_of({arr.page_ids, short_offsets}, PlanCheck::trusted).find("node offsets for"), std::string::npos);
+  std::vector<int32_t> moved = arr.page_offsets;  // node 1 a page longer, node 2 a page shorter
+  ++moved[2];
+  EXPECT_NE(error_of({arr.page_ids, moved}, PlanCheck::trusted).find("node 1 differs"), std::string::npos);
+  std::vector<int32_t> other = arr.page_ids;  // node 2's first page id changed
+  int32_t& id = other[size_t(arr.page_offsets[2])];
+  id = int32_t((id + 1) % w.layout.num_pages);
+  EXPECT_NE(error_of({other, arr.page_offsets}, PlanCheck::validate).find("node 2 differs"), std::string::npos);
+  check_cuda(cudaDeviceSynchronize(), "flat page table errors");
+}
+
 // The device index: -1 resolves to the current device; past the devices the
 // process sees is an error naming it; plan and run leave the caller's current
 // device as it was.

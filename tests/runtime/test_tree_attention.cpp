@@ -317,6 +317,48 @@ TEST(TreeAttentionCpu, StepsThatAreNotAGrowthArePlannedAfresh) {
   EXPECT_THROW({ TreeAttention x(bad); }, Error);
 }
 
+// A step that grows a leaf but also changes a page id some node already had
+// is not an extension (the extension compares the kept pages in runs of
+// nodes between the ones that gained pages): for every page of every node,
+// swapping it for a free page makes the step a fresh plan that holds the new
+// page; the same growth without the swap extends.
+TEST(TreeAttentionCpu, AStepThatChangesAKeptPageIsPlannedAfresh) {
+  WorkloadParams p;
+  p.heads = {4, 4, 64};
+  p.page_size = 4;
+  const Workload w = make_workload("fewshot:prompt=20:branches=3:len=5", p);  // root 0, leaves 1..3
+  const TreeAttentionConfig c = cpu_config(p, w.layout.num_pages + 8);
+  const Arrays a(w);
+  const int32_t spare = int32_t(w.layout.num_pages);
+  Arrays grown = a;  // leaf 2 four tokens longer, in a new page: the nodes after it move by a page
+  grown.num_tokens[2] += 4;
+  grown.page_ids.insert(grown.page_ids.begin() + grown.page_offsets[3], spare);
+  for (size_t v = 3; v < grown.page_offsets.size(); ++v) ++grown.page_offsets[v];
+  {
+    TreeAttention ta(c);
+    ta.plan_tree(a.view());
+    ta.plan_tree(grown.view());
+    EXPECT_EQ(ta.plan_stats().extended, 1);
+  }
+  int cases = 0;
+  for (size_t v = 0; v < a.parents.size(); ++v)
+    for (int32_t i = grown.page_offsets[v]; i < grown.page_offsets[v + 1]; ++i) {
+      if (v == 2 && i == grown.page_offsets[3] - 1) continue;  // the new page itself
+      TreeAttention ta(c);
+      ta.plan_tree(a.view());
+      Arrays changed = grown;
+      changed.page_ids[size_t(i)] = spare + 1;
+      ta.plan_tree(changed.view());
+      const PlanStats s = ta.plan_stats();
+      EXPECT_EQ(s.extended, 0) << "node " << v << " page " << i;
+      EXPECT_EQ(s.planned, 2) << "node " << v << " page " << i;
+      EXPECT_EQ(ta.workload().tree.nodes[v].pages[size_t(i - grown.page_offsets[v])], spare + 1);
+      EXPECT_LE(step_error(ta, uint64_t(i) + 1), 2e-3);
+      ++cases;
+    }
+  EXPECT_GE(cases, 8);
+}
+
 // Fresh plans after the first check only the pages of the nodes that differ
 // from the last tree's against its kept page bits. A random walk of trees
 // (pages moved to free ones, taken from another node, out of range, shared

@@ -26,30 +26,29 @@ DeviceLimits DeviceLimits::current() {
 
 void build_unit_descs(const Workload& w, const Plan& p, const int32_t* node_page_offset, UnitDesc* desc,
                       SegDesc* segs) {
+  // Written through locals: desc and segs may alias the plan's arrays for
+  // all the compiler knows, which would make it reload them every store.
   const int U = p.num_units();
   for (int u = 0; u < U; ++u) {
-    UnitDesc& d = desc[u];
-    d.seg_off = p.unit_segment_offset[u];
-    d.nseg = p.unit_num_segments(u);
-    d.ent_off = p.unit_query_offset[u];
-    d.nent = p.unit_num_queries(u);
+    const int32_t seg_off = p.unit_segment_offset[u], nseg = p.unit_num_segments(u);
+    const int32_t ent_off = p.unit_query_offset[u], nent = p.unit_num_queries(u);
     int32_t pos = 0;
-    d.seg0 = SegDesc{0, 0, 0, 0};
+    SegDesc seg0{0, 0, 0, 0};
     // segs may be pinned staging memory: written, never read back.
-    for (int s = 0; s < d.nseg; ++s) {
-      const Segment& sg = p.segments[d.seg_off + s];
+    for (int32_t s = 0; s < nseg; ++s) {
+      const Segment& sg = p.segments[size_t(seg_off + s)];
       // The kernel counts a segment's tokens in slots of the node's page list:
       // a node that starts inside a page (Node::first_slot) starts that much later.
-      const SegDesc sd{node_page_offset[sg.node], sg.begin + w.tree.nodes[sg.node].first_slot, pos, pos + sg.size()};
-      segs[d.seg_off + s] = sd;
-      if (s == 0) d.seg0 = sd;
+      const SegDesc sd{node_page_offset[sg.node], sg.begin + w.tree.nodes[size_t(sg.node)].first_slot, pos,
+                       pos + sg.size()};
+      segs[seg_off + s] = sd;
+      if (s == 0) seg0 = sd;
       pos += sg.size();
     }
-    d.len = pos;
-    d.pad = 0;
-    const uint64_t full = full_mask(d.nseg);
-    d.any_missing = 0;
-    for (int e = d.ent_off; e < d.ent_off + d.nent; ++e) d.any_missing |= ~p.entry_mask[e] & full;
+    const uint64_t full = full_mask(nseg);
+    uint64_t missing = 0;
+    for (int32_t e = ent_off; e < ent_off + nent; ++e) missing |= ~p.entry_mask[size_t(e)] & full;
+    desc[u] = UnitDesc{seg_off, nseg, ent_off, nent, missing, /*len=*/pos, /*pad=*/0, seg0};
   }
 }
 

@@ -34,6 +34,26 @@ void check_capacity(const char* name, int64_t value, int64_t cap) {
                 std::to_string(cap) + " (raise it at construction)");
 }
 
+// Throws unless `t` has w's shape: an offset per node and one past the
+// last, from 0 to its ids' count, each node's page count; and, where
+// `compare_ids`, w's page ids.
+void check_page_table(const Workload& w, const PageTableView& t, bool compare_ids) {
+  const size_t n = w.tree.nodes.size();
+  if (t.node_offsets.size() != n + 1 || t.node_offsets[0] != 0 || size_t(t.node_offsets[n]) != t.ids.size())
+    throw Error("step executor: the page table has " + std::to_string(t.node_offsets.size()) + " node offsets for " +
+                std::to_string(n) + " nodes (expected nodes + 1, from 0 to its " + std::to_string(t.ids.size()) +
+                " ids)");
+  for (size_t v = 0; v < n; ++v) {
+    const std::vector<int32_t>& pages = w.tree.nodes[v].pages;
+    const int32_t at = t.node_offsets[v];
+    if (t.node_offsets[v + 1] - at != int32_t(pages.size()) ||
+        (compare_ids && !std::equal(pages.begin(), pages.end(), t.ids.begin() + at)))
+      throw Error("step executor: the page table's node " + std::to_string(v) + " differs from the workload's (" +
+                  std::to_string(t.node_offsets[v + 1] - at) + " pages, the node has " + std::to_string(pages.size()) +
+                  ")");
+  }
+}
+
 // Owning pinned host allocation.
 struct PinnedBuffer {
   void* ptr = nullptr;
@@ -222,7 +242,8 @@ std::string CudaStepExecutor::describe() const {
   return out + "; merge ctas=" + std::to_string(impl_->merge_grid);
 }
 
-void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check) {
+void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check,
+                                const PageTableView* pages) {
   Impl& m = *impl_;
   const cuda::TensorShape& t = m.shape;
   if (w.heads.num_qo_heads != t.heads.num_qo_heads || w.heads.num_kv_heads != t.heads.num_kv_heads ||
@@ -247,14 +268,15 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   int64_t refs = 0;
   for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
   check_capacity("max_page_refs", refs, m.cap.max_page_refs);
+  if (pages) check_page_table(w, *pages, check == PlanCheck::validate);
 
   // Stage into the next pinned buffer once the copy out of it has run.
   const int si = m.next_staging;
   m.next_staging = (si + 1) % kStaging;
   check_cuda(cudaEventSynchronize(m.staged[si]), "step executor: staging buffer wait");
   uint8_t* const host = static_cast<uint8_t*>(m.staging[si]->ptr);
-  cuda::CopyRanges ranges =
-      cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()), host, m.pack_scratch);
+  cuda::CopyRanges ranges = cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()), host,
+                                                 m.pack_scratch, pages);
   ranges.src = m.packed.as<uint8_t>();
   ranges.dst = m.plan_buf.as<uint8_t>();
   check_cuda(cudaMemcpyAsync(m.packed.get(), host, ranges.src_bytes, cudaMemcpyHostToDevice, stream),

@@ -33,7 +33,7 @@ StepLayout StepLayout::make(const StepCapacity& c, int num_launches) {
 
 CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly,
                           const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
-                          uint8_t* host, StepPackScratch& sc) {
+                          uint8_t* host, StepPackScratch& sc, const PageTableView* pages) {
   const int U = p.num_units(), L = num_launches;
   sc.desc.resize(size_t(U));
   sc.unit_launch.resize(size_t(U));
@@ -59,37 +59,58 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
   auto* units = reinterpret_cast<UnitDesc*>(stage(ly.units, sizeof(UnitDesc) * U));
   auto* segs = reinterpret_cast<SegDesc*>(stage(ly.segs, sizeof(SegDesc) * p.segments.size()));
   auto copy = [&](size_t placed_at, const auto& v) {
-    std::memcpy(stage(placed_at, sizeof(v[0]) * v.size()), v.data(), sizeof(v[0]) * v.size());
+    uint8_t* to = stage(placed_at, sizeof(v[0]) * v.size());
+    if (!v.empty()) std::memcpy(to, v.data(), sizeof(v[0]) * v.size());
   };
   copy(ly.entry_query, p.entry_query);
   copy(ly.entry_mask, p.entry_mask);
   copy(ly.entry_slot, p.entry_slot);
   copy(ly.query_slots, p.query_slots);
   // The tree's page table: every node's pages, concatenated.
-  int64_t refs = 0;
-  for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
-  auto* page_ids = reinterpret_cast<int32_t*>(stage(ly.page_ids, sizeof(int32_t) * size_t(refs)));
-  sc.node_page_offset.resize(w.tree.nodes.size() + 1);
-  sc.node_page_offset[0] = 0;
-  for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
-    const auto& pages = w.tree.nodes[v].pages;
-    if (!pages.empty()) std::memcpy(page_ids + sc.node_page_offset[v], pages.data(), sizeof(int32_t) * pages.size());
-    sc.node_page_offset[v + 1] = sc.node_page_offset[v] + int32_t(pages.size());
+  const int32_t* node_page_offset = nullptr;
+  if (pages) {
+    copy(ly.page_ids, pages->ids);
+    node_page_offset = pages->node_offsets.data();
+  } else {
+    int64_t refs = 0;
+    for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
+    auto* page_ids = reinterpret_cast<int32_t*>(stage(ly.page_ids, sizeof(int32_t) * size_t(refs)));
+    sc.node_page_offset.resize(w.tree.nodes.size() + 1);
+    sc.node_page_offset[0] = 0;
+    for (size_t v = 0; v < w.tree.nodes.size(); ++v) {
+      const std::vector<int32_t>& ids = w.tree.nodes[v].pages;
+      if (!ids.empty()) std::memcpy(page_ids + sc.node_page_offset[v], ids.data(), sizeof(int32_t) * ids.size());
+      sc.node_page_offset[v + 1] = sc.node_page_offset[v] + int32_t(ids.size());
+    }
+    node_page_offset = sc.node_page_offset.data();
   }
-  build_unit_descs(w, p, sc.node_page_offset.data(), sc.desc.data(), segs);
+  build_unit_descs(w, p, node_page_offset, sc.desc.data(), segs);
   // Last, as its size is known only once written: at most one per query.
   const size_t merges_at = ranges.src_bytes;
   const int32_t num_merges = build_merge_descs(p, w.num_queries(), reinterpret_cast<MergeDesc*>(stage(ly.merges, 0)));
   ranges.src_bytes = merges_at + sizeof(MergeDesc) * size_t(num_merges);  // a multiple of 16
 
   // Units by launch, longest first within each (the tail is short ones),
-  // ties in plan order: one sort of (launch, longest first, unit) keys.
+  // ties in plan order: one sort of (launch, longest first, unit) keys,
+  // distinct by their unit. Where the last pack had as many units, its order
+  // is the start: in a decode loop the plan is the last one with some units
+  // a token longer, nearly sorted, and an insertion sort finishes in about a
+  // pass. Otherwise (or if that would take more than a move per unit) the
+  // radix sort of the keys in unit order.
   static_assert(kMaxPathTokens < (int64_t(1) << 32) && kTileConfigs.size() < 16, "the key's fields");
-  sc.unit_order.resize(size_t(U));
-  for (int u = 0; u < U; ++u)
-    sc.unit_order[u] = uint64_t(sc.unit_launch[u]) << 60 | uint64_t(UINT32_MAX - uint32_t(sc.desc[u].len)) << 24 |
-                       uint64_t(u);  // u < 2^24 (max_units)
-  radix_sort_keys(sc.unit_order, sc.sort_tmp, 24);  // by (launch, length); unit order where equal
+  const auto key = [&](uint32_t u) {  // u < 2^24 (max_units)
+    return uint64_t(sc.unit_launch[u]) << 60 | uint64_t(UINT32_MAX - uint32_t(sc.desc[u].len)) << 24 | uint64_t(u);
+  };
+  bool sorted = false;
+  if (sc.unit_order.size() == size_t(U)) {
+    for (uint64_t& k : sc.unit_order) k = key(uint32_t(k & 0xFFFFFF));
+    sorted = insertion_sort_keys(sc.unit_order, size_t(U));
+  }
+  if (!sorted) {
+    sc.unit_order.resize(size_t(U));
+    for (int u = 0; u < U; ++u) sc.unit_order[u] = key(uint32_t(u));
+    radix_sort_keys(sc.unit_order, sc.sort_tmp, 24);  // by (launch, length); unit order where equal
+  }
   // The staging buffer (pinned memory) is written, never read back: the
   // counts are made in scratch, then stored.
   std::vector<int32_t>& count = sc.counts;

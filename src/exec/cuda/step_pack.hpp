@@ -26,7 +26,8 @@ struct StepLayout {
 // Host memory a pack reuses from step to step (no allocation once grown).
 struct StepPackScratch {
   std::vector<int32_t> node_page_offset;
-  std::vector<uint64_t> unit_order, sort_tmp;  // sort keys, and the sort's scratch
+  std::vector<uint64_t> unit_order;  // the last pack's sorted unit keys: the next sort starts from their order
+  std::vector<uint64_t> sort_tmp;    // the radix sort's scratch
   std::vector<int8_t> unit_launch;
   std::vector<UnitDesc> desc;
   std::vector<int32_t> counts;  // the header, made here, then stored
@@ -38,8 +39,10 @@ struct StepPackScratch {
 // longest first within each, segments, entries, the tree's page table,
 // merge slots and descriptors, each array's used part 16-byte aligned one
 // after another. Returns the ranges that place them (src/dst left null).
+// `pages`: w's page table flat (checked by the caller), copied in one piece;
+// null: gathered from w's nodes.
 CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& layout,
                           const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
-                          uint8_t* host, StepPackScratch& scratch);
+                          uint8_t* host, StepPackScratch& scratch, const PageTableView* pages = nullptr);
 
 }  // namespace treeattn::cuda
