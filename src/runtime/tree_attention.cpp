@@ -82,7 +82,10 @@ struct TreeAttention::Impl {
   // against them (check_pages_against_last), and plan extension
   // (TreeAttentionConfig::max_extension_tokens) the pages it appends. Per
   // unit of `plan`, the tokens added since the planner made it
-  // (unit_growth). Per node, scratch for one extension attempt.
+  // (unit_growth). Per node of w, the segments of `plan` that end at its
+  // end (tail segments, those an extension lengthens), made by the first
+  // extension after a fresh plan (valid while `tails_valid`). Scratch for one
+  // extension attempt.
   bool bits_valid = false;
   std::vector<uint64_t> page_bits;
   std::vector<int32_t> unit_growth;
@@ -90,7 +93,16 @@ struct TreeAttention::Impl {
     int32_t unit, segment, end;  // a segment an attempt lengthened, and its end before
   };
   std::vector<SegmentEnd> lengthened;
-  std::vector<int32_t> grown_to;  // per node: its new token count, -1: unchanged
+  struct Growth {
+    int32_t node, from, to;  // a node an attempt grows, from and to token counts
+  };
+  std::vector<Growth> grown;
+  struct TailSegment {
+    int32_t unit, segment;
+  };
+  bool tails_valid = false;
+  std::vector<int32_t> tail_offset;  // node v's tail segments: tails[tail_offset[v] .. tail_offset[v + 1])
+  std::vector<TailSegment> tails;
   std::vector<int32_t> new_pages; // pages set by an extension attempt or a page check against w's bits
   struct PageChange {
     int32_t node, from;  // a node of both trees whose page ids differ from position `from` on
@@ -143,6 +155,7 @@ struct TreeAttention::Impl {
     else
       take_page_bits();
     unit_growth.assign(size_t(plan.num_units()), 0);
+    tails_valid = false;
   }
 
   bool page_bits_enabled() const { return cfg.num_pages <= (int64_t(1) << 30); }
@@ -282,7 +295,7 @@ struct TreeAttention::Impl {
       return false;
     const TreeIndex& ix = validate_scratch.index;  // w's
     const int ps = cfg.page_size;
-    grown_to.resize(n);
+    grown.clear();
     new_pages.clear();
     const auto undo_bits = [&] {
       release_new_pages();
@@ -299,7 +312,6 @@ struct TreeAttention::Impl {
       const size_t len = old_end - run_old;
       return len == 0 || std::memcmp(old_ids + run_old, t.page_ids.data() + run_new, sizeof(int32_t) * len) == 0;
     };
-    bool any = false;
     for (size_t v = 0; v < n; ++v) {
       const Node& a = w.tree.nodes[v];
       const int32_t tokens = t.num_tokens[v], b = t.page_offsets[v], e = t.page_offsets[v + 1];
@@ -312,7 +324,6 @@ struct TreeAttention::Impl {
         run_old = size_t(old_at[v]);
         run_new = size_t(b);
       }
-      grown_to[v] = -1;
       if (tokens == a.num_tokens) {
         if (size_t(e - b) != had) return undo_bits();
         continue;
@@ -324,8 +335,7 @@ struct TreeAttention::Impl {
       if (ix.path_tokens[v] - a.num_tokens + tokens > kMaxPathTokens) return undo_bits();
       for (int32_t i = b + int32_t(had); i < e; ++i)  // each appended page new to the pool
         if (!claim_page(t.page_ids[size_t(i)])) return undo_bits();
-      grown_to[v] = tokens;
-      any = true;
+      grown.push_back({int32_t(v), a.num_tokens, tokens});
     }
     if (!run_kept(table.ids.size())) return undo_bits();
     // The plan, in place: each grown node's segments that end at its old end
@@ -344,36 +354,33 @@ struct TreeAttention::Impl {
       }
       return undo_bits();
     };
-    if (any)
-      for (int32_t u = 0; u < plan.num_units(); ++u)
-        for (int32_t k = plan.unit_segment_offset[u]; k < plan.unit_segment_offset[u + 1]; ++k) {
-          Segment& sg = plan.segments[size_t(k)];
-          const int32_t to = grown_to[size_t(sg.node)];
-          if (to < 0 || sg.end != w.tree.nodes[size_t(sg.node)].num_tokens || sg.begin == sg.end) continue;
-          lengthened.push_back({u, k, sg.end});
-          unit_growth[size_t(u)] += to - sg.end;
-          sg.end = to;
-          if (unit_growth[size_t(u)] > cfg.max_extension_tokens) return undo_plan();
-        }
-    // w grows in place; undone if the executor refuses the plan.
-    for (size_t v = 0; v < n; ++v)
-      if (grown_to[v] >= 0) {
-        Node& a = w.tree.nodes[v];
-        validate_scratch.index.path_tokens[v] += grown_to[v] - a.num_tokens;
-        grown_to[v] = std::exchange(a.num_tokens, grown_to[v]);  // now the old count
-        a.pages.insert(a.pages.end(), t.page_ids.begin() + t.page_offsets[v] + int32_t(a.pages.size()),
-                       t.page_ids.begin() + t.page_offsets[v + 1]);
+    if (!grown.empty() && !tails_valid) find_tails();
+    for (const Growth& g : grown)
+      for (int32_t i = tail_offset[size_t(g.node)]; i < tail_offset[size_t(g.node) + 1]; ++i) {
+        const TailSegment x = tails[size_t(i)];
+        Segment& sg = plan.segments[size_t(x.segment)];
+        lengthened.push_back({x.unit, x.segment, sg.end});
+        unit_growth[size_t(x.unit)] += g.to - sg.end;
+        sg.end = g.to;
+        if (unit_growth[size_t(x.unit)] > cfg.max_extension_tokens) return undo_plan();
       }
+    // w grows in place; undone if the executor refuses the plan.
+    for (const Growth& g : grown) {
+      Node& a = w.tree.nodes[size_t(g.node)];
+      validate_scratch.index.path_tokens[size_t(g.node)] += g.to - g.from;
+      a.num_tokens = g.to;
+      a.pages.insert(a.pages.end(), t.page_ids.begin() + t.page_offsets[size_t(g.node)] + int32_t(a.pages.size()),
+                     t.page_ids.begin() + t.page_offsets[size_t(g.node) + 1]);
+    }
     try {
       hand_to_executor(w, plan, stream, /*validated=*/true, t.page_ids, t.page_offsets);
     } catch (...) {
-      for (size_t v = 0; v < n; ++v)
-        if (grown_to[v] >= 0) {
-          Node& a = w.tree.nodes[v];
-          validate_scratch.index.path_tokens[v] -= a.num_tokens - grown_to[v];
-          a.num_tokens = grown_to[v];
-          a.pages.resize(size_t((int64_t(a.first_slot) + a.num_tokens + ps - 1) / ps));
-        }
+      for (const Growth& g : grown) {
+        Node& a = w.tree.nodes[size_t(g.node)];
+        validate_scratch.index.path_tokens[size_t(g.node)] -= g.to - g.from;
+        a.num_tokens = g.from;
+        a.pages.resize(size_t((int64_t(a.first_slot) + a.num_tokens + ps - 1) / ps));
+      }
       undo_plan();
       throw;
     }
@@ -381,6 +388,27 @@ struct TreeAttention::Impl {
     table.offsets.assign(t.page_offsets.begin(), t.page_offsets.end());
     ++stats.extended;
     return true;
+  }
+
+  // tails of plan for w: each node's non-empty segments that end at its end,
+  // in unit order. An extension lengthens exactly these, and they still end
+  // at their node's end after it, so they stay valid until the next fresh plan.
+  void find_tails() {
+    const std::vector<Node>& nodes = w.tree.nodes;
+    const auto is_tail = [&](const Segment& sg) {
+      return sg.begin < sg.end && sg.end == nodes[size_t(sg.node)].num_tokens;
+    };
+    tail_offset.assign(nodes.size() + 1, 0);
+    for (const Segment& sg : plan.segments)
+      if (is_tail(sg)) ++tail_offset[size_t(sg.node) + 1];
+    for (size_t v = 0; v < nodes.size(); ++v) tail_offset[v + 1] += tail_offset[v];
+    tails.resize(size_t(tail_offset.back()));
+    for (int32_t u = 0; u < plan.num_units(); ++u)
+      for (int32_t k = plan.unit_segment_offset[u]; k < plan.unit_segment_offset[u + 1]; ++k)
+        if (is_tail(plan.segments[size_t(k)])) tails[size_t(tail_offset[size_t(plan.segments[size_t(k)].node)]++)] = {u, k};
+    for (size_t v = nodes.size(); v > 0; --v) tail_offset[v] = tail_offset[v - 1];  // back to each node's first
+    tail_offset[0] = 0;
+    tails_valid = true;
   }
 
   // Sets scratch's node count to n; nodes beyond it wait in spare_nodes, so
