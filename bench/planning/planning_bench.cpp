@@ -337,15 +337,7 @@ void step_pack(benchmark::State& state, int nodes, bool decode_steps) {
 void runtime_decode_steps_and_pack(benchmark::State& state, int nodes) {
   const DecodeSteps d(nodes, Device::cpu);
   TreeAttention ta(d.config);
-  const TreeAttentionConfig& c = ta.config();
-  StepCapacity cap;
-  cap.max_queries = c.max_queries;
-  cap.max_units = c.max_units;
-  cap.max_segments = c.max_segments;
-  cap.max_entries = c.max_entries;
-  cap.max_slots = c.max_slots;
-  cap.max_page_refs = c.max_page_refs;
-  const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
+  const cuda::StepLayout layout = cuda::StepLayout::make(ta.config().step_capacity(), kLaunches);
   const std::array<int8_t, kTileConfigs.size()> launch_of_tile = default_launch_of_tile();
   std::vector<uint8_t> host(layout.total);
   cuda::StepPackScratch scratch;

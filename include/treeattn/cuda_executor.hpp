@@ -122,18 +122,6 @@ class CudaExecutor {
   std::unique_ptr<Impl> impl_;
 };
 
-// Capacities of a CudaStepExecutor: it sizes every device buffer by them
-// once, at construction. A plan beyond any of them is refused with an Error
-// naming the capacity and the value.
-struct StepCapacity {
-  int32_t max_queries = 256;
-  int32_t max_units = 2048;       // work units of a plan
-  int32_t max_segments = 8192;    // segments of all units
-  int32_t max_entries = 8192;     // (unit, query) entries
-  int32_t max_slots = 8192;       // partial slots
-  int64_t max_page_refs = 65536;  // pages of all the tree's nodes (the plan's page table)
-};
-
 struct CudaStepOptions {
   // Tiles the executor launches, one launch each, in this order (indices
   // into kTileConfigs; empty: the n = 64 tiles that fit head_dim, largest m

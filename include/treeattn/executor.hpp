@@ -9,6 +9,19 @@
 
 namespace treeattn {
 
+// Capacities of a CudaStepExecutor: it sizes every device buffer by them
+// once, at construction. A plan beyond any of them is refused with an Error
+// naming the capacity and the value. Declared here, not with the executor in
+// cuda_executor.hpp, so that TreeAttentionConfig (every build) can give them.
+struct StepCapacity {
+  int32_t max_queries = 256;
+  int32_t max_units = 2048;       // work units of a plan
+  int32_t max_segments = 8192;    // segments of all units
+  int32_t max_entries = 8192;     // (unit, query) entries
+  int32_t max_slots = 8192;       // partial slots
+  int64_t max_page_refs = 65536;  // pages of all the tree's nodes (the plan's page table)
+};
+
 // Pointers to one batch's tensors (host or device memory, per executor):
 //   q, out: [num_queries, num_qo_heads, head_dim], of layout.dtype
 //   k, v:   [num_pages, page_size, num_kv_heads, head_dim] ("NHD"), of

@@ -38,6 +38,10 @@ struct TreeAttentionConfig {
   int64_t max_page_refs = 65536;  // pages of all nodes of one step's tree
   // Capacities of the plan itself; 0: derived from the above (see runtime.cpp).
   int32_t max_units = 0, max_segments = 0, max_entries = 0, max_slots = 0;
+  // The capacities above as a CudaStepExecutor takes them.
+  StepCapacity step_capacity() const {
+    return {max_queries, max_units, max_segments, max_entries, max_slots, max_page_refs};
+  }
   std::string planner = "auto";
   PlanOptions plan_options;  // num_sms = 0: the device's (132 on the CPU)
   int cpu_threads = 0;       // CPU executor threads, 0: all

@@ -500,13 +500,6 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
   }
   if (c.device == Device::cuda) {
 #if defined(TREEATTN_HAVE_CUDA)
-    StepCapacity cap;
-    cap.max_queries = c.max_queries;
-    cap.max_units = c.max_units;
-    cap.max_segments = c.max_segments;
-    cap.max_entries = c.max_entries;
-    cap.max_slots = c.max_slots;
-    cap.max_page_refs = c.max_page_refs;
     int devices = 0;
     check_cuda(cudaGetDeviceCount(&devices), "tree attention: cudaGetDeviceCount");
     if (c.device_index < 0) check_cuda(cudaGetDevice(&c.device_index), "tree attention: cudaGetDevice");
@@ -514,7 +507,7 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
       fail("device_index = " + std::to_string(c.device_index) + " is out of range [0, " + std::to_string(devices) +
            ") (the CUDA devices this process sees)");
     DeviceGuard on(c.device_index);
-    m.cuda = std::make_unique<CudaStepExecutor>(c.heads, m.w.layout, cap);
+    m.cuda = std::make_unique<CudaStepExecutor>(c.heads, m.w.layout, c.step_capacity());
 #else
     fail("device cuda: this build of treeattn has no CUDA executor (built without nvcc)");
 #endif

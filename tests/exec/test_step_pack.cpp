@@ -57,14 +57,7 @@ TEST(StepPack, KeptSortOrderAndFlatPageTablePackTheSameBytes) {
     c.device = Device::cpu;
     c.max_extension_tokens = 8;
     TreeAttention ta(c);
-    StepCapacity cap;
-    cap.max_queries = c.max_queries;
-    cap.max_units = ta.config().max_units;
-    cap.max_segments = ta.config().max_segments;
-    cap.max_entries = ta.config().max_entries;
-    cap.max_slots = ta.config().max_slots;
-    cap.max_page_refs = ta.config().max_page_refs;
-    const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
+    const cuda::StepLayout layout = cuda::StepLayout::make(ta.config().step_capacity(), kLaunches);
     cuda::StepPackScratch kept;
     int32_t next_page = int32_t(w0.layout.num_pages);
     std::vector<char> grows(a.parents.size(), 0);
