@@ -153,6 +153,9 @@ enum class PlanCheck { validate, trusted };
 struct PageTableView {
   std::span<const int32_t> ids;
   std::span<const int32_t> node_offsets;  // nodes + 1 entries, from 0 to ids.size()
+  // The workload's nodes' pages were copied from this table (as
+  // TreeAttention builds them): set_plan checks its shape, not its ids.
+  bool source_of_workload = false;
 };
 
 class CudaStepExecutor {
@@ -170,7 +173,8 @@ class CudaStepExecutor {
   // asynchronously on `stream`. Capacities are checked either way.
   // `pages`, optional: w's page table, flat. Its shape (each node's page
   // count) is checked; its ids are compared with w's unless `check` is
-  // trusted, which then vouches for them too.
+  // trusted, which then vouches for them too, or the table says it is the
+  // source of w's pages.
   void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate,
                 const PageTableView* pages = nullptr);
   // Attention of the last plan set, for device tensors `a`: the fixed

@@ -246,14 +246,15 @@ struct TreeAttention::Impl {
   }
 
   // Validates p for tree t (on the GPU set_plan does, before it packs it)
-  // unless it is `validated`: an extension of a validated plan (try_extend),
-  // whose page table (`ids` at `offsets` per node, t's) is then trusted too.
+  // unless it is `validated`: an extension of a validated plan (try_extend).
+  // The page table (`ids` at `offsets` per node) is the one t's node pages
+  // were copied from, so set_plan checks only its shape.
   void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool validated,
                         std::span<const int32_t> ids, std::span<const int32_t> offsets) {
 #if defined(TREEATTN_HAVE_CUDA)
     if (cuda) {
       DeviceGuard on(cfg.device_index);
-      const PageTableView pages{ids, offsets};
+      const PageTableView pages{ids, offsets, /*source_of_workload=*/true};
       return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream),
                             validated ? PlanCheck::trusted : PlanCheck::validate, &pages);
     }

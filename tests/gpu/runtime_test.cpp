@@ -351,8 +351,9 @@ TEST(Runtime, CapacityErrorsNameTheCapacity) {
 
 // set_plan's flat page table: the same output as the pages gathered from the
 // workload's nodes, validated or trusted; a table of another shape is
-// refused whatever the check, and one with another page id when validated,
-// each naming the table and the node.
+// refused whatever the check, and one with another page id when validated
+// (unless it says it is the source of the workload's pages), each naming the
+// table and the node.
 TEST(Runtime, SanitizeFlatPageTableOfSetPlan) {
   WorkloadParams p;
   p.heads = {8, 2, 128};
@@ -395,6 +396,9 @@ TEST(Runtime, SanitizeFlatPageTableOfSetPlan) {
   int32_t& id = other[size_t(arr.page_offsets[2])];
   id = int32_t((id + 1) % w.layout.num_pages);
   EXPECT_NE(error_of({other, arr.page_offsets}, PlanCheck::validate).find("node 2 differs"), std::string::npos);
+  // A table that says it is the source of w's pages is checked for its shape only.
+  EXPECT_NE(error_of({arr.page_ids, moved, true}, PlanCheck::validate).find("node 1 differs"), std::string::npos);
+  EXPECT_EQ(error_of({other, arr.page_offsets, true}, PlanCheck::validate), "no error");
   check_cuda(cudaDeviceSynchronize(), "flat page table errors");
 }
 
