@@ -1,8 +1,7 @@
 // A device-side scatter of byte ranges (kernels.hpp): the step executor
-// packs a plan's arrays into mapped pinned memory and places them with this,
-// one launch that reads the host buffer over the bus, instead of a copy per
-// array (each cudaMemcpyAsync costs the host a driver call, and more the
-// more bytes it moves).
+// uploads a plan as one packed copy and places its arrays with this, one
+// launch, instead of one copy per array (each cudaMemcpyAsync costs the host
+// a driver call).
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -58,9 +58,8 @@ KernelEntry find_attention_kernel(DType dtype, DType kv_dtype, int head_dim, int
 void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained);
 int64_t merge_ctas(const MergeParams& p);  // its grid
 
-// Byte ranges packed one after another in src (device memory or mapped
-// pinned host memory; each starting 16-byte aligned, src_off ascending,
-// src_bytes in all, a multiple of 16), each
+// Byte ranges packed one after another in src (each starting 16-byte
+// aligned, src_off ascending, src_bytes in all, a multiple of 16), each
 // copied to dst + dst_off[k] (16-byte aligned, with room for its bytes
 // rounded up to 16: the padding is copied too).
 struct CopyRanges {

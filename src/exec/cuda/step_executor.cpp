@@ -6,10 +6,9 @@
 // unit count) pairs and the merge count, then every array at the offset its
 // capacity gives it; the kernels read the counts from the header, so their
 // grids never change. set_plan() writes the used part of each array, packed
-// one after another, into a pinned, mapped staging buffer, and one
-// copy_ranges launch reads it from there and places the arrays: one driver
-// call a step whatever the plan (no cudaMemcpyAsync, whose host cost grows
-// with the bytes), and no copy of unused capacity.
+// one after another, into a pinned staging buffer, copies that in one
+// cudaMemcpyAsync and places the arrays with one copy_ranges launch: two
+// driver calls a step whatever the plan, and no copy of unused capacity.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,17 +54,10 @@ void check_page_table(const Workload& w, const PageTableView& t, bool compare_id
   }
 }
 
-// Owning pinned host allocation, mapped into the device's address space:
-// kernels read it at `device` (zero-copy, over the bus).
+// Owning pinned host allocation.
 struct PinnedBuffer {
   void* ptr = nullptr;
-  const uint8_t* device = nullptr;
-  explicit PinnedBuffer(size_t bytes) {
-    check_cuda(cudaHostAlloc(&ptr, bytes, cudaHostAllocMapped), "step executor: pinned staging buffer");
-    void* d = nullptr;
-    check_cuda(cudaHostGetDevicePointer(&d, ptr, 0), "step executor: staging buffer's device address");
-    device = static_cast<const uint8_t*>(d);
-  }
+  explicit PinnedBuffer(size_t bytes) { check_cuda(cudaMallocHost(&ptr, bytes), "step executor: pinned staging buffer"); }
   ~PinnedBuffer() {
     if (ptr) cudaFreeHost(ptr);
   }
@@ -82,8 +74,9 @@ struct CudaStepExecutor::Impl {
   std::vector<cuda::Launch> launches;
   std::array<int8_t, kTileConfigs.size()> launch_of_tile{};  // plan tile -> launch (-1: none holds it)
   DeviceBuffer plan_buf, workspace;
+  DeviceBuffer packed;  // the staged copy lands here, then copy_ranges places it in plan_buf
   std::vector<std::unique_ptr<PinnedBuffer>> staging;
-  std::array<cudaEvent_t, kStaging> staged{};  // the copy_ranges launch reading staging[i] has run
+  std::array<cudaEvent_t, kStaging> staged{};  // the copies out of staging[i] have run
   int next_staging = 0;
   bool has_plan = false;
   bool chained = false;
@@ -182,6 +175,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
 
   m.layout = cuda::StepLayout::make(cap, int(m.launches.size()));
   m.plan_buf = DeviceBuffer(m.layout.total);
+  m.packed = DeviceBuffer(m.layout.total);  // packed arrays never take more than their capacities
   check_cuda(cudaMemset(m.plan_buf.get(), 0, m.layout.total), "step executor: plan buffer");
   for (int i = 0; i < kStaging; ++i) {
     m.staging.push_back(std::make_unique<PinnedBuffer>(m.layout.total));
@@ -276,19 +270,19 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   check_capacity("max_page_refs", refs, m.cap.max_page_refs);
   if (pages) check_page_table(w, *pages, check == PlanCheck::validate && !pages->source_of_workload);
 
-  // Stage into the next pinned buffer once the launch reading it has run;
-  // the launch reads the packed arrays straight from it (packed arrays never
-  // take more than their capacities: layout.total).
+  // Stage into the next pinned buffer once the copy out of it has run.
   const int si = m.next_staging;
   m.next_staging = (si + 1) % kStaging;
   check_cuda(cudaEventSynchronize(m.staged[si]), "step executor: staging buffer wait");
-  const PinnedBuffer& staging = *m.staging[si];
-  cuda::CopyRanges ranges = cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()),
-                                                 static_cast<uint8_t*>(staging.ptr), m.pack_scratch, pages);
-  ranges.src = staging.device;
+  uint8_t* const host = static_cast<uint8_t*>(m.staging[si]->ptr);
+  cuda::CopyRanges ranges = cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()), host,
+                                                 m.pack_scratch, pages);
+  ranges.src = m.packed.as<uint8_t>();
   ranges.dst = m.plan_buf.as<uint8_t>();
-  cuda::launch_copy_ranges(ranges, stream);
+  check_cuda(cudaMemcpyAsync(m.packed.get(), host, ranges.src_bytes, cudaMemcpyHostToDevice, stream),
+             "step executor: plan copy");
   check_cuda(cudaEventRecord(m.staged[si], stream), "step executor: cudaEventRecord");
+  cuda::launch_copy_ranges(ranges, stream);
   m.has_plan = true;
 }
 
