@@ -188,17 +188,37 @@ struct TreeAttention::Impl {
   // full check then decides (two nodes may share a page in part) and names
   // the error.
   bool check_pages_against_last() {
-    const std::vector<Node>&old = w.tree.nodes, &now = scratch.tree.nodes;
+    const std::vector<Node>& now = scratch.tree.nodes;
+    const std::vector<int32_t>&old_at = table.offsets, &now_at = scratch_table.offsets;
+    if (old_at.size() != w.tree.nodes.size() + 1 || now_at.size() != now.size() + 1) return false;  // not theirs
+    const int32_t *const old_ids = table.ids.data(), *const now_ids = scratch_table.ids.data();
     changed.clear();
     new_pages.clear();
-    for (size_t v = 0; v < std::min(old.size(), now.size()); ++v) {
-      const std::vector<int32_t>&a = old[v].pages, &b = now[v].pages;
-      if (a == b) continue;
-      const size_t common = std::min(a.size(), b.size());
-      size_t from = 0;
-      while (from < common && a[from] == b[from]) ++from;
-      changed.push_back({int32_t(v), int32_t(from)});
-    }
+    // The nodes of both trees whose pages differ, from where: compared in
+    // runs of nodes with as many pages in both (their pages then lie at
+    // offsets moved by the same amount), one memcmp a run, node by node only
+    // in a run that differs and at a node whose page count changed.
+    const auto compare_node = [&](size_t v) {
+      const int32_t *a = old_ids + old_at[v], *b = now_ids + now_at[v];
+      const int32_t na = old_at[v + 1] - old_at[v], nb = now_at[v + 1] - now_at[v], both = std::min(na, nb);
+      int32_t from = 0;
+      while (from < both && a[from] == b[from]) ++from;
+      if (from < na || from < nb) changed.push_back({int32_t(v), from});
+    };
+    size_t run = 0;  // the open run's first node
+    const auto close_run = [&](size_t end) {  // nodes [run, end)
+      const size_t len = size_t(old_at[end] - old_at[run]);
+      if (len != 0 && std::memcmp(old_ids + old_at[run], now_ids + now_at[run], sizeof(int32_t) * len) != 0)
+        for (size_t v = run; v < end; ++v) compare_node(v);
+    };
+    const size_t common = std::min(w.tree.nodes.size(), now.size());
+    for (size_t v = 0; v < common; ++v)
+      if (old_at[v + 1] - old_at[v] != now_at[v + 1] - now_at[v]) {
+        close_run(v);
+        compare_node(v);
+        run = v + 1;
+      }
+    close_run(common);
     for_old_pages_not_kept([&](int32_t pg) { page_bits[size_t(pg) / 64] &= ~(uint64_t(1) << (pg % 64)); });
     const auto check = [&](const Node& n, size_t from) {
       for (size_t i = from; i < n.pages.size(); ++i)
@@ -207,7 +227,7 @@ struct TreeAttention::Impl {
     };
     bool ok = true;
     for (size_t i = 0; ok && i < changed.size(); ++i) ok = check(now[size_t(changed[i].node)], size_t(changed[i].from));
-    for (size_t v = old.size(); ok && v < now.size(); ++v) ok = check(now[v], 0);
+    for (size_t v = w.tree.nodes.size(); ok && v < now.size(); ++v) ok = check(now[v], 0);
     if (!ok) undo_page_check();
     return ok;
   }
