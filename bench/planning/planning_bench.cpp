@@ -342,12 +342,15 @@ void runtime_decode_steps_and_pack(benchmark::State& state, int nodes) {
   std::vector<uint8_t> host(layout.total);
   cuda::StepPackScratch scratch;
   int i = 0;
+  int64_t extended = 0;
   for (auto _ : state) {
     const TreeArrays t = d.arrays(i);
     ta.plan_tree(t, nullptr);
     const PageTableView pages{t.page_ids, t.page_offsets};  // the tree's, as the runtime hands them to set_plan
+    const bool extension = ta.plan_stats().extended > extended;  // its entries left out, as set_plan does then
+    extended = ta.plan_stats().extended;
     const cuda::CopyRanges r = cuda::pack_step_plan(ta.workload(), ta.plan(), layout, launch_of_tile, kLaunches,
-                                                    host.data(), scratch, &pages);
+                                                    host.data(), scratch, &pages, extension);
     benchmark::DoNotOptimize(r.src_bytes);
     i = (i + 1) % DecodeSteps::kSteps;
   }
@@ -356,10 +359,11 @@ void runtime_decode_steps_and_pack(benchmark::State& state, int nodes) {
 }
 
 // The whole CUDA half of a step as TreeAttention does it for a plan it
-// trusts (an extension): CudaStepExecutor::set_plan with PlanCheck::trusted,
-// i.e. its checks, the wait for the staging buffer used two calls back, the
-// pack into pinned memory, the copy and the placing launch; `validate`: with
-// validate_plan first, as for a fresh plan. `legacy`: on the legacy default
+// trusts: CudaStepExecutor::set_plan with PlanCheck::trusted, i.e. its
+// checks, the wait for the staging buffer used two calls back, the pack into
+// pinned memory, the copy and the placing launch; `validate`: with
+// validate_plan first, as for a fresh plan. (An extension, PlanCheck::
+// extension, packs less: runtime/decode_steps/cuda.) `legacy`: on the legacy default
 // stream (stream 0, which PyTorch's current stream is by default), else on a
 // non-blocking stream of its own. Needs a GPU.
 void step_set_plan(benchmark::State& state, int nodes, bool validate, bool legacy) {

@@ -143,9 +143,13 @@ struct CudaStepOptions {
 // set_plan() and run() must use the same stream (or streams ordered so that a
 // plan's copy comes after the previous plan's runs).
 // Whether CudaStepExecutor::set_plan validates the plan: always, unless the
-// caller made it from a validated plan by a change that keeps it valid
-// (TreeAttention's plan extension) and says so with `trusted`.
-enum class PlanCheck { validate, trusted };
+// caller made it from a validated plan by a change that keeps it valid and
+// says so with `trusted`; `extension` says more: the plan is the last one
+// set, changed only in its segments' token ranges (units, entries, masks,
+// slots and merge lists as they were: TreeAttention's plan extension), so
+// set_plan uploads only what such a change touches (units, segments, the
+// page table).
+enum class PlanCheck { validate, trusted, extension };
 
 // A workload's page table held flat, as an engine passes it: node v's page
 // ids at ids[node_offsets[v] .. node_offsets[v + 1]), nodes in order. Given
@@ -169,12 +173,14 @@ class CudaStepExecutor {
   CudaStepExecutor& operator=(CudaStepExecutor&&) noexcept;
 
   // Validates w (against the construction's heads, dtypes, page size and
-  // pool) and p (unless `check` is PlanCheck::trusted), then uploads p
-  // asynchronously on `stream`. Capacities are checked either way.
+  // pool) and p (only where `check` is PlanCheck::validate), then uploads p
+  // asynchronously on `stream`. Capacities are checked either way, and under
+  // PlanCheck::extension that p has the last plan's numbers of queries,
+  // units, segments, entries and slots.
   // `pages`, optional: w's page table, flat. Its shape (each node's page
-  // count) is checked; its ids are compared with w's unless `check` is
-  // trusted, which then vouches for them too, or the table says it is the
-  // source of w's pages.
+  // count) is checked; its ids are compared with w's under
+  // PlanCheck::validate unless the table says it is the source of w's pages
+  // (otherwise the caller vouches for them with the plan).
   void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate,
                 const PageTableView* pages = nullptr);
   // Attention of the last plan set, for device tensors `a`: the fixed

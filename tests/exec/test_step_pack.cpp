@@ -1,7 +1,8 @@
 // The CUDA step executor's host pack (src/exec/cuda/step_pack.cpp), which
 // needs no GPU: in a decode loop it starts the units' sort from the last
-// pack's order and copies the page table flat from the caller's arrays; both
-// must leave the packed bytes exactly those of a pack from scratch.
+// pack's order, copies the page table flat from the caller's arrays, and
+// leaves out what a plan extension keeps; all must leave the plan buffer
+// exactly as a pack from scratch does.
 #if defined(TREEATTN_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -30,11 +31,22 @@ std::array<int8_t, kTileConfigs.size()> launch_of_tile() {
 
 // Packs (w, p) into a zeroed buffer; returns the packed bytes.
 std::vector<uint8_t> pack(const Workload& w, const Plan& p, const cuda::StepLayout& layout,
-                          cuda::StepPackScratch& scratch, const PageTableView* pages, cuda::CopyRanges& ranges) {
+                          cuda::StepPackScratch& scratch, const PageTableView* pages, cuda::CopyRanges& ranges,
+                          bool keep_entries = false) {
   std::vector<uint8_t> host(layout.total, 0);
-  ranges = cuda::pack_step_plan(w, p, layout, launch_of_tile(), kLaunches, host.data(), scratch, pages);
+  ranges = cuda::pack_step_plan(w, p, layout, launch_of_tile(), kLaunches, host.data(), scratch, pages, keep_entries);
   host.resize(ranges.src_bytes);
   return host;
+}
+
+// What copy_ranges does on the device: each 16-byte chunk of the packed
+// bytes to its range's place in the plan buffer `plan`.
+void place(const std::vector<uint8_t>& packed, const cuda::CopyRanges& r, std::vector<uint8_t>& plan) {
+  for (size_t at = 0; at < r.src_bytes; at += 16) {
+    int k = 0;
+    while (k + 1 < r.count && r.src_off[k + 1] <= at) ++k;
+    std::memcpy(plan.data() + r.dst_off[k] + (at - r.src_off[k]), packed.data() + at, 16);
+  }
 }
 
 // Decode steps through the CPU runtime (most extend the last plan, so unit
@@ -42,8 +54,11 @@ std::vector<uint8_t> pack(const Workload& w, const Plan& p, const cuda::StepLayo
 // plans with other units): each step's plan packed with one scratch kept across steps and
 // the caller's flat page table, and again from a new scratch with the pages
 // gathered node by node. Equal bytes and ranges, and the units in the
-// packed descriptors grouped by launch, longest first within one.
-TEST(StepPack, KeptSortOrderAndFlatPageTablePackTheSameBytes) {
+// packed descriptors grouped by launch, longest first within one. A third
+// pack leaves out an extension's entries, slots and merges (as set_plan
+// does under PlanCheck::extension): placed on the last step's plan buffer,
+// it makes the same buffer as the full pack.
+TEST(StepPack, KeptSortOrderFlatPageTableAndKeptEntriesPlaceTheSameBytes) {
   WorkloadParams wp;
   wp.heads = {8, 2, 64};
   wp.page_size = 4;
@@ -58,7 +73,9 @@ TEST(StepPack, KeptSortOrderAndFlatPageTablePackTheSameBytes) {
     c.max_extension_tokens = 8;
     TreeAttention ta(c);
     const cuda::StepLayout layout = cuda::StepLayout::make(ta.config().step_capacity(), kLaunches);
-    cuda::StepPackScratch kept;
+    cuda::StepPackScratch kept, kept_entries;
+    std::vector<uint8_t> plan_full(layout.total, 0), plan_kept(layout.total, 0);  // two executors' plan buffers
+    int64_t extended = 0, smaller = 0;
     int32_t next_page = int32_t(w0.layout.num_pages);
     std::vector<char> grows(a.parents.size(), 0);
     for (const int32_t v : a.query_nodes) grows[size_t(v)] = 1;
@@ -91,6 +108,14 @@ TEST(StepPack, KeptSortOrderAndFlatPageTablePackTheSameBytes) {
         seen += counts[2 * l + 1];
       }
       ASSERT_EQ(seen, p.num_units()) << spec << " step " << step;
+      const bool extension = ta.plan_stats().extended > extended;
+      extended = ta.plan_stats().extended;
+      cuda::CopyRanges r3;
+      const std::vector<uint8_t> b3 = pack(w, p, layout, kept_entries, &flat, r3, extension);
+      place(b1, r1, plan_full);
+      place(b3, r3, plan_kept);
+      smaller += extension && b3.size() < b1.size();
+      ASSERT_TRUE(plan_full == plan_kept) << spec << " step " << step << (extension ? " (extension)" : "");
       // The next step: query node v 0, 1 or 2 tokens longer (v mod 3), pages
       // added as its last fills, so that units' lengths pass each other.
       std::vector<int32_t> pages, offsets{0};
@@ -108,6 +133,7 @@ TEST(StepPack, KeptSortOrderAndFlatPageTablePackTheSameBytes) {
       a.page_offsets = offsets;
     }
     EXPECT_GE(ta.plan_stats().extended, 20) << spec;
+    EXPECT_EQ(smaller, ta.plan_stats().extended) << spec;  // every extension's pack left its entries out
     EXPECT_GE(ta.plan_stats().planned, 3) << spec;
   }
 }

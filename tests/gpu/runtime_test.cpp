@@ -350,7 +350,8 @@ TEST(Runtime, CapacityErrorsNameTheCapacity) {
 }
 
 // set_plan's flat page table: the same output as the pages gathered from the
-// workload's nodes, validated or trusted; a table of another shape is
+// workload's nodes, validated, trusted or as an extension of the last plan
+// (whose entries stay on the device); a table of another shape is
 // refused whatever the check, and one with another page id when validated
 // (unless it says it is the source of the workload's pages), each naming the
 // table and the node.
@@ -369,7 +370,7 @@ TEST(Runtime, SanitizeFlatPageTableOfSetPlan) {
   DeviceTensors d = DeviceTensors::upload(h);
   const std::vector<double> ref = reference_attention(w, h.args());
   const PageTableView flat{arr.page_ids, arr.page_offsets};
-  for (const PlanCheck check : {PlanCheck::validate, PlanCheck::trusted})
+  for (const PlanCheck check : {PlanCheck::validate, PlanCheck::trusted, PlanCheck::extension})
     for (const PageTableView* table : {static_cast<const PageTableView*>(nullptr), &flat}) {
       ex.set_plan(w, plan, nullptr, check, table);
       d.poison_out();
@@ -399,6 +400,18 @@ TEST(Runtime, SanitizeFlatPageTableOfSetPlan) {
   // A table that says it is the source of w's pages is checked for its shape only.
   EXPECT_NE(error_of({arr.page_ids, moved, true}, PlanCheck::validate).find("node 1 differs"), std::string::npos);
   EXPECT_EQ(error_of({other, arr.page_offsets, true}, PlanCheck::validate), "no error");
+  // An extension must keep the last plan's shape, and needs a last plan.
+  const auto extension_error = [](CudaStepExecutor& e, const Workload& x, const Plan& y) {
+    try {
+      e.set_plan(x, y, nullptr, PlanCheck::extension);
+    } catch (const Error& err) {
+      return std::string(err.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(extension_error(ex, w, make_plan("per-query", w)).find("differ from the last plan's"), std::string::npos);
+  CudaStepExecutor unplanned(w.heads, w.layout, cap);
+  EXPECT_NE(extension_error(unplanned, w, plan).find("no last plan to extend"), std::string::npos);
   check_cuda(cudaDeviceSynchronize(), "flat page table errors");
 }
 

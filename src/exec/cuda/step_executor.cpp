@@ -79,6 +79,12 @@ struct CudaStepExecutor::Impl {
   std::array<cudaEvent_t, kStaging> staged{};  // the copies out of staging[i] have run
   int next_staging = 0;
   bool has_plan = false;
+  // The shape of the last plan set (PlanCheck::extension must keep it).
+  struct PlanShape {
+    int32_t queries = 0, units = 0, slots = 0;
+    size_t segments = 0, entries = 0, slot_refs = 0;
+    bool operator==(const PlanShape&) const = default;
+  } last_shape;
   bool chained = false;
   cuda::AttnParams attn{};
   cuda::MergeParams merge{};
@@ -269,6 +275,12 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
   check_capacity("max_page_refs", refs, m.cap.max_page_refs);
   if (pages) check_page_table(w, *pages, check == PlanCheck::validate && !pages->source_of_workload);
+  const Impl::PlanShape shape{w.num_queries(), p.num_units(),       p.num_slots,
+                              p.segments.size(), p.entry_query.size(), p.query_slots.size()};
+  const bool extension = check == PlanCheck::extension;
+  if (extension && !(m.has_plan && shape == m.last_shape))
+    throw Error("step executor: PlanCheck::extension, but the plan's queries, units, segments, entries or slots " +
+                std::string(m.has_plan ? "differ from the last plan's" : "have no last plan to extend"));
 
   // Stage into the next pinned buffer once the copy out of it has run.
   const int si = m.next_staging;
@@ -276,7 +288,7 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   check_cuda(cudaEventSynchronize(m.staged[si]), "step executor: staging buffer wait");
   uint8_t* const host = static_cast<uint8_t*>(m.staging[si]->ptr);
   cuda::CopyRanges ranges = cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()), host,
-                                                 m.pack_scratch, pages);
+                                                 m.pack_scratch, pages, /*keep_entries=*/extension);
   ranges.src = m.packed.as<uint8_t>();
   ranges.dst = m.plan_buf.as<uint8_t>();
   check_cuda(cudaMemcpyAsync(m.packed.get(), host, ranges.src_bytes, cudaMemcpyHostToDevice, stream),
@@ -284,6 +296,7 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   check_cuda(cudaEventRecord(m.staged[si], stream), "step executor: cudaEventRecord");
   cuda::launch_copy_ranges(ranges, stream);
   m.has_plan = true;
+  m.last_shape = shape;
 }
 
 void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {

@@ -33,7 +33,7 @@ StepLayout StepLayout::make(const StepCapacity& c, int num_launches) {
 
 CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly,
                           const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
-                          uint8_t* host, StepPackScratch& sc, const PageTableView* pages) {
+                          uint8_t* host, StepPackScratch& sc, const PageTableView* pages, bool keep_entries) {
   const int U = p.num_units(), L = num_launches;
   sc.desc.resize(size_t(U));
   sc.unit_launch.resize(size_t(U));
@@ -62,10 +62,12 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
     uint8_t* to = stage(placed_at, sizeof(v[0]) * v.size());
     if (!v.empty()) std::memcpy(to, v.data(), sizeof(v[0]) * v.size());
   };
-  copy(ly.entry_query, p.entry_query);
-  copy(ly.entry_mask, p.entry_mask);
-  copy(ly.entry_slot, p.entry_slot);
-  copy(ly.query_slots, p.query_slots);
+  if (!keep_entries) {
+    copy(ly.entry_query, p.entry_query);
+    copy(ly.entry_mask, p.entry_mask);
+    copy(ly.entry_slot, p.entry_slot);
+    copy(ly.query_slots, p.query_slots);
+  }
   // The tree's page table: every node's pages, concatenated.
   const int32_t* node_page_offset = nullptr;
   if (pages) {
@@ -86,9 +88,11 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
   }
   build_unit_descs(w, p, node_page_offset, sc.desc.data(), segs);
   // Last, as its size is known only once written: at most one per query.
-  const size_t merges_at = ranges.src_bytes;
-  const int32_t num_merges = build_merge_descs(p, w.num_queries(), reinterpret_cast<MergeDesc*>(stage(ly.merges, 0)));
-  ranges.src_bytes = merges_at + sizeof(MergeDesc) * size_t(num_merges);  // a multiple of 16
+  if (!keep_entries) {
+    const size_t merges_at = ranges.src_bytes;
+    sc.num_merges = build_merge_descs(p, w.num_queries(), reinterpret_cast<MergeDesc*>(stage(ly.merges, 0)));
+    ranges.src_bytes = merges_at + sizeof(MergeDesc) * size_t(sc.num_merges);  // a multiple of 16
+  }
 
   // Units by launch, longest first within each (the tail is short ones),
   // ties in plan order: one sort of (launch, longest first, unit) keys,
@@ -121,7 +125,7 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
     ++count[2 * (key >> 60) + 1];
   }
   for (int l = 1; l < L; ++l) count[2 * l] = count[2 * l - 2] + count[2 * l - 1];
-  count[2 * L] = num_merges;
+  count[2 * L] = sc.num_merges;
   std::memcpy(counts, count.data(), sizeof(int32_t) * (2 * L + 1));
   return ranges;
 }

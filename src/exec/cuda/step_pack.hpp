@@ -31,6 +31,7 @@ struct StepPackScratch {
   std::vector<int8_t> unit_launch;
   std::vector<UnitDesc> desc;
   std::vector<int32_t> counts;  // the header, made here, then stored
+  int32_t num_merges = 0;       // of the last pack
 };
 
 // Writes plan p of tree w (validated, within the capacities of `layout`)
@@ -40,9 +41,12 @@ struct StepPackScratch {
 // merge slots and descriptors, each array's used part 16-byte aligned one
 // after another. Returns the ranges that place them (src/dst left null).
 // `pages`: w's page table flat (checked by the caller), copied in one piece;
-// null: gathered from w's nodes.
+// null: gathered from w's nodes. `keep_entries`: p's entries, slots and
+// merge lists are those of the last plan packed with this scratch, and are
+// left out (their device copies stay as they are).
 CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& layout,
                           const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
-                          uint8_t* host, StepPackScratch& scratch, const PageTableView* pages = nullptr);
+                          uint8_t* host, StepPackScratch& scratch, const PageTableView* pages = nullptr,
+                          bool keep_entries = false);
 
 }  // namespace treeattn::cuda
