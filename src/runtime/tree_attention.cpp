@@ -130,7 +130,7 @@ struct TreeAttention::Impl {
     try {
       scratch.validate(&validate_scratch);
       plan_reusing(*planner, scratch, validate_scratch.index, cfg.plan_options, plan_scratch, next_plan);
-      hand_to_executor(scratch, next_plan, stream, /*validated=*/false, scratch_table.ids, scratch_table.offsets);
+      hand_to_executor(scratch, next_plan, stream, /*extension=*/false, scratch_table.ids, scratch_table.offsets);
     } catch (...) {
       if (validate_scratch.page_bits_kept) {  // the validator's bits must be clear for its next call
         clear_page_bits(validate_scratch.page_used, scratch.tree);
@@ -266,21 +266,21 @@ struct TreeAttention::Impl {
   }
 
   // Validates p for tree t (on the GPU set_plan does, before it packs it)
-  // unless it is `validated`: an extension of a validated plan (try_extend).
-  // The page table (`ids` at `offsets` per node) is the one t's node pages
-  // were copied from, so set_plan checks only its shape.
-  void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool validated,
+  // unless it is an `extension` of the plan in force (try_extend), valid by
+  // construction. The page table (`ids` at `offsets` per node) is the one
+  // t's node pages were copied from, so set_plan checks only its shape.
+  void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool extension,
                         std::span<const int32_t> ids, std::span<const int32_t> offsets) {
 #if defined(TREEATTN_HAVE_CUDA)
     if (cuda) {
       DeviceGuard on(cfg.device_index);
       const PageTableView pages{ids, offsets, /*source_of_workload=*/true};
       return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream),
-                            validated ? PlanCheck::extension : PlanCheck::validate, &pages);
+                            extension ? PlanCheck::extension : PlanCheck::validate, &pages);
     }
 #endif
     (void)stream, (void)ids, (void)offsets;
-    if (!validated) validate_plan(t, p, &validate_plan_scratch);
+    if (!extension) validate_plan(t, p, &validate_plan_scratch);
   }
 
   // After a fresh plan checked by the validation: w's pages into page_bits,
@@ -394,7 +394,7 @@ struct TreeAttention::Impl {
                      t.page_ids.begin() + t.page_offsets[size_t(g.node) + 1]);
     }
     try {
-      hand_to_executor(w, plan, stream, /*validated=*/true, t.page_ids, t.page_offsets);
+      hand_to_executor(w, plan, stream, /*extension=*/true, t.page_ids, t.page_offsets);
     } catch (...) {
       for (const Growth& g : grown) {
         Node& a = w.tree.nodes[size_t(g.node)];

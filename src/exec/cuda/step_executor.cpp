@@ -287,8 +287,12 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   m.next_staging = (si + 1) % kStaging;
   check_cuda(cudaEventSynchronize(m.staged[si]), "step executor: staging buffer wait");
   uint8_t* const host = static_cast<uint8_t*>(m.staging[si]->ptr);
+  // The pack throws (a unit's tile) before it changes anything; after it,
+  // its scratch describes this plan, which is in force once its upload is
+  // enqueued (a failed driver call leaves no plan to run or extend).
   cuda::CopyRanges ranges = cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()), host,
                                                  m.pack_scratch, pages, /*keep_entries=*/extension);
+  m.has_plan = false;
   ranges.src = m.packed.as<uint8_t>();
   ranges.dst = m.plan_buf.as<uint8_t>();
   check_cuda(cudaMemcpyAsync(m.packed.get(), host, ranges.src_bytes, cudaMemcpyHostToDevice, stream),
@@ -301,7 +305,8 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
 
 void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   const Impl& m = *impl_;
-  if (!m.has_plan) throw Error("step executor: run() before any set_plan()");
+  if (!m.has_plan)
+    throw Error("step executor: run() without a plan (no set_plan() yet, or the last one failed in its upload)");
   cuda::AttnParams a = m.attn;
   cuda::MergeParams mg = m.merge;
   cuda::set_run_tensors(m.shape, args, a, mg);
