@@ -4,8 +4,10 @@
 // parse errors, and that the built-in table is data/auto_cost_h100.json.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "treeattn/cost_models.hpp"
 #include "treeattn/planner.hpp"
@@ -37,6 +39,41 @@ std::string expected_choice(const Workload& w, const AutoCostModel& m, const Pla
   const double node = m.predict(auto_cost_features(w, make_plan("node", w, opt), opt));
   const double pq = m.predict(auto_cost_features(w, make_plan("per-query", w, opt), opt));
   return pq < (1 - m.margin) * node ? "per-query" : "node";
+}
+
+// node's plan as auto prices it (the tree's unique KV, the same for every
+// node plan, left out), and whether its units fill three quarters of the
+// CTA slots.
+double node_us(const Workload& w, const AutoCostModel& m, const PlanOptions& opt, const Plan& p) {
+  AutoCostFeatures f = auto_cost_features(w, p, opt);
+  f[3] = 0;
+  return m.predict(f);
+}
+bool fills(const Workload& w, const PlanOptions& opt, const Plan& p) {
+  return 4 * int64_t(p.num_units()) * w.heads.num_kv_heads >= 3 * opt.target_ctas(w.heads);
+}
+
+// node with its compact units `rows` Q rows each (0: node's own width).
+Plan node_with_rows(const Workload& w, PlanOptions opt, int rows) {
+  if (rows > 0) opt.extra["flat_rows"] = rows;
+  return make_plan("node", w, opt);
+}
+
+// auto's node-side choice, by brute force: node, or node with 64- then
+// 128-row compact units where those fill the slots and the model prices them
+// 5 % below the best so far. Returns the width taken (0: node's own).
+int wider_rows_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& opt) {
+  int taken = 0;
+  double best = node_us(w, m, opt, make_plan("node", w, opt));
+  for (const int rows : {64, 128}) {
+    if (rows <= std::max(32, w.heads.group_size())) continue;
+    const Plan p = node_with_rows(w, opt, rows);
+    if (fills(w, opt, p) && node_us(w, m, opt, p) < 0.95 * best) {
+      taken = rows;
+      best = node_us(w, m, opt, p);
+    }
+  }
+  return taken;
 }
 
 }  // namespace
@@ -99,6 +136,73 @@ TEST(AutoPlanner, ChoosesByTheModelOnRandomTrees) {
   }
   EXPECT_GT(per_query, 10);
   EXPECT_GT(node, 10);
+}
+
+// Deep trees with many queries at GQA 8 (H100, 2026-11-25, node against
+// node with 128-row compact units: fasttree:N=1,8,16,32,64,128,1024 at 32/8
+// 108.0 -> 71.0 us; with 64 rows at 32/32 190.1 -> 208.7): auto takes the wider units
+// where the model prices them 5 % faster and they fill the GPU, and
+// nowhere else; a flat_rows option fixes the width.
+TEST(AutoPlanner, WiderCompactUnitsWhereTheModelPricesThemFaster) {
+  const std::string deep = "fasttree:N=1,8,16,32,64,128,1024:C=256,128,64,16,16,16,16";
+  WorkloadParams p;  // 32/8
+  const Workload w = make_workload(deep, p);
+  const Plan a = make_plan("auto", w);
+  validate_plan(w, a);
+  EXPECT_TRUE(same_plan(a, node_with_rows(w, {}, 128)));
+  EXPECT_FALSE(same_plan(a, make_plan("node", w)));
+  const AutoCostModel& m = builtin_auto_cost_model();
+  EXPECT_LT(node_us(w, m, {}, a), 0.95 * node_us(w, m, {}, make_plan("node", w)));
+  PlanOptions fixed;
+  fixed.extra["flat_rows"] = 32;
+  EXPECT_TRUE(same_plan(make_plan("auto", w, fixed), node_with_rows(w, fixed, 32)));
+
+  p.heads = {32, 32, 128};  // 32-row units already hold 32 queries
+  const Workload w32 = make_workload(deep, p);
+  EXPECT_TRUE(same_plan(make_plan("auto", w32), make_plan("node", w32)));
+  p.heads = {16, 1, 128};  // 64-row units of 4 queries: 64 CTAs, too few
+  const Workload few = make_workload("fasttree:N=1,256:C=256,32", p);
+  EXPECT_FALSE(fills(few, {}, node_with_rows(few, {}, 64)));
+  EXPECT_TRUE(same_plan(make_plan("auto", few), make_plan("node", few)));
+}
+
+// auto prices a wider width's compact units alone before planning it whole,
+// and skips widths whose mergeable units could not save enough: neither
+// shortcut may skip a width that the full comparison takes. Checked on the
+// fasttree and pat suites' trees at their head configs and on random trees.
+TEST(AutoPlanner, WiderWidthShortcutsAgreeWithTheFullComparison) {
+  const AutoCostModel& m = builtin_auto_cost_model();
+  std::vector<Workload> trees;
+  for (const char* spec : {"fasttree:N=1,8,16,32,64,128,1024:C=256,128,64,16,16,16,16",
+                           "fasttree:N=1,2,4,8,16,32,64,128,1024:C=16,16,16,16,16,16,16,16,16",
+                           "fasttree:N=1,4,16,512:C=1024,256,128,32", "fasttree:N=1,256:C=256,32",
+                           "pat:B=1,8,16,32,64,256,1024:L=256,128,64,32,32,32,32", "pat:B=2,8,16,256:L=256,256,32,32",
+                           "pat:B=1,4,8,256:L=32,256,256,32", "pat:B=4,16,256,512:L=512,32,128,32"})
+    for (const HeadConfig h : {HeadConfig{32, 32, 128}, HeadConfig{16, 8, 128}, HeadConfig{32, 8, 128},
+                               HeadConfig{64, 8, 128}, HeadConfig{16, 1, 128}}) {
+      WorkloadParams p;
+      p.heads = h;
+      trees.push_back(make_workload(spec, p));
+    }
+  RandomTreeOptions shape;
+  shape.max_nodes = 300;
+  shape.max_tokens = 200;
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    WorkloadParams p;
+    p.heads = seed % 2 ? HeadConfig{32, 8, 128} : HeadConfig{16, 1, 128};
+    p.seed = seed;
+    trees.push_back(random_workload(seed, p, shape));
+  }
+  int wider = 0;
+  for (const Workload& w : trees) {
+    const int rows = wider_rows_by_brute_force(w, m, {});
+    const Plan a = make_plan("auto", w), pq = make_plan("per-query", w);
+    if (same_plan(a, pq)) continue;  // auto's per-query switch, tested above
+    EXPECT_TRUE(same_plan(a, node_with_rows(w, {}, rows))) << w.name << " " << w.heads.num_qo_heads << "/"
+                                                          << w.heads.num_kv_heads << ": brute force takes " << rows;
+    wider += rows > 0;
+  }
+  EXPECT_GT(wider, 5);
 }
 
 TEST(AutoPlanner, ReplacingTheDefaultModelChangesTheChoice) {

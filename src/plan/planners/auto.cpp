@@ -229,6 +229,60 @@ void set_default_auto_cost_model(std::shared_ptr<const AutoCostModel> model) {
 
 namespace {
 
+// node groups a compact subtree's queries 32 (else 16) Q rows to a unit
+// (planning::compact_subtree_units). Units of 64 and 128 rows (wgmma tiles)
+// read the subtree's shared nodes fewer times: where the subtree holds many
+// queries of many rows (deep trees at GQA 8-16) that re-reading is most of
+// the time, while where the wider units are few they leave SMs idle. For
+// each wider width that could save enough at best (node's units closed by
+// the rows limit all merged away), its compact units alone are made and
+// priced against node's (KV read, CTAs, segments): only where they save
+// anything is the whole plan made, and taken where it fills three quarters
+// of the CTA slots and the model predicts it kWiderGain below the best plan
+// so far: the model errs by ~6 % on single plans (docs/planners.md,
+// "auto"). A flat_rows option fixes node's width and turns this off.
+constexpr double kWiderGain = 0.05;
+void take_wider_compact_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                              const AutoCostModel& model, PlanScratch& scratch, Plan& out, AutoCostFeatures& node) {
+  PlanScratch::Buffers& m = scratch.buffers();
+  const planning::CompactUnitsSummary base = m.compact_units;
+  if (base.units == 0 || opt.extra.count("flat_rows") != 0) return;
+  const int64_t G = w.heads.group_size(), kv = w.heads.num_kv_heads;
+  const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
+  const double node_us = model.predict(node);
+  const int64_t other_units = out.num_units() - base.units;
+  double best = node_us;  // of the plan in `out`
+  for (const int64_t rows : {64, 128}) {
+    if (rows <= std::max<int64_t>(32, G)) continue;
+    // Only units closed by the rows or segment limit can merge away: skip
+    // widths whose savings could not reach kWiderGain even if all of them did.
+    AutoCostFeatures saved{};
+    saved[2] = double(base.full_tokens) * kv_mb_per_token;
+    saved[6] = double(base.full_units) * double(kv) * 1e-3;
+    saved[7] = double(base.full_segments) * double(kv) * 1e-3;
+    if (node_us - model.predict(saved) >= (1 - kWiderGain) * best) continue;
+    planning::compact_subtree_units(w, ix, m.sub, m.down, base.max_tokens, base.max_leaf_tokens, rows, opt,
+                                    m.wider_covered, m.wider, m.wider_summary, m.compact);
+    const planning::CompactUnitsSummary& wide = m.wider_summary;
+    AutoCostFeatures delta{};  // wider less node's, compact units only
+    delta[2] = double(wide.tokens - base.tokens) * kv_mb_per_token;
+    delta[6] = double(wide.units - base.units) * double(kv) * 1e-3;
+    delta[7] = double(wide.segments - base.segments) * double(kv) * 1e-3;
+    if (model.predict(delta) >= 0 ||
+        !planning::fills_slots(size_t(other_units + wide.units), w, opt))
+      continue;
+    Plan& wider = m.other;
+    planning::plan_node_rows(w, ix, opt, rows, scratch, wider);
+    if (!planning::fills_slots(size_t(wider.num_units()), w, opt)) continue;
+    const AutoCostFeatures f = features_of(w, wider, opt, 0);
+    if (model.predict(f) < (1 - kWiderGain) * best) {
+      std::swap(out, wider);
+      node = f;
+      best = model.predict(f);
+    }
+  }
+}
+
 // auto into `out` with `model` (see the top of the file).
 void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, const AutoCostModel& model,
                     PlanScratch& scratch, Plan& out) {
@@ -244,6 +298,7 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
   AutoCostFeatures node = features_of(w, out, opt, 0);
+  take_wider_compact_units(w, ix, opt, model, scratch, out, node);
   // Per-query's features, each at most its value: every query's path loaded
   // once (exact), cut into pieces of split_length tokens (as per_query.cpp
   // does; more where a piece would exceed 64 segments), one launch, a

@@ -217,11 +217,15 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
 
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
                            int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
-                           std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch) {
+                           std::vector<char>& covered, ProtoUnits& out, CompactUnitsSummary& summary,
+                           CompactScratch& scratch) {
   const int32_t n = static_cast<int32_t>(w.tree.nodes.size());
   const int64_t G = w.heads.group_size();
   covered.assign(n, 0);
   out.clear();
+  summary = {};
+  summary.max_tokens = max_tokens;
+  summary.max_leaf_tokens = max_leaf_tokens;
   if (max_tokens <= 0) return;
   const std::vector<int64_t>&tok = down.tokens, &segs = down.segments, &leaf = down.leaf;
   const std::vector<char>& branches = down.branches;
@@ -239,10 +243,21 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   opened_in.assign(size_t(n), -1);
   position.resize(size_t(n));
   int32_t open = 0;
+  // Units closed by a limit (rows or segments) before their subtree's end:
+  // the only ones a grouping of more rows could merge away.
+  int64_t full_units = 0, full_tokens = 0, full_segments = 0;
   const auto group = [&](const std::vector<int32_t>& roots, int64_t cap, ProtoUnits& units) {
     units.clear();
-    const auto flush = [&] {
-      if (units.open_queries() > 0) units.close(); else units.discard_open();
+    full_units = full_tokens = full_segments = 0;
+    const auto flush = [&](bool by_limit) {
+      if (units.open_queries() > 0) {
+        units.close();
+        full_units += by_limit;
+        full_tokens += by_limit ? units.tokens(units.size() - 1) : 0;
+        full_segments += by_limit ? int64_t(units.segs(units.size() - 1).size()) : 0;
+      } else {
+        units.discard_open();
+      }
       ++open;
     };
     ++open;
@@ -262,7 +277,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
         };
         if (units.open_queries() > 0 && (int64_t(units.open_queries() + 1) * G > cap ||
                                          units.open_segs().size() + fresh() > size_t(kMaxSegmentsPerUnit)))
-          flush();
+          flush(true);
         uint64_t mask = 0;
         for (const int32_t x : path) {
           if (opened_in[x] != open) {
@@ -274,7 +289,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
         }
         units.add_query(q, mask);
       }
-      flush();
+      flush(false);
     }
   };
   const auto fills = [&](const ProtoUnits& units) { return fills_slots(units.size(), w, opt); };
@@ -310,6 +325,9 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     if (units.size() > out.size() || full) {
       out = units;  // a copy: each buffer keeps its capacity (no allocation once grown)
       best_roots = roots;
+      summary.full_units = full_units;
+      summary.full_tokens = full_tokens;
+      summary.full_segments = full_segments;
     }
     if (full || rows > 0) break;
     next.clear();
@@ -319,6 +337,12 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     std::swap(roots, next);
   }
   if (out.size() == 0) return;
+  summary.units = int64_t(out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    summary.queries += int64_t(out.queries(i).size());
+    summary.tokens += out.tokens(i);
+    summary.segments += int64_t(out.segs(i).size());
+  }
   for (const int32_t v : best_roots) covered[v] = 1;
   for (const int32_t v : ix.bfs_order) {
     const int32_t p = w.tree.nodes[v].parent;

@@ -231,12 +231,16 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) { return planning::pla
 
 void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
                        Plan& out) {
+  planning::plan_node_rows(w, ix, opt, planning::integer_option(opt, "node", "flat_rows", 0, 0), scratch, out);
+}
+
+void planning::plan_node_rows(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, int64_t flat_rows,
+                              PlanScratch& scratch, Plan& out) {
   PlanScratch::Buffers& m = scratch.buffers();
   m.sub.build(w, ix);
   m.down.build(w, ix);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
-  const int64_t flat_rows = planning::integer_option(opt, "node", "flat_rows", 0, 0);
   // A candidate plan is made in two steps: compact_units finds the compact
   // subtrees of at most `flat_tokens` tokens per path (0: none) and leaves
   // of at most `leaf_tokens`, and their units (and says how many);
@@ -247,7 +251,7 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   planning::NodeCandidate &a = m.candidates[0], &b = m.candidates[1];
   const auto compact_units = [&](planning::NodeCandidate& c, int64_t flat_tokens, int64_t leaf_tokens) {
     planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, c.covered,
-                                    c.compact, m.compact);
+                                    c.compact, c.summary, m.compact);
     return c.compact.size();
   };
   const auto build = [&](const planning::NodeCandidate& c, planning::ProtoUnits& packed) {
@@ -283,8 +287,12 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
     compact_units(nodes_only, 0, 0);
     plan_nodes(w, ix, opt, m, nodes_only);
     build(nodes_only, alternative);
-    if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) std::swap(units, alternative);
+    if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) {
+      std::swap(units, alternative);
+      compact = 0;
+    }
   }
+  m.compact_units = compact > 0 ? taken->summary : planning::CompactUnitsSummary{};
   PlanBuilder builder(w, "node", std::move(out));
   units.emit(builder);
   out = builder.finish();

@@ -56,6 +56,13 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads);
 
+// node (plan_node_reusing) with its compact subtrees' units `flat_rows` Q
+// rows each (0: node's own choice, 32 or else 16 rows). Leaves in scratch
+// (compact_units) the summary of the plan's compact-subtree units: auto
+// prices wider ones against it.
+void plan_node_rows(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, int64_t flat_rows,
+                    PlanScratch& scratch, Plan& out);
+
 // Whether `units` units (each run once per kv head) fill three quarters of
 // the resident CTA slots.
 bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt);
@@ -169,6 +176,14 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 // in one compact subtree is written directly. covered[v] is set for the
 // subtrees' nodes (the caller plans the rest). `out`: the units (replaced).
 // down: the tree's DownPaths (the same for every max_tokens).
+// Totals of compact_subtree_units' units (0: none), of those among them
+// closed by the rows or segment limit before their subtree's end (the only
+// units more rows could merge away), and the limits they were found with.
+struct CompactUnitsSummary {
+  int64_t units = 0, queries = 0, tokens = 0, segments = 0;
+  int64_t full_units = 0, full_tokens = 0, full_segments = 0;
+  int64_t max_tokens = 0, max_leaf_tokens = 0;
+};
 struct CompactScratch {
   std::vector<int32_t> path, roots, best_roots, next, opened_in, position;
   std::vector<char> is_compact;
@@ -176,7 +191,8 @@ struct CompactScratch {
 };
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
                            int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
-                           std::vector<char>& covered, ProtoUnits& out, CompactScratch& scratch);
+                           std::vector<char>& covered, ProtoUnits& out, CompactUnitsSummary& summary,
+                           CompactScratch& scratch);
 
 // node's folds (plan_node): folded[v]: v has no units of its own; its
 // segment opens the first KV piece of each child with queries. The first
@@ -197,6 +213,7 @@ struct FoldPlan {
 // of the nodes left.
 struct NodeCandidate {
   ProtoUnits compact;
+  CompactUnitsSummary summary;  // of `compact`
   std::vector<char> covered;
   FoldPlan fold;
   int64_t piece = 0;
@@ -217,6 +234,10 @@ struct PlanScratch::Buffers {
   std::vector<int64_t> piece_lengths, slot_loads;
   std::vector<int32_t> units_of_query, query_diff, path;
   std::vector<Segment> segments;
+  planning::CompactUnitsSummary compact_units;  // of node's last plan (plan_node_rows)
+  planning::ProtoUnits wider;                    // auto: compact units of more rows
+  planning::CompactUnitsSummary wider_summary;
+  std::vector<char> wider_covered;
   Plan other;  // auto: the candidate beside `out`
 };
 
