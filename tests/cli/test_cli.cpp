@@ -112,11 +112,13 @@ TEST(Cli, PlanOptionsReachThePlanner) {
   EXPECT_EQ(units("--plan-opt split_tokens=400"), 20);
   EXPECT_EQ(units("--plan-opt split_tokens=4000"), 11);
   EXPECT_NE(units(""), units("--plan-opt split_tokens=100"));
+  EXPECT_LT(units("--plan-opt split_scale=2"), units(""));  // pieces twice node's length: fewer units
   expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt nosuchknob=1", "unknown key 'nosuchknob'");
   expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt split_tokens", "not KEY=NUMBER");
   expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt ctas_per_sm=two", "not KEY=NUMBER");
   expect_error("plan -w fasttree:N=1,4:C=128,32 --plan-opt ctas_per_sm=0", "ctas_per_sm");
   expect_error("plan -w fasttree:N=1,4:C=128,32 -p node --plan-opt split_tokens=2.5", "split_tokens");
+  expect_error("plan -w fasttree:N=1,4:C=128,32 -p node --plan-opt split_scale=0", "split_scale = 0");
 }
 
 TEST(Cli, PlannerDefaultsToAutoAndAllIsExplicit) {

@@ -5,7 +5,7 @@
 //  1. Long nodes are split along KV into equal pieces, of the even share of
 //     the work per CTA slot, or the least length that fits every piece in
 //     one wave when that finishes first (planning::balanced_split_length;
-//     option split_tokens fixes it).
+//     option split_tokens fixes it, split_scale multiplies it).
 //  2. Units of 1-2 rows are packed into shared 16-row units, each query
 //     masked to its own node (planning::pack_short_units; pack_tokens: the
 //     longest unit packed, default 128, 0: none).
@@ -145,7 +145,8 @@ void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, 
     jobs.emplace_back(w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v),
                       planning::ceil_div(int64_t(m.sub[v].size()), int64_t(per_tile)));
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
-  c.piece = forced > 0 ? forced : planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
+  const int64_t scale = planning::integer_option(opt, "node", "split_scale", 1, 1);
+  c.piece = forced > 0 ? forced : scale * planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
 }
 
 // Appends the units of c's nodes to `units`: one per KV piece and Q tile of
