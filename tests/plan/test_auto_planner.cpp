@@ -33,14 +33,6 @@ Workload tot(const std::string& file, int task, int iter) {
                        p);
 }
 
-// What auto must pick: per-query when the model predicts it faster than node
-// by more than the margin, else node.
-std::string expected_choice(const Workload& w, const AutoCostModel& m, const PlanOptions& opt = {}) {
-  const double node = m.predict(auto_cost_features(w, make_plan("node", w, opt), opt));
-  const double pq = m.predict(auto_cost_features(w, make_plan("per-query", w, opt), opt));
-  return pq < (1 - m.margin) * node ? "per-query" : "node";
-}
-
 // node's plan as auto prices it (the tree's unique KV, the same for every
 // node plan, left out), and whether its units fill three quarters of the
 // CTA slots.
@@ -53,27 +45,45 @@ bool fills(const Workload& w, const PlanOptions& opt, const Plan& p) {
   return 4 * int64_t(p.num_units()) * w.heads.num_kv_heads >= 3 * opt.target_ctas(w.heads);
 }
 
-// node with its compact units `rows` Q rows each (0: node's own width).
-Plan node_with_rows(const Workload& w, PlanOptions opt, int rows) {
-  if (rows > 0) opt.extra["flat_rows"] = rows;
+// node of a shape (compact units of `compact_rows` Q rows, 0: node's own;
+// Q tiles of at most `tile_rows` rows).
+struct Shape {
+  int compact_rows = 0, tile_rows = kMaxTileRows;
+};
+Plan node_shaped(const Workload& w, PlanOptions opt, Shape s) {
+  if (s.compact_rows > 0) opt.extra["flat_rows"] = s.compact_rows;
+  if (s.tile_rows != kMaxTileRows) opt.extra["tile_rows"] = s.tile_rows;
   return make_plan("node", w, opt);
 }
 
-// auto's node-side choice, by brute force: node, or node with 64- then
-// 128-row compact units where those fill the slots and the model prices them
-// 5 % below the best so far. Returns the width taken (0: node's own).
-int wider_rows_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& opt) {
-  int taken = 0;
+// auto's node shape by brute force: Q tiles of 64, 32 then 16 rows, then
+// compact units of 64 then 128 rows (those where they fill the slots), each
+// planned whole and taken where the model prices it 10 % below the best so far.
+Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& opt) {
+  Shape taken;
   double best = node_us(w, m, opt, make_plan("node", w, opt));
+  const int G = w.heads.group_size();
+  for (const int rows : {64, 32, 16}) {
+    if (std::max(rows, G) >= std::max(taken.tile_rows, G)) continue;
+    const double us = node_us(w, m, opt, node_shaped(w, opt, {taken.compact_rows, rows}));
+    if (us < 0.9 * best) taken.tile_rows = rows, best = us;
+  }
   for (const int rows : {64, 128}) {
-    if (rows <= std::max(32, w.heads.group_size())) continue;
-    const Plan p = node_with_rows(w, opt, rows);
-    if (fills(w, opt, p) && node_us(w, m, opt, p) < 0.95 * best) {
-      taken = rows;
-      best = node_us(w, m, opt, p);
-    }
+    if (rows <= std::max(32, G)) continue;
+    const Plan p = node_shaped(w, opt, {rows, taken.tile_rows});
+    if (fills(w, opt, p) && node_us(w, m, opt, p) < 0.9 * best) taken.compact_rows = rows, best = node_us(w, m, opt, p);
   }
   return taken;
+}
+
+// What auto must plan: node of the shape the brute force takes, or
+// per-query where the model predicts it faster than that by more than the
+// table's margin.
+Plan expected_auto(const Workload& w, const AutoCostModel& m, const PlanOptions& opt = {}) {
+  Plan node = node_shaped(w, opt, node_shape_by_brute_force(w, m, opt));
+  Plan pq = make_plan("per-query", w, opt);
+  const bool take_pq = m.predict(auto_cost_features(w, pq, opt)) < (1 - m.margin) * m.predict(auto_cost_features(w, node, opt));
+  return take_pq ? pq : node;
 }
 
 }  // namespace
@@ -97,14 +107,17 @@ TEST(AutoPlanner, NodeForHeavilySharedTrees) {
   }
 }
 
-// Early ToT trees share little and node's partials, merge and second launch
+// Early ToT trees share little: node's partials, merge and second launch
 // cost more than the short prefixes it saves (H100, 6b2bea1: sorting128 task
-// 1 at iteration 100 per-query 17.4 us, node 21.7): the H100 table picks
-// per-query there, and node once the tree has grown (iteration 2000: node
-// 26.6, per-query 36.1).
-TEST(AutoPlanner, ModelPicksPerQueryForEarlyToTTrees) {
+// 1 at iteration 100 per-query 17.4 us, node 21.7), while node with 16-row
+// tiles runs in one launch (2026-11-25: 16.8 us against per-query's 17.3 and
+// node's 20.5). The H100 table picks node with small tiles there, and node as
+// it is once the tree has grown (iteration 2000: node 26.6, per-query 36.1).
+TEST(AutoPlanner, ModelPicksSmallTilesForEarlyToTTrees) {
   const Workload early = tot("sorting128ToT.json", 1, 100), late = tot("sorting128ToT.json", 1, 2000);
-  EXPECT_TRUE(same_plan(make_plan("auto", early), make_plan("per-query", early)));
+  PlanOptions tiles16;
+  tiles16.extra["tile_rows"] = 16;
+  EXPECT_TRUE(same_plan(make_plan("auto", early), make_plan("node", early, tiles16)));
   EXPECT_TRUE(same_plan(make_plan("auto", late), make_plan("node", late)));
 }
 
@@ -128,10 +141,8 @@ TEST(AutoPlanner, ChoosesByTheModelOnRandomTrees) {
     const Plan a = make_plan("auto", w, opt);
     ASSERT_NO_THROW(validate_plan(w, a)) << "seed " << seed;
     EXPECT_TRUE(same_plan(a, make_plan("auto", w, opt))) << "seed " << seed;
-    const std::string want = expected_choice(w, m, opt);
-    const Plan chosen = make_plan(want, w, opt);
     // Without shared KV the two are the same work; auto takes per-query unpriced.
-    EXPECT_TRUE(same_plan(a, chosen) || same_plan(a, make_plan("per-query", w, opt))) << "seed " << seed << " " << want;
+    EXPECT_TRUE(same_plan(a, expected_auto(w, m, opt)) || same_plan(a, make_plan("per-query", w, opt))) << "seed " << seed;
     (same_plan(a, make_plan("per-query", w, opt)) ? per_query : node)++;
   }
   EXPECT_GT(per_query, 10);
@@ -140,44 +151,47 @@ TEST(AutoPlanner, ChoosesByTheModelOnRandomTrees) {
 
 // Deep trees with many queries at GQA 8 (H100, 2026-11-25, node against
 // node with 128-row compact units: fasttree:N=1,8,16,32,64,128,1024 at 32/8
-// 108.0 -> 71.0 us; with 64 rows at 32/32 190.1 -> 208.7): auto takes the wider units
-// where the model prices them 5 % faster and they fill the GPU, and
-// nowhere else; a flat_rows option fixes the width.
+// 108.0 -> 71.0 us; with 64 rows at 32/32 190.1 -> 208.7): auto takes the
+// wider units where the model prices them 10 % faster and they fill the
+// GPU, and nowhere else; options flat_rows and tile_rows fix node's shape.
 TEST(AutoPlanner, WiderCompactUnitsWhereTheModelPricesThemFaster) {
   const std::string deep = "fasttree:N=1,8,16,32,64,128,1024:C=256,128,64,16,16,16,16";
   WorkloadParams p;  // 32/8
   const Workload w = make_workload(deep, p);
   const Plan a = make_plan("auto", w);
   validate_plan(w, a);
-  EXPECT_TRUE(same_plan(a, node_with_rows(w, {}, 128)));
+  EXPECT_TRUE(same_plan(a, node_shaped(w, {}, {128, kMaxTileRows})));
   EXPECT_FALSE(same_plan(a, make_plan("node", w)));
   const AutoCostModel& m = builtin_auto_cost_model();
-  EXPECT_LT(node_us(w, m, {}, a), 0.95 * node_us(w, m, {}, make_plan("node", w)));
+  EXPECT_LT(node_us(w, m, {}, a), 0.9 * node_us(w, m, {}, make_plan("node", w)));
   PlanOptions fixed;
   fixed.extra["flat_rows"] = 32;
-  EXPECT_TRUE(same_plan(make_plan("auto", w, fixed), node_with_rows(w, fixed, 32)));
+  fixed.extra["tile_rows"] = 128;
+  EXPECT_TRUE(same_plan(make_plan("auto", w, fixed), make_plan("node", w, fixed)));
 
   p.heads = {32, 32, 128};  // 32-row units already hold 32 queries
   const Workload w32 = make_workload(deep, p);
   EXPECT_TRUE(same_plan(make_plan("auto", w32), make_plan("node", w32)));
   p.heads = {16, 1, 128};  // 64-row units of 4 queries: 64 CTAs, too few
   const Workload few = make_workload("fasttree:N=1,256:C=256,32", p);
-  EXPECT_FALSE(fills(few, {}, node_with_rows(few, {}, 64)));
+  EXPECT_FALSE(fills(few, {}, node_shaped(few, {}, {64, kMaxTileRows})));
   EXPECT_TRUE(same_plan(make_plan("auto", few), make_plan("node", few)));
 }
 
-// auto prices a wider width's compact units alone before planning it whole,
-// and skips widths whose mergeable units could not save enough: neither
-// shortcut may skip a width that the full comparison takes. Checked on the
-// fasttree and pat suites' trees at their head configs and on random trees.
-TEST(AutoPlanner, WiderWidthShortcutsAgreeWithTheFullComparison) {
+// auto estimates smaller Q tiles from the plan in hand, prices a wider
+// width's compact units alone and skips widths whose mergeable units could
+// not save enough, before planning a shape whole: none of these shortcuts
+// may skip a shape that the full comparison takes. Checked on fasttree, pat
+// and deft trees at several head configs and on random trees.
+TEST(AutoPlanner, ShapeShortcutsAgreeWithTheFullComparison) {
   const AutoCostModel& m = builtin_auto_cost_model();
   std::vector<Workload> trees;
   for (const char* spec : {"fasttree:N=1,8,16,32,64,128,1024:C=256,128,64,16,16,16,16",
                            "fasttree:N=1,2,4,8,16,32,64,128,1024:C=16,16,16,16,16,16,16,16,16",
                            "fasttree:N=1,4,16,512:C=1024,256,128,32", "fasttree:N=1,256:C=256,32",
                            "pat:B=1,8,16,32,64,256,1024:L=256,128,64,32,32,32,32", "pat:B=2,8,16,256:L=256,256,32,32",
-                           "pat:B=1,4,8,256:L=32,256,256,32", "pat:B=4,16,256,512:L=512,32,128,32"})
+                           "pat:B=1,4,8,256:L=32,256,256,32", "pat:B=4,16,256,512:L=512,32,128,32",
+                           "fewshot:prompt=4000:branches=10:len=100", "pat:B=1,10:L=4096,416"})
     for (const HeadConfig h : {HeadConfig{32, 32, 128}, HeadConfig{16, 8, 128}, HeadConfig{32, 8, 128},
                                HeadConfig{64, 8, 128}, HeadConfig{16, 1, 128}}) {
       WorkloadParams p;
@@ -193,16 +207,26 @@ TEST(AutoPlanner, WiderWidthShortcutsAgreeWithTheFullComparison) {
     p.seed = seed;
     trees.push_back(random_workload(seed, p, shape));
   }
-  int wider = 0;
+  for (const char* tot : {"docmergeToT.json:task=0:iter=100", "sorting128ToT.json:task=1:iter=1000",
+                          "sorting128ToT.json:task=3:iter=2000"})
+    for (const HeadConfig h : {HeadConfig{32, 8, 128}, HeadConfig{16, 1, 128}}) {
+      WorkloadParams p;
+      p.heads = h;
+      trees.push_back(make_workload("tot:" + kData + "workloads/" + tot, p));
+    }
+  int wider = 0, smaller = 0;
   for (const Workload& w : trees) {
-    const int rows = wider_rows_by_brute_force(w, m, {});
+    const Shape s = node_shape_by_brute_force(w, m, {});
     const Plan a = make_plan("auto", w), pq = make_plan("per-query", w);
     if (same_plan(a, pq)) continue;  // auto's per-query switch, tested above
-    EXPECT_TRUE(same_plan(a, node_with_rows(w, {}, rows))) << w.name << " " << w.heads.num_qo_heads << "/"
-                                                          << w.heads.num_kv_heads << ": brute force takes " << rows;
-    wider += rows > 0;
+    EXPECT_TRUE(same_plan(a, node_shaped(w, {}, s)))
+        << w.name << " " << w.heads.num_qo_heads << "/" << w.heads.num_kv_heads << ": brute force takes compact rows "
+        << s.compact_rows << ", tile rows " << s.tile_rows;
+    wider += s.compact_rows > 0;
+    smaller += s.tile_rows < kMaxTileRows;
   }
   EXPECT_GT(wider, 5);
+  EXPECT_GT(smaller, 5);
 }
 
 TEST(AutoPlanner, ReplacingTheDefaultModelChangesTheChoice) {
@@ -216,10 +240,10 @@ TEST(AutoPlanner, ReplacingTheDefaultModelChangesTheChoice) {
   only_launches.coefficients[6] = 1;  // kctas: per-query has one unit per query, node more
   only_launches.coefficients[4] = 1;  // partial_mb
   EXPECT_TRUE(same_plan(plan_auto_with(w, {}, only_kv), make_plan("node", w)));
-  const std::string want = expected_choice(w, only_launches);
-  EXPECT_TRUE(same_plan(plan_auto_with(w, {}, only_launches), make_plan(want, w))) << want;
+  const Plan want = expected_auto(w, only_launches);
+  EXPECT_TRUE(same_plan(plan_auto_with(w, {}, only_launches), want));
   set_default_auto_cost_model(std::make_shared<AutoCostModel>(only_launches));
-  EXPECT_TRUE(same_plan(make_plan("auto", w), make_plan(want, w)));
+  EXPECT_TRUE(same_plan(make_plan("auto", w), want));
   set_default_auto_cost_model(nullptr);  // back to the built-in table
   EXPECT_EQ(default_auto_cost_model()->commit, builtin_auto_cost_model().commit);
   EXPECT_TRUE(same_plan(make_plan("auto", w), make_plan("node", w)));

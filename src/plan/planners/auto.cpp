@@ -73,53 +73,72 @@ int64_t resident_ctas(int t, const Workload& w, const PlanOptions& opt) {
   return int64_t(opt.num_sms) * std::clamp<int64_t>(228 * 1024 / smem, 1, 8);
 }
 
-// auto_cost_features with the tree's unique KV in MB given (it costs a pass
-// over the nodes; auto computes it only where the choice depends on it).
-AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions& opt, double unique_kv_mb) {
-  int64_t tokens = 0, max_tokens = 0, padded_row_tokens = 0;
-  std::array<int64_t, kTileConfigs.size()> units{}, longest{};  // per tile
+// auto_cost_features' sums over a plan's units and its per-tile counts,
+// filled unit by unit (`copies` units alike at once).
+struct FeatureTally {
+  int64_t units = 0, segments = 0, tokens = 0, max_tokens = 0, padded_row_tokens = 0;
+  std::array<int64_t, kTileConfigs.size()> tile_units{}, longest{};  // per tile
   bool m16_long = false;
-  for (int32_t u = 0; u < p.num_units(); ++u) {
-    int64_t t = 0;
-    for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) t += p.segments[k].size();
-    const int tile = p.unit_tile[u];
-    tokens += t;
+
+  void add(int tile, int64_t t, int64_t segs, int64_t copies) {
+    units += copies;
+    segments += segs * copies;
+    tokens += t * copies;
     max_tokens = std::max(max_tokens, t);
-    padded_row_tokens += int64_t(kTileConfigs[tile].m) * t;
-    ++units[tile];
+    padded_row_tokens += int64_t(kTileConfigs[tile].m) * t * copies;
+    tile_units[tile] += copies;
     longest[tile] = std::max(longest[tile], t);
     m16_long = m16_long || (tile == kTile16 && t > 32);
   }
-  // The CUDA executor runs a launch of m16 n64 units that all have <= 32
-  // tokens with the m16 n32 tile (joining the plan's own m16 n32 units).
-  if (units[kTile16] > 0 && !m16_long) {
-    units[kTile16Short] += units[kTile16];
-    longest[kTile16Short] = std::max(longest[kTile16Short], longest[kTile16]);
-    units[kTile16] = longest[kTile16] = 0;
+
+  // slots: the plan's partial slots; unique_kv_mb: the tree's unique KV
+  // (it costs a pass over the nodes; auto computes it only where the choice
+  // depends on it).
+  AutoCostFeatures finish(const Workload& w, const PlanOptions& opt, int64_t slots, double unique_kv_mb) const {
+    std::array<int64_t, kTileConfigs.size()> per_tile = tile_units, tile_longest = longest;
+    // The CUDA executor runs a launch of m16 n64 units that all have <= 32
+    // tokens with the m16 n32 tile (joining the plan's own m16 n32 units).
+    if (per_tile[kTile16] > 0 && !m16_long) {
+      per_tile[kTile16Short] += per_tile[kTile16];
+      tile_longest[kTile16Short] = std::max(tile_longest[kTile16Short], tile_longest[kTile16]);
+      per_tile[kTile16] = tile_longest[kTile16] = 0;
+    }
+    int launches = 0;
+    double wave_tokens = 0;
+    for (size_t t = 0; t < per_tile.size(); ++t) {
+      if (per_tile[t] == 0) continue;
+      ++launches;
+      const int64_t ctas = per_tile[t] * w.heads.num_kv_heads, resident = resident_ctas(int(t), w, opt);
+      wave_tokens += double((ctas + resident - 1) / resident) * double(tile_longest[t]);
+    }
+    const double mb = 1e-6;
+    AutoCostFeatures f{};
+    f[0] = 1;
+    f[1] = launches;
+    f[2] = double(tokens) * w.kv_bytes_per_token() * mb;
+    f[3] = unique_kv_mb;
+    f[4] = double(slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2 * mb;
+    f[5] = double(max_tokens) * 1e-3;
+    f[6] = double(units) * w.heads.num_kv_heads * 1e-3;
+    f[7] = double(segments) * w.heads.num_kv_heads * 1e-3;
+    // Tile rows x tokens: padded rows compute too. The H100 table prices it
+    // at 0 (decode is memory-bound there).
+    f[8] = gflop(w, padded_row_tokens);
+    f[9] = wave_tokens * 1e-3;
+    return f;
   }
-  int launches = 0;
-  double wave_tokens = 0;
-  for (size_t t = 0; t < units.size(); ++t) {
-    if (units[t] == 0) continue;
-    ++launches;
-    const int64_t ctas = units[t] * w.heads.num_kv_heads, resident = resident_ctas(int(t), w, opt);
-    wave_tokens += double((ctas + resident - 1) / resident) * double(longest[t]);
-  }
-  const double mb = 1e-6;
-  AutoCostFeatures f{};
-  f[0] = 1;
-  f[1] = launches;
-  f[2] = double(tokens) * w.kv_bytes_per_token() * mb;
-  f[3] = unique_kv_mb;
-  f[4] = double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4 * 2 * mb;
-  f[5] = double(max_tokens) * 1e-3;
-  f[6] = double(p.num_units()) * w.heads.num_kv_heads * 1e-3;
-  f[7] = double(p.segments.size()) * w.heads.num_kv_heads * 1e-3;
-  // Tile rows x tokens: padded rows compute too. The H100 table prices it at
-  // 0 (decode is memory-bound there).
-  f[8] = gflop(w, padded_row_tokens);
-  f[9] = wave_tokens * 1e-3;
-  return f;
+};
+
+int64_t unit_tokens(const Plan& p, int32_t u) {
+  int64_t t = 0;
+  for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) t += p.segments[k].size();
+  return t;
+}
+
+AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions& opt, double unique_kv_mb) {
+  FeatureTally tally;
+  for (int32_t u = 0; u < p.num_units(); ++u) tally.add(p.unit_tile[u], unit_tokens(p, u), p.unit_num_segments(u), 1);
+  return tally.finish(w, opt, p.num_slots, unique_kv_mb);
 }
 
 }  // namespace
@@ -229,54 +248,123 @@ void set_default_auto_cost_model(std::shared_ptr<const AutoCostModel> model) {
 
 namespace {
 
-// node groups a compact subtree's queries 32 (else 16) Q rows to a unit
-// (planning::compact_subtree_units). Units of 64 and 128 rows (wgmma tiles)
-// read the subtree's shared nodes fewer times: where the subtree holds many
-// queries of many rows (deep trees at GQA 8-16) that re-reading is most of
-// the time, while where the wider units are few they leave SMs idle. For
-// each wider width that could save enough at best (node's units closed by
-// the rows limit all merged away), its compact units alone are made and
-// priced against node's (KV read, CTAs, segments): only where they save
-// anything is the whole plan made, and taken where it fills three quarters
-// of the CTA slots and the model predicts it kWiderGain below the best plan
-// so far: the model errs by ~6 % on single plans (docs/planners.md,
-// "auto"). A flat_rows option fixes node's width and turns this off.
-constexpr double kWiderGain = 0.05;
-void take_wider_compact_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
-                              const AutoCostModel& model, PlanScratch& scratch, Plan& out, AutoCostFeatures& node) {
+// node's shape (planning::NodeShape) by the model. node's own is the largest
+// Q tiles (128 rows) and compact-subtree units of 32 (else 16) rows; the
+// model prices others and auto takes one where it predicts it kShapeGain
+// below the best so far: its error on single plans is ~6 %, and at a 5 %
+// margin it took smaller tiles that ran up to 1.29x slower
+// (docs/planners.md, "auto"). Options flat_rows and tile_rows fix a width
+// and keep auto from changing it.
+//  1. Smaller Q tiles (64, 32, 16 rows) for node's units: more CTAs of
+//     fewer rows and, at 16 rows, one launch instead of two; they pay on
+//     small, latency-bound trees (a ToT tree's 10 queries, a few-shot
+//     prompt with 10 branches), where a launch costs more than the shared
+//     nodes read again. First estimated from the plan in hand (each unmasked
+//     unit of more rows cut into tiles of the same tokens; its queries keep
+//     their slots), then planned only where the estimate is half the margin
+//     below the best.
+//  2. Wider compact-subtree units (64, 128 rows, wgmma tiles) read a
+//     subtree's shared nodes fewer times: where it holds many queries of
+//     many rows (deep trees at GQA 8-16) that re-reading is most of the
+//     time, while where the wider units are few they leave SMs idle, so a
+//     width must also fill three quarters of the CTA slots. A width is
+//     planned only where it could save at best (node's units closed by the
+//     rows limit all merged away) and its compact units alone, priced
+//     against node's (KV read, CTAs, segments), save.
+constexpr double kShapeGain = 0.10;
+
+// Q tile rows auto tries for node's units, largest first.
+constexpr std::array<int64_t, 3> kSmallerTileRows = {64, 32, 16};
+
+// auto_cost_features of node's plan `p` with Q tiles of at most each of
+// kSmallerTileRows' rows, estimated from p in one pass over its units: each
+// unmasked unit of more rows splits into tiles of that many, each over the
+// unit's tokens and segments.
+std::array<AutoCostFeatures, kSmallerTileRows.size()> smaller_tiles_estimates(const Workload& w, const Plan& p,
+                                                                             const PlanOptions& opt) {
+  const int64_t G = w.heads.group_size();
+  constexpr size_t n = kSmallerTileRows.size();
+  std::array<int64_t, n> per_tile;  // queries a tile of each size holds
+  for (size_t i = 0; i < n; ++i) per_tile[i] = std::max<int64_t>(1, kSmallerTileRows[i] / G);
+  const int64_t fewest = *std::min_element(per_tile.begin(), per_tile.end());
+  std::array<int, kMaxTileRows + 1> tile_of{};  // the tile of r <= 128 rows
+  for (int r = 1; r <= kMaxTileRows; ++r) tile_of[r] = smallest_tile_for_rows(r);
+  std::array<FeatureTally, n> tally;
+  for (int32_t u = 0; u < p.num_units(); ++u) {
+    const int64_t queries = p.unit_num_queries(u), t = unit_tokens(p, u), segs = p.unit_num_segments(u);
+    const bool kept = p.unit_masked[u] || queries <= fewest;  // the same unit at every size
+    for (size_t i = 0; i < n; ++i) {
+      if (kept || queries <= per_tile[i]) {
+        tally[i].add(p.unit_tile[u], t, segs, 1);
+        continue;
+      }
+      const int64_t full = queries / per_tile[i], rest = queries % per_tile[i];
+      tally[i].add(tile_of[per_tile[i] * G], t, segs, full);
+      if (rest > 0) tally[i].add(tile_of[rest * G], t, segs, 1);
+    }
+  }
+  std::array<AutoCostFeatures, n> f;
+  for (size_t i = 0; i < n; ++i) f[i] = tally[i].finish(w, opt, p.num_slots, 0);
+  return f;
+}
+
+void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                             const AutoCostModel& model, PlanScratch& scratch, Plan& out, AutoCostFeatures& node) {
   PlanScratch::Buffers& m = scratch.buffers();
-  const planning::CompactUnitsSummary base = m.compact_units;
-  if (base.units == 0 || opt.extra.count("flat_rows") != 0) return;
   const int64_t G = w.heads.group_size(), kv = w.heads.num_kv_heads;
+  planning::NodeShape shape = planning::node_shape(opt);
+  planning::CompactUnitsSummary base = m.compact_units;  // of the plan in `out`
+  double best = model.predict(node);                     // of the plan in `out`
+  Plan& other = m.other;
+  // 1. Smaller Q tiles.
+  if (opt.extra.count("tile_rows") == 0) {
+    auto estimates = smaller_tiles_estimates(w, out, opt);
+    for (size_t i = 0; i < kSmallerTileRows.size(); ++i) {
+      const int64_t rows = kSmallerTileRows[i];
+      // Tiles of at most G rows all hold one query: the same plan.
+      if (std::max<int64_t>(rows, G) >= std::max<int64_t>(shape.tile_rows, G)) continue;
+      // The estimate is the plan's own features unless the smaller tiles
+      // change node's folds or compact subtrees: half the margin is slack.
+      if (model.predict(estimates[i]) >= (1 - kShapeGain / 2) * best) continue;
+      planning::plan_node_shaped(w, ix, opt, {shape.compact_rows, rows}, scratch, other);
+      const AutoCostFeatures f = features_of(w, other, opt, 0);
+      if (model.predict(f) >= (1 - kShapeGain) * best) continue;
+      std::swap(out, other);
+      node = f;
+      best = model.predict(f);
+      base = m.compact_units;
+      shape.tile_rows = rows;
+      estimates = smaller_tiles_estimates(w, out, opt);
+    }
+  }
+
+  // 2. Wider compact-subtree units.
+  if (base.units == 0 || opt.extra.count("flat_rows") != 0) return;
   const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
-  const double node_us = model.predict(node);
+  const double node_us = best;
   const int64_t other_units = out.num_units() - base.units;
-  double best = node_us;  // of the plan in `out`
+  const planning::CompactUnitsSummary own = base;
   for (const int64_t rows : {64, 128}) {
     if (rows <= std::max<int64_t>(32, G)) continue;
-    // Only units closed by the rows or segment limit can merge away: skip
-    // widths whose savings could not reach kWiderGain even if all of them did.
+    // Only units closed by the rows or segment limit can merge away.
     AutoCostFeatures saved{};
-    saved[2] = double(base.full_tokens) * kv_mb_per_token;
-    saved[6] = double(base.full_units) * double(kv) * 1e-3;
-    saved[7] = double(base.full_segments) * double(kv) * 1e-3;
-    if (node_us - model.predict(saved) >= (1 - kWiderGain) * best) continue;
-    planning::compact_subtree_units(w, ix, m.sub, m.down, base.max_tokens, base.max_leaf_tokens, rows, opt,
+    saved[2] = double(own.full_tokens) * kv_mb_per_token;
+    saved[6] = double(own.full_units) * double(kv) * 1e-3;
+    saved[7] = double(own.full_segments) * double(kv) * 1e-3;
+    if (node_us - model.predict(saved) >= (1 - kShapeGain) * best) continue;
+    planning::compact_subtree_units(w, ix, m.sub, m.down, own.max_tokens, own.max_leaf_tokens, rows, opt,
                                     m.wider_covered, m.wider, m.wider_summary, m.compact);
     const planning::CompactUnitsSummary& wide = m.wider_summary;
     AutoCostFeatures delta{};  // wider less node's, compact units only
-    delta[2] = double(wide.tokens - base.tokens) * kv_mb_per_token;
-    delta[6] = double(wide.units - base.units) * double(kv) * 1e-3;
-    delta[7] = double(wide.segments - base.segments) * double(kv) * 1e-3;
-    if (model.predict(delta) >= 0 ||
-        !planning::fills_slots(size_t(other_units + wide.units), w, opt))
-      continue;
-    Plan& wider = m.other;
-    planning::plan_node_rows(w, ix, opt, rows, scratch, wider);
-    if (!planning::fills_slots(size_t(wider.num_units()), w, opt)) continue;
-    const AutoCostFeatures f = features_of(w, wider, opt, 0);
-    if (model.predict(f) < (1 - kWiderGain) * best) {
-      std::swap(out, wider);
+    delta[2] = double(wide.tokens - own.tokens) * kv_mb_per_token;
+    delta[6] = double(wide.units - own.units) * double(kv) * 1e-3;
+    delta[7] = double(wide.segments - own.segments) * double(kv) * 1e-3;
+    if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
+    planning::plan_node_shaped(w, ix, opt, {rows, shape.tile_rows}, scratch, other);
+    if (!planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
+    const AutoCostFeatures f = features_of(w, other, opt, 0);
+    if (model.predict(f) < (1 - kShapeGain) * best) {
+      std::swap(out, other);
       node = f;
       best = model.predict(f);
     }
@@ -298,7 +386,7 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
   AutoCostFeatures node = features_of(w, out, opt, 0);
-  take_wider_compact_units(w, ix, opt, model, scratch, out, node);
+  take_cheaper_node_shape(w, ix, opt, model, scratch, out, node);
   // Per-query's features, each at most its value: every query's path loaded
   // once (exact), cut into pieces of split_length tokens (as per_query.cpp
   // does; more where a piece would exceed 64 segments), one launch, a

@@ -117,14 +117,10 @@ int64_t prefix_tokens(const Workload& w, const planning::FoldPlan& fold, int32_t
   return p >= 0 && fold.folded[p] ? fold.chain_tokens[v] : 0;
 }
 
-// Queries per Q tile of a node's units: the option tile_rows (default the
-// largest tile, kMaxTileRows) over the GQA group.
-int32_t queries_per_tile(const Workload& w, const PlanOptions& opt) {
-  const int64_t rows = planning::integer_option(opt, "node", "tile_rows", kMaxTileRows, 1);
-  if (rows > kMaxTileRows)
-    throw Error("node: tile_rows = " + std::to_string(rows) + " exceeds the largest tile's " +
-                std::to_string(kMaxTileRows) + " rows");
-  return std::max<int32_t>(1, int32_t(rows) / w.heads.group_size());
+// Queries per Q tile of a node's units: tile_rows (NodeShape) over the GQA
+// group, at least one.
+int32_t queries_per_tile(const Workload& w, int64_t tile_rows) {
+  return std::max<int32_t>(1, int32_t(tile_rows) / w.heads.group_size());
 }
 
 // Pieces of a node of `tokens` tokens: ceil(tokens / piece).
@@ -133,9 +129,9 @@ int32_t piece_count(int32_t tokens, int64_t piece) {
 }
 
 // The nodes that c's compact subtrees leave: c's folds and KV piece length.
-void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch::Buffers& m,
-                planning::NodeCandidate& c) {
-  const int32_t per_tile = c.per_tile = queries_per_tile(w, opt);
+void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, int32_t per_tile,
+                PlanScratch::Buffers& m, planning::NodeCandidate& c) {
+  c.per_tile = per_tile;
   fold_plan(w, ix, c.covered, per_tile,
             planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), c.fold);
   std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each unit and node
@@ -232,11 +228,23 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) { return planning::pla
 
 void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
                        Plan& out) {
-  planning::plan_node_rows(w, ix, opt, planning::integer_option(opt, "node", "flat_rows", 0, 0), scratch, out);
+  planning::plan_node_shaped(w, ix, opt, planning::node_shape(opt), scratch, out);
 }
 
-void planning::plan_node_rows(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, int64_t flat_rows,
-                              PlanScratch& scratch, Plan& out) {
+planning::NodeShape planning::node_shape(const PlanOptions& opt) {
+  NodeShape shape;
+  shape.compact_rows = integer_option(opt, "node", "flat_rows", 0, 0);
+  shape.tile_rows = integer_option(opt, "node", "tile_rows", kMaxTileRows, 1);
+  if (shape.tile_rows > kMaxTileRows)
+    throw Error("node: tile_rows = " + std::to_string(shape.tile_rows) + " exceeds the largest tile's " +
+                std::to_string(kMaxTileRows) + " rows");
+  return shape;
+}
+
+void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                                const NodeShape& shape, PlanScratch& scratch, Plan& out) {
+  const int64_t flat_rows = shape.compact_rows;
+  const int32_t per_tile = queries_per_tile(w, shape.tile_rows);
   PlanScratch::Buffers& m = scratch.buffers();
   m.sub.build(w, ix);
   m.down.build(w, ix);
@@ -261,7 +269,7 @@ void planning::plan_node_rows(const Workload& w, const TreeIndex& ix, const Plan
     planning::pack_short_units(raw, pack, w, opt, packed, m.pack);
   };
   size_t compact = compact_units(a, flat, kShortLeafTokens);
-  plan_nodes(w, ix, opt, m, a);
+  plan_nodes(w, ix, opt, per_tile, m, a);
   const planning::NodeCandidate* taken = &a;
   // Compact subtrees with long leaves put several leaves in series in one
   // unit while node streams them side by side: taken only where they save
@@ -269,7 +277,7 @@ void planning::plan_node_rows(const Workload& w, const TreeIndex& ix, const Plan
   if (flat > 0) {
     const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
-      plan_nodes(w, ix, opt, m, b);
+      plan_nodes(w, ix, opt, per_tile, m, b);
       const UnitBytes x = candidate_bytes(w, m.sub, a, m.units_of_query, m.query_diff),
                       y = candidate_bytes(w, m.sub, b, m.units_of_query, m.query_diff);
       if ((y.kv - x.kv) * 2 <= kMaxRereadPerSlotByte * (x.partials - y.partials)) {
@@ -286,7 +294,7 @@ void planning::plan_node_rows(const Workload& w, const TreeIndex& ix, const Plan
   if (compact > 0 && !planning::fills_slots(units.size(), w, opt)) {
     planning::NodeCandidate& nodes_only = taken == &a ? b : a;
     compact_units(nodes_only, 0, 0);
-    plan_nodes(w, ix, opt, m, nodes_only);
+    plan_nodes(w, ix, opt, per_tile, m, nodes_only);
     build(nodes_only, alternative);
     if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) {
       std::swap(units, alternative);

@@ -56,12 +56,19 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads);
 
-// node (plan_node_reusing) with its compact subtrees' units `flat_rows` Q
-// rows each (0: node's own choice, 32 or else 16 rows). Leaves in scratch
-// (compact_units) the summary of the plan's compact-subtree units: auto
-// prices wider ones against it.
-void plan_node_rows(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, int64_t flat_rows,
-                    PlanScratch& scratch, Plan& out);
+// node's two widths: the Q rows of a compact subtree's units (0: node's own
+// choice, 32 or else 16) and the most Q rows of a node's tiles. node takes
+// them from the options flat_rows and tile_rows (node_shape, which checks
+// them); auto prices other shapes.
+struct NodeShape {
+  int64_t compact_rows = 0;
+  int64_t tile_rows = kMaxTileRows;
+};
+NodeShape node_shape(const PlanOptions& opt);
+// node (plan_node_reusing) of the given shape. Leaves in scratch
+// (compact_units) the summary of the plan's compact-subtree units.
+void plan_node_shaped(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, const NodeShape& shape,
+                      PlanScratch& scratch, Plan& out);
 
 // Whether `units` units (each run once per kv head) fill three quarters of
 // the resident CTA slots.
@@ -234,7 +241,7 @@ struct PlanScratch::Buffers {
   std::vector<int64_t> piece_lengths, slot_loads;
   std::vector<int32_t> units_of_query, query_diff, path;
   std::vector<Segment> segments;
-  planning::CompactUnitsSummary compact_units;  // of node's last plan (plan_node_rows)
+  planning::CompactUnitsSummary compact_units;  // of node's last plan (plan_node_shaped)
   planning::ProtoUnits wider;                    // auto: compact units of more rows
   planning::CompactUnitsSummary wider_summary;
   std::vector<char> wider_covered;
