@@ -250,11 +250,11 @@ namespace {
 
 // node's shape (planning::NodeShape) by the model. node's own is the largest
 // Q tiles (128 rows) and compact-subtree units of 32 (else 16) rows; the
-// model prices others and auto takes one where it predicts it kShapeGain
-// below the best so far: its error on single plans is ~6 %, and at a 5 %
-// margin it took smaller tiles that ran up to 1.29x slower
-// (docs/planners.md, "auto"). Options flat_rows and tile_rows fix a width
-// and keep auto from changing it.
+// model prices others and auto takes one where it predicts it a margin
+// below the best so far. The model errs by ~6 % on single plans; the
+// margins are those at which no suite or forest config measured slower
+// than node's own shape (docs/planners.md, "auto"). Options flat_rows and
+// tile_rows fix a width and keep auto from changing it.
 //  1. Smaller Q tiles (64, 32, 16 rows) for node's units: more CTAs of
 //     fewer rows and, at 16 rows, one launch instead of two; they pay on
 //     small, latency-bound trees (a ToT tree's 10 queries, a few-shot
@@ -262,7 +262,7 @@ namespace {
 //     nodes read again. First estimated from the plan in hand (each unmasked
 //     unit of more rows cut into tiles of the same tokens; its queries keep
 //     their slots), then planned only where the estimate is half the margin
-//     below the best.
+//     below the best. Margin 10 %: at 5 % ToT trees ran up to 1.29x slower.
 //  2. Wider compact-subtree units (64, 128 rows, wgmma tiles) read a
 //     subtree's shared nodes fewer times: where it holds many queries of
 //     many rows (deep trees at GQA 8-16) that re-reading is most of the
@@ -270,8 +270,9 @@ namespace {
 //     width must also fill three quarters of the CTA slots. A width is
 //     planned only where it could save at best (node's units closed by the
 //     rows limit all merged away) and its compact units alone, priced
-//     against node's (KV read, CTAs, segments), save.
-constexpr double kShapeGain = 0.10;
+//     against node's (KV read, CTAs, segments), save. Margin 5 %: at 10 %
+//     three deep trees kept node's units at 1.06-1.27x the time.
+constexpr double kSmallerTilesGain = 0.10, kWiderUnitsGain = 0.05;
 
 // Q tile rows auto tries for node's units, largest first.
 constexpr std::array<int64_t, 3> kSmallerTileRows = {64, 32, 16};
@@ -325,10 +326,10 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
       if (std::max<int64_t>(rows, G) >= std::max<int64_t>(shape.tile_rows, G)) continue;
       // The estimate is the plan's own features unless the smaller tiles
       // change node's folds or compact subtrees: half the margin is slack.
-      if (model.predict(estimates[i]) >= (1 - kShapeGain / 2) * best) continue;
+      if (model.predict(estimates[i]) >= (1 - kSmallerTilesGain / 2) * best) continue;
       planning::plan_node_shaped(w, ix, opt, {shape.compact_rows, rows}, scratch, other);
       const AutoCostFeatures f = features_of(w, other, opt, 0);
-      if (model.predict(f) >= (1 - kShapeGain) * best) continue;
+      if (model.predict(f) >= (1 - kSmallerTilesGain) * best) continue;
       std::swap(out, other);
       node = f;
       best = model.predict(f);
@@ -346,12 +347,13 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
   const planning::CompactUnitsSummary own = base;
   for (const int64_t rows : {64, 128}) {
     if (rows <= std::max<int64_t>(32, G)) continue;
-    // Only units closed by the rows or segment limit can merge away.
+    // Only units closed by the rows or segment limit can merge away, where
+    // the wider units take the same cut (a fixed width takes the highest).
     AutoCostFeatures saved{};
     saved[2] = double(own.full_tokens) * kv_mb_per_token;
     saved[6] = double(own.full_units) * double(kv) * 1e-3;
     saved[7] = double(own.full_segments) * double(kv) * 1e-3;
-    if (node_us - model.predict(saved) >= (1 - kShapeGain) * best) continue;
+      if (own.highest_cut && node_us - model.predict(saved) >= (1 - kWiderUnitsGain) * best) continue;
     planning::compact_subtree_units(w, ix, m.sub, m.down, own.max_tokens, own.max_leaf_tokens, rows, opt,
                                     m.wider_covered, m.wider, m.wider_summary, m.compact);
     const planning::CompactUnitsSummary& wide = m.wider_summary;
@@ -359,11 +361,13 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
     delta[2] = double(wide.tokens - own.tokens) * kv_mb_per_token;
     delta[6] = double(wide.units - own.units) * double(kv) * 1e-3;
     delta[7] = double(wide.segments - own.segments) * double(kv) * 1e-3;
-    if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
+      if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
     planning::plan_node_shaped(w, ix, opt, {rows, shape.tile_rows}, scratch, other);
-    if (!planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
+    // At a fixed width node may drop its compact subtrees (its rules against
+    // units too few or too long): that is not a wider width.
+    if (m.compact_units.units == 0 || !planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
     const AutoCostFeatures f = features_of(w, other, opt, 0);
-    if (model.predict(f) < (1 - kShapeGain) * best) {
+    if (model.predict(f) < (1 - kWiderUnitsGain) * best) {
       std::swap(out, other);
       node = f;
       best = model.predict(f);

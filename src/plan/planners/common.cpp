@@ -324,6 +324,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     const bool full = fills(units);
     if (units.size() > out.size() || full) {
       out = units;  // a copy: each buffer keeps its capacity (no allocation once grown)
+      summary.highest_cut = best_roots.empty();
       best_roots = roots;
       summary.full_units = full_units;
       summary.full_tokens = full_tokens;

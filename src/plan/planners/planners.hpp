@@ -185,10 +185,12 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
 // down: the tree's DownPaths (the same for every max_tokens).
 // Totals of compact_subtree_units' units (0: none), of those among them
 // closed by the rows or segment limit before their subtree's end (the only
-// units more rows could merge away), and the limits they were found with.
+// units more rows could merge away, in subtrees of the same cut), whether
+// they are the highest cut's, and the limits they were found with.
 struct CompactUnitsSummary {
   int64_t units = 0, queries = 0, tokens = 0, segments = 0;
   int64_t full_units = 0, full_tokens = 0, full_segments = 0;
+  bool highest_cut = false;
   int64_t max_tokens = 0, max_leaf_tokens = 0;
 };
 struct CompactScratch {
