@@ -353,7 +353,7 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
     saved[2] = double(own.full_tokens) * kv_mb_per_token;
     saved[6] = double(own.full_units) * double(kv) * 1e-3;
     saved[7] = double(own.full_segments) * double(kv) * 1e-3;
-      if (own.highest_cut && node_us - model.predict(saved) >= (1 - kWiderUnitsGain) * best) continue;
+    if (own.highest_cut && node_us - model.predict(saved) >= (1 - kWiderUnitsGain) * best) continue;
     planning::compact_subtree_units(w, ix, m.sub, m.down, own.max_tokens, own.max_leaf_tokens, rows, opt,
                                     m.wider_covered, m.wider, m.wider_summary, m.compact);
     const planning::CompactUnitsSummary& wide = m.wider_summary;
@@ -361,7 +361,7 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
     delta[2] = double(wide.tokens - own.tokens) * kv_mb_per_token;
     delta[6] = double(wide.units - own.units) * double(kv) * 1e-3;
     delta[7] = double(wide.segments - own.segments) * double(kv) * 1e-3;
-      if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
+    if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
     planning::plan_node_shaped(w, ix, opt, {rows, shape.tile_rows}, scratch, other);
     // At a fixed width node may drop its compact subtrees (its rules against
     // units too few or too long): that is not a wider width.
