@@ -87,8 +87,14 @@ Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables
 // it every decode step: block_tables row-major [batch, width], entries past
 // a sequence's last page are padding; errors name the sequence and page.
 // The arrays and the scratch are reused (no allocation once grown).
+// A build that follows a build of the same sequences, each grown by tokens
+// and pages of its own (a decode step), extends the last tree's leaf runs
+// instead of rebuilding the tree: it compares each row with its path in the
+// last tree and looks up only the new pages; any other batch is built
+// afresh. Either way the arrays are those a fresh build gives.
 struct BlockTableTree {
   std::vector<int32_t> parents, num_tokens, page_offsets, page_ids, query_nodes;
+  int64_t grown_builds = 0;  // builds that extended the last tree
 
   struct TriePage;  // block_tables.cpp
   struct Scratch;

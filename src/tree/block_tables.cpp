@@ -44,8 +44,18 @@ struct BlockTableTree::Scratch {
   std::unordered_map<int32_t, int32_t> sparse;
   std::vector<int32_t> node_of, seq_end;
   std::vector<int32_t> path;  // trie node of each page of the sequence read last
+  // The last build's batch, as the growth path (grow_block_table_tree)
+  // needs it; `kept` only while the trie, the page map and the output
+  // arrays all describe that batch (cleared when a build starts).
+  bool kept = false;
+  int page_size = 0;
+  int64_t num_pages = 0;
+  std::vector<int32_t> seq_len;   // each sequence's length
+  std::vector<uint8_t> sole_end;  // its last trie page has no child and no other sequence ends there
+  std::vector<int32_t> path_nodes, new_offsets, new_ids;  // growth scratch
 
   void begin(int64_t num_pages) {
+    kept = false;
     trie.clear();
     if (num_pages > kDensePages) {
       sparse.clear();
@@ -75,6 +85,95 @@ BlockTableTree::~BlockTableTree() = default;
 BlockTableTree::BlockTableTree(BlockTableTree&&) noexcept = default;
 BlockTableTree& BlockTableTree::operator=(BlockTableTree&&) noexcept = default;
 
+namespace {
+// A decode step's batch grown from the last one: the same sequences, each
+// its last batch's pages (checked against its path in the last tree) then
+// at most new pages of its own, and only a sequence that ends alone at a
+// childless trie page may grow (its pages are then a leaf run of its own,
+// which the new pages and tokens extend). Such a batch's tree is the last
+// tree with those leaf runs longer: the same nodes in the same order, as a
+// full build would number them. Returns false (no output written) for any
+// other batch, and the full build decides and names the errors. The trie
+// and the page map are kept in step, so the next step may grow again.
+bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
+                           std::span<const int32_t> seq_lens, BlockTableTree::Scratch& sc, BlockTableTree& out) {
+  const int ps = sc.page_size;
+  if (!sc.kept || size_t(batch) != sc.seq_len.size()) return false;
+  // Check every row before changing anything: its kept pages against its
+  // path, its new pages in range and new to the tree (each taken in the page
+  // map as it is checked; a step that fails leaves entries that the full
+  // build's fresh stamp forgets).
+  int64_t appended = 0;
+  for (int32_t s = 0; s < batch; ++s) {
+    const int32_t len = seq_lens[s], old_len = sc.seq_len[size_t(s)];
+    if (len < old_len) return false;
+    const int64_t npages = (int64_t(len) + ps - 1) / ps;
+    if (npages > width || (len > old_len && !sc.sole_end[size_t(s)])) return false;
+    const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+    sc.path_nodes.clear();
+    for (int32_t v = out.query_nodes[size_t(s)]; v >= 0; v = out.parents[size_t(v)]) sc.path_nodes.push_back(v);
+    int64_t k = 0;
+    for (auto it = sc.path_nodes.rbegin(); it != sc.path_nodes.rend(); ++it) {
+      const int32_t b = out.page_offsets[size_t(*it)], n = out.page_offsets[size_t(*it) + 1] - b;
+      if (std::memcmp(row + k, out.page_ids.data() + b, sizeof(int32_t) * size_t(n)) != 0) return false;
+      k += n;
+    }
+    for (; k < npages; ++k) {
+      const int32_t pg = row[k];
+      if (pg < 0 || pg >= sc.num_pages || sc.find_or_add(pg, int32_t(sc.trie.size() + appended), sc.num_pages) >= 0)
+        return false;
+      ++appended;
+    }
+  }
+  // Then grow: each growing sequence's trie pages, its leaf run's tokens and
+  // pages (the flat page table rebuilt once when pages were added).
+  sc.new_offsets.assign(out.page_offsets.size(), 0);
+  for (int32_t s = 0; s < batch; ++s) {
+    const int32_t len = seq_lens[s], old_len = sc.seq_len[size_t(s)];
+    if (len == old_len) continue;
+    const int64_t npages = (int64_t(len) + ps - 1) / ps, old_npages = (int64_t(old_len) + ps - 1) / ps;
+    const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+    int32_t cur = sc.seq_end[size_t(s)];
+    for (int64_t k = old_npages; k < npages; ++k) {
+      sc.trie[size_t(cur)].fill = ps;
+      sc.trie[size_t(cur)].children = 1;
+      sc.trie[size_t(cur)].ends = false;
+      sc.trie.push_back({row[k], cur, ps, s});
+      cur = int32_t(sc.trie.size()) - 1;
+    }
+    sc.trie[size_t(cur)].fill = int32_t(len - (npages - 1) * ps);
+    sc.trie[size_t(cur)].ends = true;
+    sc.seq_end[size_t(s)] = cur;
+    const int32_t v = out.query_nodes[size_t(s)];
+    out.num_tokens[size_t(v)] += len - old_len;
+    sc.new_offsets[size_t(v) + 1] = int32_t(npages - old_npages);
+    sc.seq_len[size_t(s)] = len;
+  }
+  for (size_t t = sc.node_of.size(); t < sc.trie.size(); ++t) sc.node_of.push_back(sc.node_of[size_t(sc.trie[t].parent)]);
+  if (appended > 0) {
+    // Node v's pages: its kept ones, then the pages its sequence added.
+    const size_t nodes = out.parents.size();
+    for (size_t v = 0; v < nodes; ++v)
+      sc.new_offsets[v + 1] += sc.new_offsets[v] + (out.page_offsets[v + 1] - out.page_offsets[v]);
+    sc.new_ids.resize(size_t(sc.new_offsets[nodes]));
+    for (size_t v = 0; v < nodes; ++v)
+      std::copy(out.page_ids.begin() + out.page_offsets[v], out.page_ids.begin() + out.page_offsets[v + 1],
+                sc.new_ids.begin() + sc.new_offsets[v]);
+    for (int32_t s = 0; s < batch; ++s) {
+      const int32_t v = out.query_nodes[size_t(s)];
+      const int32_t kept = out.page_offsets[size_t(v) + 1] - out.page_offsets[size_t(v)];
+      const int32_t added = sc.new_offsets[size_t(v) + 1] - sc.new_offsets[size_t(v)] - kept;
+      const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+      const int64_t first = (int64_t(seq_lens[s]) + ps - 1) / ps - added;  // the row's first new page
+      std::copy(row + first, row + first + added, sc.new_ids.begin() + sc.new_offsets[size_t(v)] + kept);
+    }
+    std::swap(out.page_ids, sc.new_ids);
+    std::swap(out.page_offsets, sc.new_offsets);
+  }
+  return true;
+}
+}  // namespace
+
 // A trie node starts a new tree node unless it is the only child of a parent at
 // which no sequence ends: then both are shared by exactly the same sequences
 // and belong to one maximal run. A partially filled page must be the last page
@@ -97,6 +196,11 @@ void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch
   detail::check_budget(batch, 0, "block_tables");
 
   BlockTableTree::Scratch& sc = *out.scratch_;
+  if (sc.kept && sc.page_size == page_size && sc.num_pages == num_pages &&
+      grow_block_table_tree(block_tables, batch, width, seq_lens, sc, out)) {
+    ++out.grown_builds;
+    return;
+  }
   std::vector<BlockTableTree::TriePage>& trie = sc.trie;
   sc.begin(num_pages);
   sc.seq_end.resize(size_t(batch));
@@ -182,6 +286,22 @@ void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch
   }
   out.query_nodes.resize(size_t(batch));
   for (int32_t s = 0; s < batch; ++s) out.query_nodes[size_t(s)] = sc.node_of[size_t(sc.seq_end[size_t(s)])];
+
+  // What the next build needs to grow this batch: the lengths, and which
+  // sequences end alone at a childless trie page.
+  sc.seq_len.assign(seq_lens.begin(), seq_lens.end());
+  sc.sole_end.assign(size_t(batch), 0);
+  for (int32_t s = 0; s < batch; ++s) {
+    const int32_t t = sc.seq_end[size_t(s)];
+    sc.sole_end[size_t(s)] = trie[size_t(t)].children == 0;
+  }
+  for (int32_t s = 0; s < batch; ++s) {  // a trie page two sequences end at: neither may grow
+    const int32_t t = sc.seq_end[size_t(s)];
+    if (trie[size_t(t)].first_seq != s) sc.sole_end[size_t(s)] = sc.sole_end[size_t(trie[size_t(t)].first_seq)] = 0;
+  }
+  sc.page_size = page_size;
+  sc.num_pages = num_pages;
+  sc.kept = true;
 }
 
 Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <random>
 
 #include "tree/builder_test_util.hpp"
 #include "treeattn/workloads.hpp"
@@ -236,4 +237,131 @@ TEST(BlockTablesBadInput, Shapes) {
   EXPECT_ERROR_WITH(block_tables_from_json(R"({"block_tables": [[1, 2]] "seq_lens": [20]})", WorkloadParams{}),
                     "parse error at byte");
   EXPECT_ERROR_WITH(make_workload("blocktable:/nonexistent.json", WorkloadParams{}), "cannot read '/nonexistent.json'");
+}
+
+namespace {
+
+// One flat block table for build_block_table_tree.
+struct FlatBatch {
+  std::vector<int32_t> table, lens;
+  int32_t batch = 0, width = 0;
+};
+FlatBatch flatten(const Tables& rows, const std::vector<int32_t>& lens, int32_t extra_width) {
+  FlatBatch f;
+  f.batch = int32_t(rows.size());
+  for (const auto& r : rows) f.width = std::max(f.width, int32_t(r.size()));
+  f.width += extra_width;
+  f.table.assign(size_t(f.batch) * size_t(f.width), -1);
+  for (size_t s = 0; s < rows.size(); ++s) std::copy(rows[s].begin(), rows[s].end(), f.table.begin() + s * f.width);
+  f.lens = lens;
+  return f;
+}
+
+// The arrays of a build, or its error message.
+std::string build_result(const FlatBatch& f, int ps, int64_t num_pages, BlockTableTree& t) {
+  try {
+    build_block_table_tree(f.table, f.batch, f.width, f.lens, ps, num_pages, t);
+  } catch (const Error& e) {
+    return std::string("error: ") + e.what();
+  }
+  std::string r;
+  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
+    for (int32_t x : *a) r += std::to_string(x) + ",";
+    r += "|";
+  }
+  return r;
+}
+
+}  // namespace
+
+// A decode loop through one kept BlockTableTree: sequences of a random tree
+// grow a few tokens a step (a new page when the last fills), fork (the child
+// copies the full pages and gets a page for the shared partial one), finish,
+// and now and then the batch is bad (a page reused, out of the pool, a
+// sequence shrunk, a kept page changed). Every step's arrays, or error, equal
+// a fresh builder's; most steps extend the kept tree.
+TEST(BlockTables, DecodeStepsThroughAKeptTreeEqualFreshBuilds) {
+  int64_t steps = 0, grown = 0;
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937_64 rng(seed);
+    const int ps = seed % 3 == 0 ? 1 : seed % 3 == 1 ? 4 : 16;
+    const int64_t num_pages = 4000;
+    int32_t next_page = 0;
+    // A few shared prompts of whole pages, then each sequence's own tail.
+    Tables rows;
+    std::vector<int32_t> lens;
+    const int prompts = 1 + int(rng() % 3);
+    for (int g = 0; g < prompts; ++g) {
+      std::vector<int32_t> prompt(1 + rng() % 6);
+      for (int32_t& pg : prompt) pg = next_page++;
+      const int seqs = 1 + int(rng() % 5);
+      for (int s = 0; s < seqs; ++s) {
+        std::vector<int32_t> r = prompt;
+        const int32_t own = int32_t(rng() % (3 * ps)) + 1;
+        for (int32_t k = 0; k < (own + ps - 1) / ps; ++k) r.push_back(next_page++);
+        rows.push_back(r);
+        lens.push_back(int32_t(prompt.size()) * ps + own);
+      }
+    }
+    BlockTableTree kept;
+    for (int step = 0; step < 60; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      Tables r = rows;
+      std::vector<int32_t> l = lens;
+      const uint64_t event = rng() % 20;
+      if (event == 0 && r.size() > 1) {  // a sequence finishes
+        const size_t s = rng() % r.size();
+        r.erase(r.begin() + int64_t(s));
+        l.erase(l.begin() + int64_t(s));
+      } else if (event == 1) {  // a fork: full pages shared, the partial one copied to a new page
+        const size_t s = rng() % r.size();
+        std::vector<int32_t> child = r[s];
+        if (l[s] % ps != 0) child.back() = next_page++;
+        r.insert(r.begin() + int64_t(s) + 1, child);
+        l.insert(l.begin() + int64_t(s) + 1, l[s]);
+      } else if (event == 2) {  // an identical twin (both end at one page)
+        const size_t s = rng() % r.size();
+        r.push_back(r[s]);
+        l.push_back(l[s]);
+      }
+      // Every sequence grows 0-2 tokens, a page of its own when its last fills.
+      for (size_t s = 0; s < r.size(); ++s) {
+        const int32_t add = int32_t(rng() % 3);
+        for (int32_t a = 0; a < add; ++a) {
+          if (l[s] % ps == 0) r[s].push_back(next_page++);
+          ++l[s];
+        }
+      }
+      FlatBatch f = flatten(r, l, int32_t(rng() % 2));
+      const uint64_t bad = rng() % 25;
+      const size_t s = rng() % r.size();
+      const int64_t np = (int64_t(l[s]) + ps - 1) / ps;
+      if (bad == 0) f.table[s * size_t(f.width) + size_t(np - 1)] = 0;  // page 0: another sequence's (or its own first)
+      if (bad == 1) f.table[s * size_t(f.width) + size_t(np - 1)] = int32_t(num_pages + 3);
+      if (bad == 2 && l[s] > 1) f.lens[s] = l[s] - 1;  // shrunk
+      if (bad == 3) f.table[s * size_t(f.width)] = next_page++;  // a kept page replaced
+      BlockTableTree fresh;
+      const std::string want = build_result(f, ps, num_pages, fresh);
+      const int64_t grown_before = kept.grown_builds;
+      ASSERT_EQ(build_result(f, ps, num_pages, kept), want);
+      ++steps;
+      grown += kept.grown_builds - grown_before;
+      if (bad > 3 || want.rfind("error", 0) != 0) {  // the batch stands: the next step starts from it
+        if (bad <= 3) {
+          rows = Tables();
+          for (int32_t q = 0; q < f.batch; ++q)
+            rows.emplace_back(f.table.begin() + q * f.width, f.table.begin() + q * f.width +
+                                                                 (f.lens[size_t(q)] + ps - 1) / ps);
+          lens = f.lens;
+        } else {
+          rows = r;
+          lens = l;
+        }
+      }
+    }
+  }
+  // Most steps only grow the batch; a broken one must still have been built afresh.
+  EXPECT_GT(grown, steps / 2) << grown << " of " << steps << " steps extended the kept tree";
+  EXPECT_LT(grown, steps);
 }
