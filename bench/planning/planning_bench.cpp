@@ -229,6 +229,62 @@ void runtime_block_tables(benchmark::State& state, bool extend) {
   state.counters["nodes"] = double(ta.workload().tree.nodes.size());
 }
 
+// A speculative-decoding engine's step: plan_tree_queries for `requests`
+// requests under a shared 1000-token system prompt, each with 2000 tokens of
+// its own (16-token pages) and a draft tree of `drafts` tokens (each draft's
+// parent a random earlier draft of its request, or the request's tail).
+// Queries: the requests' pending tokens, then every draft. Every step is a
+// fresh plan (the drafts change); 16 steps of other draft trees cycled.
+void runtime_tree_queries(benchmark::State& state, int requests, int drafts) {
+  constexpr int kPage = 16, kPrompt = 1000, kOwn = 2000, kSteps = 16;
+  std::vector<int32_t> parents{-1}, tokens{kPrompt}, offsets{0}, pages, queries;
+  int32_t next_page = 0;
+  const auto add_pages = [&](int n) {
+    for (int k = 0; k < (n + kPage - 1) / kPage; ++k) pages.push_back(next_page++);
+    offsets.push_back(int32_t(pages.size()));
+  };
+  add_pages(kPrompt);
+  // The prompt is not a whole number of pages: each request's own tokens
+  // start a page of their own (a node's tokens start at a page boundary).
+  for (int r = 0; r < requests; ++r) {
+    parents.push_back(0);
+    tokens.push_back(kOwn);
+    add_pages(kOwn);
+    queries.push_back(int32_t(parents.size()) - 1);
+  }
+  struct Step {
+    std::vector<int32_t> nodes, parents;
+    std::vector<int64_t> rows;
+  };
+  std::mt19937_64 rng(11);
+  std::vector<Step> steps(kSteps);
+  const int64_t draft_row0 = int64_t(next_page) * kPage;
+  for (Step& st : steps)
+    for (int r = 0; r < requests; ++r)
+      for (int j = 0; j < drafts; ++j) {
+        st.nodes.push_back(queries[size_t(r)]);
+        st.parents.push_back(j == 0 || rng() % 4 == 0 ? -1 : r * drafts + int32_t(rng() % uint64_t(j)));
+        st.rows.push_back(draft_row0 + int64_t(st.rows.size()));
+      }
+  TreeAttentionConfig c;
+  c.heads = {32, 8, 128};
+  c.page_size = kPage;
+  c.num_pages = next_page + (int64_t(requests) * drafts + kPage - 1) / kPage;
+  c.device = Device::cpu;
+  c.max_queries = requests * (drafts + 1);
+  c.max_nodes = 1 + requests * (drafts + 1);
+  c.max_page_refs = int64_t(pages.size()) + int64_t(requests) * drafts;  // a draft is a page ref of its own
+  TreeAttention ta(c);
+  const TreeArrays tree{parents, tokens, offsets, pages, queries, {}};
+  size_t i = 0;
+  for (auto _ : state) {
+    const Step& st = steps[i];
+    ta.plan_tree_queries(tree, DraftArrays{st.nodes, st.parents, st.rows}, nullptr);
+    i = (i + 1) % kSteps;
+  }
+  state.counters["units"] = double(ta.plan().num_units());
+}
+
 // The parts of a runtime plan step, each on its own with the memory a
 // runtime keeps: the tree's validation, the plan (auto, into reused
 // buffers), the plan's validation.
@@ -460,6 +516,11 @@ int main(int argc, char** argv) {
   for (const int nodes : {100, 1000, 10000})
     benchmark::RegisterBenchmark(("runtime/decode_steps/cpu/" + std::to_string(nodes)).c_str(), runtime_decode_steps,
                                  nodes, Device::cpu)
+        ->Unit(benchmark::kMicrosecond);
+  for (const auto& [requests, drafts] : {std::pair{1, 64}, std::pair{8, 64}, std::pair{32, 16}})
+    benchmark::RegisterBenchmark(
+        ("runtime/tree_queries/cpu/" + std::to_string(requests) + "x" + std::to_string(drafts)).c_str(),
+        runtime_tree_queries, requests, drafts)
         ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("runtime/block_tables/cpu/decode_steps", runtime_block_tables, true)
       ->Unit(benchmark::kMicrosecond);

@@ -153,7 +153,7 @@ PlanSummary summarize(const Workload& w, const Plan& p);
 // path holds it and the last that saw it whole; per slot its writes, reads
 // and owner; per unit its non-empty segments; per node its parent and tokens.
 struct ValidatePlanScratch {
-  std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, seen_whole_by,
+  std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, next_token,
       slots_of_query, slot_owner, path;
   std::vector<Segment> ranges;
   std::vector<uint64_t> unit_non_empty;  // per unit, bit k: segment k has tokens

@@ -145,26 +145,31 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   }
 
   // Coverage: a query's visible ranges tile its path exactly, each token once.
-  // Most queries see each node of their path whole, in one range: that is
-  // checked in O(path + ranges) with per-node stamps. Any other query's
-  // ranges are sorted by node and checked token by token, which also names
-  // the first violation.
+  // Most queries see each node of their path in ranges that come in token
+  // order (a whole node, or a node's KV pieces in the order of their units):
+  // that is checked in O(path + ranges), each path node stamped with the
+  // query and the token its next range must start at; a node is complete
+  // when a range ends at its end, and every path node with tokens must be.
+  // Any other query's ranges are sorted by node and checked token by token,
+  // which also names the first violation.
   sc.on_path_of.assign(size_t(N), -1);
-  sc.seen_whole_by.assign(size_t(N), -1);
-  const auto sees_whole_nodes = [&](int32_t q, const Segment* r, size_t nr) {
+  sc.next_token.resize(size_t(N));
+  const auto ranges_in_order = [&](int32_t q, const Segment* r, size_t nr) {
     int32_t with_tokens = 0;  // path nodes that have tokens
     for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) {
       sc.on_path_of[v] = q;
+      sc.next_token[v] = 0;
       with_tokens += tokens[v] > 0;
     }
+    int32_t complete = 0;
     for (size_t i = 0; i < nr; ++i) {
       const int32_t v = r[i].node;
-      if (sc.on_path_of[v] != q || sc.seen_whole_by[v] == q || r[i].begin != 0 ||
-          r[i].end != tokens[v])
-        return false;
-      sc.seen_whole_by[v] = q;
+      // Ranges are non-empty and within their node (checked per unit above).
+      if (sc.on_path_of[v] != q || r[i].begin != sc.next_token[v]) return false;
+      sc.next_token[v] = r[i].end;
+      complete += r[i].end == tokens[v];
     }
-    return size_t(with_tokens) == nr;
+    return complete == with_tokens;
   };
   const auto by_node_then_tokens = [](const Segment& a, const Segment& b) {
     return std::tie(a.node, a.begin, a.end) < std::tie(b.node, b.begin, b.end);
@@ -174,7 +179,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     if (sc.units_of_query[q] == 0) fail(p.planner, query() + "is in no unit");
     Segment* const r = sc.ranges.data() + sc.range_offset[q];
     const size_t nr = size_t(sc.range_offset[q + 1] - sc.range_offset[q]);
-    if (sees_whole_nodes(q, r, nr)) continue;
+    if (ranges_in_order(q, r, nr)) continue;
     std::sort(r, r + nr, by_node_then_tokens);
     sc.path.clear();
     for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) sc.path.push_back(v);

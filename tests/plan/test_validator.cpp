@@ -245,8 +245,9 @@ TEST(Validator, CoverageCheckAgreesWithTokenCountsOnMutatedSegments) {
     }
   }
   // Both outcomes must be common, and so must wrong plans made of whole
-  // nodes only (the validator's quick path for a query that sees each node
-  // of its path whole).
+  // nodes only (the validator's quick path takes a query whose ranges come
+  // in token order per node: whole nodes, or pieces in order; swapped and
+  // shifted pieces reach its sorted path).
   EXPECT_GT(accepted, 500);
   EXPECT_GT(rejected, 2000);
   EXPECT_GT(rejected_whole, 300);
