@@ -573,17 +573,17 @@ void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays&
   const int32_t n = int32_t(tree.parents.size()), ps = m.cfg.page_size;
   m.resize_nodes(size_t(n) + k);
   for (size_t i = 0; i < k; ++i) {
-    const std::string at = "draft " + std::to_string(i) + ": ";
+    const auto at = [i] { return "draft " + std::to_string(i) + ": "; };  // built only on failure: this runs every step
     const int32_t par = d.draft_parents[i];
     if (par >= int32_t(i) || par < -1)
-      fail(at + "draft_parents = " + std::to_string(par) + " must be -1 or an earlier draft (< " + std::to_string(i) +
+      fail(at() + "draft_parents = " + std::to_string(par) + " must be -1 or an earlier draft (< " + std::to_string(i) +
            "): drafts are listed parents first, which also rules out cycles");
     const int32_t node = d.draft_nodes[i];
     if (par < 0 && (node < 0 || node >= n))
-      fail(at + "draft_nodes = " + std::to_string(node) + " is out of range [0, " + std::to_string(n) + ")");
+      fail(at() + "draft_nodes = " + std::to_string(node) + " is out of range [0, " + std::to_string(n) + ")");
     const int64_t row = d.draft_rows[i];
     if (row < 0 || row >= m.cfg.num_pages * ps)
-      fail(at + "draft_rows = " + std::to_string(row) + " is out of range [0, num_pages x page_size = " +
+      fail(at() + "draft_rows = " + std::to_string(row) + " is out of range [0, num_pages x page_size = " +
            std::to_string(m.cfg.num_pages * ps) + ")");
     Node& dn = m.scratch.tree.nodes[size_t(n) + i];
     dn.parent = par >= 0 ? n + par : node;
