@@ -4,10 +4,15 @@
 // order, and seq_lens[s] tokens). The builder skips the pages a row shares
 // with the row before; the same batch with a one-page row of a fresh page
 // between every two rows (so no row shares a page with the row before) must
-// be accepted or refused alike, and hold the same sequences.
+// be accepted or refused alike, and hold the same sequences. And as a decode
+// step: the batch built through a BlockTableTree that built it one step
+// earlier (each sequence up to 3 tokens shorter, as the input's bytes say)
+// gives the arrays, or the error, of a fresh build (the kept tree's growth
+// path against the full build).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -31,6 +36,42 @@ bool holds(const treeattn::Workload& w, int32_t q, const std::vector<int32_t>& t
          std::equal(pages.begin(), pages.end(), table.begin());
 }
 
+// The arrays of a build of the flat batch, or its error message.
+std::string build(const std::vector<int32_t>& flat, int32_t batch, int32_t width, const std::vector<int32_t>& lens,
+                  const treeattn::WorkloadParams& p, int64_t num_pages, treeattn::BlockTableTree& t) {
+  try {
+    treeattn::build_block_table_tree(flat, batch, width, lens, p.page_size, num_pages, t);
+  } catch (const treeattn::Error& e) {
+    return std::string("error: ") + e.what();
+  }
+  std::string r;
+  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
+    for (const int32_t x : *a) r += std::to_string(x) + ",";
+    r += "|";
+  }
+  return r;
+}
+
+// The decode-step oracle of the header.
+void check_decode_step(const treeattn::BlockTablesInput& in, const uint8_t* data, size_t size) {
+  const size_t n = in.block_tables.size();
+  size_t width = 0;
+  for (const auto& row : in.block_tables) width = std::max(width, row.size());
+  if (n == 0 || in.seq_lens.size() != n || n * width > (size_t(1) << 20)) return;
+  std::vector<int32_t> flat(n * width, -1);
+  for (size_t s = 0; s < n; ++s) std::copy(in.block_tables[s].begin(), in.block_tables[s].end(), flat.begin() + s * width);
+  std::vector<int32_t> earlier = in.seq_lens;
+  for (size_t s = 0; s < n; ++s) {
+    const int32_t d = size > 0 ? int32_t(data[s % size] % 4) : 0;
+    if (earlier[s] > d) earlier[s] -= d;
+  }
+  treeattn::BlockTableTree kept, fresh;
+  (void)build(flat, int32_t(n), int32_t(width), earlier, in.params, in.num_pages, kept);
+  const std::string want = build(flat, int32_t(n), int32_t(width), in.seq_lens, in.params, in.num_pages, fresh);
+  treeattn_fuzz::require(build(flat, int32_t(n), int32_t(width), in.seq_lens, in.params, in.num_pages, kept) == want,
+                         "a decode step through a kept tree gives a fresh build's arrays or error");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -48,6 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const treeattn::Error&) {
     ok = false;
   }
+  check_decode_step(in, data, size);
   const size_t n = in.block_tables.size();
   if (n == 0 || in.seq_lens.size() != n) {  // no batch, or a length per sequence missing: refused
     treeattn_fuzz::require(!ok, "a batch without one length per sequence is refused");
