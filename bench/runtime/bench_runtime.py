@@ -286,6 +286,9 @@ def main():
           f"a step ({bt['decode_stats']}), afresh {bt['afresh_us']:.1f} us; C++ cpu "
           f"{cpp.get('runtime/block_tables/cpu/decode_steps', float('nan')):.1f} / "
           f"{cpp.get('runtime/block_tables/cpu/afresh', float('nan')):.1f} us", flush=True)
+    print("plan_tree_queries (speculative decoding, a fresh plan a step; requests x drafts): C++ cpu "
+          + ", ".join(f"{n.rsplit('/', 1)[1]} {t:.1f} us" for n, t in cpp.items() if n.startswith("runtime/tree_queries/")),
+          flush=True)
     if device == "cpu":
         res["run_overhead"] = ro = run_overhead.measure("cpu")
         print(f"run() overhead over the extension's entry (CPU executor): {ro['overhead_us']:.2f} us")
