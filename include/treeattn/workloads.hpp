@@ -91,7 +91,8 @@ Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables
 // and pages of its own (a decode step), extends the last tree's leaf runs
 // instead of rebuilding the tree: it compares each row with its path in the
 // last tree and looks up only the new pages; any other batch is built
-// afresh. Either way the arrays are those a fresh build gives.
+// afresh. Either way the arrays are those a fresh build gives. The next
+// build reads them: callers treat them as read-only.
 struct BlockTableTree {
   std::vector<int32_t> parents, num_tokens, page_offsets, page_ids, query_nodes;
   int64_t grown_builds = 0;  // builds that extended the last tree
