@@ -748,6 +748,23 @@ def test_run_overhead_bench_runs():
     assert set(r["us"]) >= {"run(q, k, v, out)", "bound()", "C++ entry"} and r["overhead_us"] > -1
 
 
+def test_block_tables_example_decodes_against_its_reference():
+    """examples/block_tables.py on the CPU: a vLLM-style loop with forks and finishes, its
+    outputs against a per-sequence softmax, most steps extending the last plan."""
+    import importlib.util
+    import os
+
+    pytest.importorskip("torch")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "block_tables.py")
+    spec = importlib.util.spec_from_file_location("block_tables_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    stats, worst = mod.main(["--device", "cpu", "--steps", "40", "--prompt-len", "128", "--check", "4", "--quiet"])
+    assert worst < 2e-3
+    assert stats["planned"] + stats["extended"] == 40
+    assert stats["extended"] > stats["planned"], stats  # decode steps grow the tree and extend the plan
+
+
 # -- torch.ops.treeattn.run (treeattn/torch_ops.py) -------------------------
 torch_ops = pytest.importorskip("treeattn.torch_ops")
 needs_custom_op = pytest.mark.skipif(not torch_ops.available, reason="needs torch.library.custom_op (PyTorch >= 2.4)")
