@@ -66,6 +66,8 @@ void check_decode_step(const treeattn::BlockTablesInput& in, const uint8_t* data
     if (earlier[s] > d) earlier[s] -= d;
   }
   treeattn::BlockTableTree kept, fresh;
+  // The earlier batch may be refused (its arrays or error do not matter):
+  // the kept builder then has nothing to grow and builds the batch afresh.
   (void)build(flat, int32_t(n), int32_t(width), earlier, in.params, in.num_pages, kept);
   const std::string want = build(flat, int32_t(n), int32_t(width), in.seq_lens, in.params, in.num_pages, fresh);
   treeattn_fuzz::require(build(flat, int32_t(n), int32_t(width), in.seq_lens, in.params, in.num_pages, kept) == want,

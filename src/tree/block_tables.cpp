@@ -126,8 +126,9 @@ bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch,
     }
   }
   // Then grow: each growing sequence's trie pages, its leaf run's tokens and
-  // pages (the flat page table rebuilt once when pages were added).
-  sc.new_offsets.assign(out.page_offsets.size(), 0);
+  // pages (the flat page table rebuilt once when pages were added; until
+  // then new_offsets[v + 1] holds the pages node v gains).
+  if (appended > 0) sc.new_offsets.assign(out.page_offsets.size(), 0);
   for (int32_t s = 0; s < batch; ++s) {
     const int32_t len = seq_lens[s], old_len = sc.seq_len[size_t(s)];
     if (len == old_len) continue;
@@ -146,7 +147,7 @@ bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch,
     sc.seq_end[size_t(s)] = cur;
     const int32_t v = out.query_nodes[size_t(s)];
     out.num_tokens[size_t(v)] += len - old_len;
-    sc.new_offsets[size_t(v) + 1] = int32_t(npages - old_npages);
+    if (appended > 0) sc.new_offsets[size_t(v) + 1] = int32_t(npages - old_npages);
     sc.seq_len[size_t(s)] = len;
   }
   for (size_t t = sc.node_of.size(); t < sc.trie.size(); ++t) sc.node_of.push_back(sc.node_of[size_t(sc.trie[t].parent)]);
@@ -290,14 +291,13 @@ void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch
   // What the next build needs to grow this batch: the lengths, and which
   // sequences end alone at a childless trie page.
   sc.seq_len.assign(seq_lens.begin(), seq_lens.end());
-  sc.sole_end.assign(size_t(batch), 0);
+  // A page another sequence created (an earlier one: it passes through it)
+  // has two sequences ending at it, or one continuing past it: neither may grow.
+  sc.sole_end.resize(size_t(batch));
   for (int32_t s = 0; s < batch; ++s) {
-    const int32_t t = sc.seq_end[size_t(s)];
-    sc.sole_end[size_t(s)] = trie[size_t(t)].children == 0;
-  }
-  for (int32_t s = 0; s < batch; ++s) {  // a trie page two sequences end at: neither may grow
-    const int32_t t = sc.seq_end[size_t(s)];
-    if (trie[size_t(t)].first_seq != s) sc.sole_end[size_t(s)] = sc.sole_end[size_t(trie[size_t(t)].first_seq)] = 0;
+    const BlockTableTree::TriePage& t = trie[size_t(sc.seq_end[size_t(s)])];
+    sc.sole_end[size_t(s)] = t.children == 0;
+    if (t.first_seq != s) sc.sole_end[size_t(s)] = sc.sole_end[size_t(t.first_seq)] = 0;
   }
   sc.page_size = page_size;
   sc.num_pages = num_pages;
