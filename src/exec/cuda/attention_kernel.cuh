@@ -212,6 +212,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % WM, wn = warp / WM;
+  // Filler threads: position fill_pos of every tile (-1: none). The N / 32
+  // filler warps are spread over the warpgroups and the SM's four schedulers
+  // (warp i * stride + i % stride for i < N / 32): the lookups are the
+  // largest per-tile work that only some warps do, and the CTA barrier at
+  // each tile waits for the slowest warp.
+  constexpr int kFillStride = Tr::kWarps / (N / 32);
+  static_assert(kFillStride >= 1 && Tr::kWarps % (N / 32) == 0, "whole filler warps");
+  const int fill_pos = warp % kFillStride == (warp / kFillStride) % kFillStride ? (warp / kFillStride) * 32 + lane : -1;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
   // K/V copies: thread tid copies chunk copy_c of rows copy_r0 + k * kCopyRows.
   constexpr int kKvChunks = Tr::kKvChunks;
@@ -258,8 +266,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // the prologue, so that they are not live in the main loop).
     auto lookup = [&](int t, bool early = false) {
       Lookup l;
-      const int pos = t * N + tid;
-      if (tid < N && pos < len) {
+      const int pos = t * N + fill_pos;
+      if (fill_pos >= 0 && pos < len) {
         int lo = 0, hi = early ? 0 : nseg - 1;  // first s with end > pos (skips empty segments)
         while (lo < hi) {
           const int mid = (lo + hi) >> 1;
@@ -273,13 +281,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       return l;
     };
     auto commit = [&](const Lookup& l, int sl) {
-      if (tid < N) {
+      if (fill_pos >= 0) {
         const bool valid = l.seg != 255;
-        misc.row[sl][tid] = valid ? l.page * p.rows_per_page + l.tok % ps : -1;
-        misc.pos_seg[sl][tid] = uint8_t(l.seg);
+        misc.row[sl][fill_pos] = valid ? l.page * p.rows_per_page + l.tok % ps : -1;
+        misc.pos_seg[sl][fill_pos] = uint8_t(l.seg);
         const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
         const uint32_t b = __ballot_sync(0xffffffffu, need);
-        if (lane == 0) misc.tile_flag[sl][warp] = b;
+        if (lane == 0) misc.tile_flag[sl][fill_pos / 32] = b;
       }
     };
 
@@ -474,13 +482,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       if constexpr (Tr::kWgmma) {
         // Q rows of this warpgroup and the K tile, both K-major; a k-step of 16
         // elements is 32 bytes into a 128-byte row of a 64-element region.
-        const uint32_t q_base = smem_addr(sQ) + (warp / 4) * 64 * 128, k_base = smem_addr(Ks);
+        // The warpgroup index from a shuffle: the compiler then knows it is
+        // warp-uniform and builds the descriptors in uniform registers.
+        const int warpgroup = __shfl_sync(0xffffffffu, warp / 4, 0);
+        const WgmmaDescBase<16> q_desc(smem_addr(sQ) + warpgroup * 64 * 128), k_desc(smem_addr(Ks));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           const uint32_t step = (kk & 3) * 32;
-          Wgmma<T, N>::ss(s, wgmma_desc(q_base + (kk >> 2) * M * 128 + step, 16),
-                          wgmma_desc(k_base + (kk >> 2) * N * 128 + step, 16), kk > 0);
+          Wgmma<T, N>::ss(s, q_desc.at((kk >> 2) * M * 128 + step), k_desc.at((kk >> 2) * N * 128 + step), kk > 0);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -550,6 +560,14 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 
       // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
       // exp2(-inf - m_safe) = 0 instead of NaN.
+      // The reference maximum row_max moves only when a score exceeds it by
+      // more than kRescaleSlack (log2 units; the first finite score always
+      // moves it from -inf): a row's (row_max, row_sum, O) stay a consistent
+      // softmax state with any reference at or above the true maximum minus
+      // the slack, and P = 2^(s - row_max) <= 2^8 fits the 16-bit P operand
+      // and the fp32 sums. So O is rescaled on few tiles instead of on most
+      // (a row's maximum over a random prefix keeps creeping up).
+      constexpr float kRescaleSlack = 8.f;
       float alphas[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -557,9 +575,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 #pragma unroll
         for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
         mx = quad_max(mx) * sl2;
-        const float m_new = fmaxf(row_max[i], mx);
+        const bool move = mx > row_max[i] + kRescaleSlack;  // -inf + slack = -inf
+        const float m_new = move ? mx : row_max[i];
         const float m_safe = m_new == kNegInf ? 0.f : m_new;
-        const float alpha = fast_exp2(row_max[i] - m_safe);
+        const float alpha = move ? fast_exp2(row_max[i] - m_safe) : 1.f;
         row_max[i] = m_new;
         float sum = 0.f;
 #pragma unroll
@@ -571,9 +590,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         row_sum[i] = row_sum[i] * alpha + sum;
         alphas[i] = alpha;
       }
-      // Rescale O only when a row's maximum moved somewhere in the warp (alpha
-      // is exactly 1 otherwise): after the first tiles it rarely does, and the
-      // D / 2 multiplies per thread are a tenth of a tile's instructions.
+      // Rescale O only when a row's reference maximum moved somewhere in the
+      // warp (alpha is exactly 1 otherwise): the D / 2 multiplies per thread
+      // are a tenth of a tile's instructions.
       if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
@@ -597,10 +616,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         uint32_t pa[WT / 16][4];
 #pragma unroll
         for (int kk = 0; kk < WT / 16; ++kk) p_fragment(kk, pa[kk]);
-        const uint32_t v_base = smem_addr(Vs);
+        const WgmmaDescBase<N * 128> v_desc(smem_addr(Vs));
         wgmma_fence();  // o was rescaled and pa written by ordinary instructions
 #pragma unroll
-        for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], wgmma_desc(v_base + kk * 16 * 128, N * 128));
+        for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], v_desc.at(kk * 16 * 128));
         wgmma_commit();
         wgmma_wait<0>();
       } else {

@@ -32,6 +32,26 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint
          (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptors of one operand's k-steps (and of its pipeline stages) as a
+// base plus a byte offset: the address field (bits 0-13, in 16-byte units)
+// is the only part that changes, and shared addresses stay below 256 KB, so
+// desc(addr + bytes) = desc(addr) + bytes / 16 with no carry out of the
+// field. The high word (sbo, the swizzle mode) is a compile-time constant,
+// so a k-step's descriptor costs one 32-bit add instead of being rebuilt
+// from its address (~5 instructions and a move to a uniform register each,
+// 20 descriptors a tile).
+template <uint32_t kLbo, uint32_t kSbo = 1024>
+struct WgmmaDescBase {
+  uint32_t lo;  // address field and leading byte offset of the base address
+  __device__ __forceinline__ explicit WgmmaDescBase(uint32_t addr)
+      : lo(((addr & 0x3FFFF) >> 4) | (((kLbo >> 4) & 0x3FFF) << 16)) {}
+  // The descriptor of the operand at base + bytes (bytes a multiple of 16).
+  __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
+    constexpr uint32_t kHi = ((kSbo >> 4) & 0x3FFF) | (uint32_t(1) << 30);
+    return (uint64_t(kHi) << 32) | (lo + (bytes >> 4));
+  }
+};
+
 // Orders this thread's earlier register writes (accumulators, A fragments)
 // before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One device call for a kernel change: build HEAD for sm_90a, its GPU tests
+# and compute-sanitizer (scripts/device_check.sh STEPS="build tests
+# sanitize"), build BASE's CLI beside it (a git worktree), then time both
+# binaries on the tree-query and the other wgmma-heavy configs in alternating
+# rounds (scripts/medusa_ab.sh), and the fasttree and pat suites' --quick
+# subsets. Logs land in $OUT; the last lines are a per-config table.
+# Usage: BASE=<commit> ROUNDS=2 PHASES="build ab" scripts/device_kernel_ab.sh
+#   (each phase fits one 10-minute device command: run "build", then "ab" on
+#   the still-warm machine, whose build/ is kept between calls). BASE's tree
+#   comes from .kab/base.tar when present (`git archive BASE -o .kab/base.tar`,
+#   carried), else from git.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/build/device_out}
+BASE=${BASE:?BASE=<commit> to compare against}
+ROUNDS=${ROUNDS:-2}
+PHASES=${PHASES:-"build ab"}
+KAB="$ROOT/build/kab"
+mkdir -p "$OUT"
+export TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD)
+if [[ " $PHASES " == *" build "* ]]; then
+  STEPS="build tests sanitize" OUT="$OUT" bash scripts/device_check.sh 2>&1 | tail -25
+  GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
+  rm -rf "$KAB" && mkdir -p "$KAB/src" && { if [ -f "$ROOT/.kab/base.tar" ]; then tar -xf "$ROOT/.kab/base.tar" -C "$KAB/src"; else git archive "$BASE" | tar -x -C "$KAB/src"; fi; } || { echo "no tree for $BASE"; exit 1; }
+  cmake -S "$KAB/src" -B "$KAB/src/build" $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DTREEATTN_BENCHMARKS=OFF >"$OUT/base_build.log" 2>&1 &&
+    cmake --build "$KAB/src/build" -j16 --target treeattn_cli >>"$OUT/base_build.log" 2>&1 || { tail -20 "$OUT/base_build.log"; exit 1; }
+  mkdir -p "$KAB/base" "$KAB/new"
+  cp "$KAB/src/build/treeattn" "$KAB/base/" && cp build/device/treeattn "$KAB/new/" && echo "built base $BASE and new $TREEATTN_COMMIT"
+fi
+[[ " $PHASES " == *" ab "* ]] || exit 0
+# The copies find their data through TREEATTN_DATA_DIR (both commits' data/ are the same files).
+export TREEATTN_DATA_DIR="$ROOT/data"
+{
+  echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); base $BASE; new $TREEATTN_COMMIT; $(date -u +%FT%TZ)"
+  echo "command: BASE=$BASE ROUNDS=$ROUNDS scripts/device_kernel_ab.sh"
+  ROUNDS=$ROUNDS SET=medusa bash scripts/medusa_ab.sh "$KAB/base" "$KAB/new"
+  ROUNDS=$ROUNDS SET=other bash scripts/medusa_ab.sh "$KAB/base" "$KAB/new"
+} >"$OUT/ab.txt" 2>&1
+for b in base new; do
+  for s in fasttree pat; do
+    "$KAB/$b/treeattn" bench --suite $s --quick -p auto --out "$KAB/$b-$s" >"$OUT/quick_${b}_$s.log" 2>&1
+  done
+done
+python3 - "$OUT/ab.txt" <<'PY'
+import re, sys, collections, statistics
+t = collections.defaultdict(list)
+cur = None
+for line in open(sys.argv[1]):
+    m = re.match(r"### round \d+ bin (\S+) heads (\S+)", line)
+    if m: b, h = m.groups(); continue
+    m = re.match(r"(\S+:\S*)", line)
+    if m and not line.startswith(" "): cur = m.group(1); continue
+    m = re.match(r"\s+auto\s+([0-9.]+)", line)
+    if m and cur: t[(cur, h, b)].append(float(m.group(1)))
+keys = sorted({(w, h) for (w, h, b) in t})
+ratios = []
+print(f"{'config':70s} {'heads':6s} {'base us':>9s} {'new us':>9s} {'new/base':>8s}")
+for w, h in keys:
+    a, n = t.get((w, h, 'base')), t.get((w, h, 'new'))
+    if not a or not n: continue
+    a, n = min(a), min(n)
+    ratios.append(n / a)
+    print(f"{w[:70]:70s} {h:6s} {a:9.1f} {n:9.1f} {n/a:8.3f}")
+if ratios: print(f"geomean new/base over {len(ratios)}: {statistics.geometric_mean(ratios):.3f}")
+PY
