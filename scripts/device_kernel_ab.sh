@@ -19,7 +19,7 @@ ROUNDS=${ROUNDS:-2}
 PHASES=${PHASES:-"build ab"}
 KAB="$ROOT/build/kab"
 mkdir -p "$OUT"
-export TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD)
+export TREEATTN_COMMIT=${TREEATTN_COMMIT:-$(git rev-parse --short=12 HEAD)}
 if [[ " $PHASES " == *" build "* ]]; then
   STEPS="build tests sanitize" OUT="$OUT" bash scripts/device_check.sh 2>&1 | tail -25
   GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
@@ -45,15 +45,16 @@ for b in base new; do
   done
 done
 python3 - "$OUT/ab.txt" <<'PY'
-import re, sys, collections, statistics
+import os, re, sys, collections, statistics
 t = collections.defaultdict(list)
 cur = None
 for line in open(sys.argv[1]):
     m = re.match(r"### round \d+ bin (\S+) heads (\S+)", line)
     if m: b, h = m.groups(); continue
-    m = re.match(r"(\S+:\S*)", line)
-    if m and not line.startswith(" "): cur = m.group(1); continue
-    m = re.match(r"\s+auto\s+([0-9.]+)", line)
+    m = re.match(r"([a-z]+:\S+) ", line)
+    if m: cur = m.group(1).replace(os.environ["TREEATTN_DATA_DIR"] + "/workloads/", ""); continue
+    # "  auto  <units> <slots> <us> ...": the time is the third number.
+    m = re.match(r"\s+auto\s+\d+\s+\d+\s+([0-9.]+)", line)
     if m and cur: t[(cur, h, b)].append(float(m.group(1)))
 keys = sorted({(w, h) for (w, h, b) in t})
 ratios = []
