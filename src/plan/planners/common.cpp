@@ -58,9 +58,8 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
   const bool one_wave = pieces(std::max(min_piece, longest)) <= slots;
   if (at_even < 2 && !one_wave) return even;
   const int64_t even_end = makespan(even);
-  // The longest job in 1-3 pieces fewer than at even: taken where the
-  // schedule finishes at least kMinGainPercent earlier than even's (and,
-  // where there is a one-wave choice, earlier than that one's).
+  // Where even is the choice, the longest job in 1-3 pieces fewer than at
+  // even: taken where the schedule finishes at least kMinGainPercent earlier.
   int64_t fewer = even, fewer_end = even_end;
   for (int64_t c = std::max<int64_t>(1, at_even - kFewerPieces); c < at_even; ++c) {
     const int64_t p = (longest + c - 1) / c;
@@ -75,9 +74,7 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
     const int64_t mid = lo + (hi - lo) / 2;
     if (pieces(mid) <= slots) hi = mid; else lo = mid + 1;
   }
-  const int64_t one_wave_end = makespan(lo);
-  if (fewer != even && fewer_end < one_wave_end) return fewer;
-  return one_wave_end < even_end ? lo : even;
+  return makespan(lo) < even_end ? lo : fewer;
 }
 
 bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {

@@ -43,13 +43,12 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 // total work, and the least P >= opt.min_split_tokens that fits every piece
 // in one wave (no piece waits for a slot). A second, partial wave costs a
 // whole piece; one long unsplit job in one wave costs more (a 4000-token
-// prompt beside 32 leaves). Where split_length cuts the longest job, the
-// lengths that cut it into 1-3 pieces fewer are candidates too, taken where
-// the schedule finishes at least 5 % earlier than split_length's and, where
-// a one-wave P exists, earlier than its: many short jobs beside a long one
-// (a speculative token tree on its prefix) leave the long job's pieces a
-// partial wave at split_length, while the one-wave P leaves it in a few
-// long pieces. The model leaves out what a piece costs beyond its tokens
+// prompt beside 32 leaves). Where split_length is the choice (no P fits one
+// wave, or the one that does finishes later) and it cuts the longest job,
+// the lengths that cut that job into 1-3 pieces fewer are candidates too,
+// taken where the schedule finishes at least 5 % earlier: many short jobs
+// beside a long one (a speculative token tree on its prefix) leave the long
+// job's pieces a partial wave at split_length. The model leaves out what a piece costs beyond its tokens
 // (its partial slot, the merge) and errs by more than 5 % both ways: more
 // pieces than split_length's ran slower where it predicted faster, and gains
 // it put under 5 % went either way (docs/planners.md, "node").
