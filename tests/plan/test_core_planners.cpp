@@ -125,6 +125,33 @@ TEST(CorePlanners, NodeSplitBalancesTheSlots) {
   for (const auto& [node, range] : by_node) EXPECT_LE(range.second - range.first, 1) << "node " << node;
 }
 
+// A speculative token tree on a long prefix (Medusa, 64 drafts on 16384
+// tokens at 32/8: 2 Q tiles of the prefix beside ~20 short draft units on 33
+// slots a kv head). The even share of the work cuts the prefix into 17
+// pieces, 34 prefix units for 33 slots: a second wave of one piece. node
+// cuts it into fewer pieces, so that its units fit one wave.
+TEST(CorePlanners, NodeSplitLeavesTheLongPrefixNoPartialWave) {
+  WorkloadParams p;  // heads 32/8: 264 target CTAs = 33 slots per kv head
+  const Workload w =
+      medusa_workload(std::string(TREEATTN_SOURCE_DIR) + "/data/workloads/APPS_tree_size64.json", 0, 10, 16384, p);
+  const Plan plan = make_plan("node", w);
+  validate_plan(w, plan);
+  int32_t prefix = 0;  // the longest node: the prefix
+  for (size_t v = 0; v < w.tree.nodes.size(); ++v)
+    if (w.tree.nodes[v].num_tokens > w.tree.nodes[prefix].num_tokens) prefix = int32_t(v);
+  ASSERT_GT(w.tree.nodes[prefix].num_tokens, 16000);
+  int32_t prefix_units = 0, longest_piece = 0;
+  for (int u = 0; u < plan.num_units(); ++u)
+    for (int32_t k = plan.unit_segment_offset[u]; k < plan.unit_segment_offset[u + 1]; ++k)
+      if (plan.segments[k].node == prefix) {
+        ++prefix_units;
+        longest_piece = std::max(longest_piece, plan.segments[k].size());
+      }
+  EXPECT_LE(prefix_units, 33) << "the prefix's pieces x Q tiles fit one wave of slots";
+  EXPECT_GT(prefix_units, 16) << "and are not the few long pieces of the one-wave length";
+  EXPECT_LE(longest_piece, 16414 / 8 + 1);
+}
+
 // node packs short leaves of at most 2 Q rows into shared 16-row units (each
 // query masked to its own leaf), as long as the units x kv heads still fill
 // the CTA slots.
