@@ -36,9 +36,9 @@ def geomean(xs):
 
 
 def short(workload, width=58):
-    w = workload.replace(os.sep.join(["", "work", "main", "data", "workloads", ""]), "")
-    if "/workloads/" in w:
-        w = w.split("/workloads/", 1)[1]
+    """The workload spec without the directory of its recorded file, cut to width."""
+    kind, sep, rest = workload.partition(":")
+    w = kind + sep + rest.rsplit("/", 1)[-1] if "/" in rest.split(":", 1)[0] else workload
     return w if len(w) <= width else w[: width - 3] + "..."
 
 

@@ -58,23 +58,23 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
   const bool one_wave = pieces(std::max(min_piece, longest)) <= slots;
   if (at_even < 2 && !one_wave) return even;
   const int64_t even_end = makespan(even);
-  // Where even is the choice, the longest job in 1-3 pieces fewer than at
-  // even: taken where the schedule finishes at least kMinGainPercent earlier.
-  int64_t fewer = even, fewer_end = even_end;
+  if (one_wave) {  // the least length whose pieces all fit one wave, where it finishes first
+    int64_t lo = min_piece, hi = std::max(lo, longest);
+    while (lo < hi) {  // pieces(p) does not grow with p
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (pieces(mid) <= slots) hi = mid; else lo = mid + 1;
+    }
+    if (makespan(lo) < even_end) return lo;
+  }
+  // even is the choice: the longest job in 1-3 pieces fewer than at even,
+  // taken where the schedule finishes at least kMinGainPercent earlier.
+  int64_t best = even, best_end = even_end;
   for (int64_t c = std::max<int64_t>(1, at_even - kFewerPieces); c < at_even; ++c) {
     const int64_t p = (longest + c - 1) / c;
     if (p < min_piece) continue;
-    if (const int64_t end = makespan(p); end < fewer_end) fewer = p, fewer_end = end;
+    if (const int64_t end = makespan(p); end < best_end) best = p, best_end = end;
   }
-  if (100 * fewer_end > (100 - kMinGainPercent) * even_end) fewer = even, fewer_end = even_end;
-  if (!one_wave) return fewer;
-  // The least length whose pieces all fit one wave.
-  int64_t lo = min_piece, hi = std::max(lo, longest);
-  while (lo < hi) {  // pieces(p) does not grow with p
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (pieces(mid) <= slots) hi = mid; else lo = mid + 1;
-  }
-  return makespan(lo) < even_end ? lo : fewer;
+  return 100 * best_end <= (100 - kMinGainPercent) * even_end ? best : even;
 }
 
 bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
