@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for a kernel change: build HEAD for sm_90a, its GPU tests
 # and compute-sanitizer (scripts/device_check.sh STEPS="build tests
-# sanitize"), build BASE's CLI beside it (a git worktree), then time both
+# sanitize"), build BASE's CLI beside it (its tree in build/kab/src), then time both
 # binaries on the tree-query and the other wgmma-heavy configs in alternating
 # rounds (scripts/medusa_ab.sh), and the fasttree and pat suites' --quick
 # subsets. Logs land in $OUT; the last lines are a per-config table.
@@ -9,7 +9,8 @@
 #   (each phase fits one 10-minute device command: run "build", then "ab" on
 #   the still-warm machine, whose build/ is kept between calls). BASE's tree
 #   comes from .kab/base.tar when present (`git archive BASE -o .kab/base.tar`,
-#   carried), else from git.
+#   carried), else from git. On the device machine git's HEAD may be stale:
+#   pass TREEATTN_COMMIT=<hash> so that the binaries report the right commit.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
