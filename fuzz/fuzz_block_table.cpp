@@ -8,7 +8,8 @@
 // step: the batch built through a BlockTableTree that built it one step
 // earlier (each sequence up to 3 tokens shorter, as the input's bytes say)
 // gives the arrays, or the error, of a fresh build (the kept tree's growth
-// path against the full build).
+// path against the full build); the rows given ragged (the builder's second
+// overload) give those arrays, or an error where it errs.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -36,6 +37,16 @@ bool holds(const treeattn::Workload& w, int32_t q, const std::vector<int32_t>& t
          std::equal(pages.begin(), pages.end(), table.begin());
 }
 
+// A build's arrays as text.
+std::string arrays(const treeattn::BlockTableTree& t) {
+  std::string r;
+  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
+    for (const int32_t x : *a) r += std::to_string(x) + ",";
+    r += "|";
+  }
+  return r;
+}
+
 // The arrays of a build of the flat batch, or its error message.
 std::string build(const std::vector<int32_t>& flat, int32_t batch, int32_t width, const std::vector<int32_t>& lens,
                   const treeattn::WorkloadParams& p, int64_t num_pages, treeattn::BlockTableTree& t) {
@@ -44,12 +55,7 @@ std::string build(const std::vector<int32_t>& flat, int32_t batch, int32_t width
   } catch (const treeattn::Error& e) {
     return std::string("error: ") + e.what();
   }
-  std::string r;
-  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
-    for (const int32_t x : *a) r += std::to_string(x) + ",";
-    r += "|";
-  }
-  return r;
+  return arrays(t);
 }
 
 // The decode-step oracle of the header.
@@ -72,6 +78,25 @@ void check_decode_step(const treeattn::BlockTablesInput& in, const uint8_t* data
   const std::string want = build(flat, int32_t(n), int32_t(width), in.seq_lens, in.params, in.num_pages, fresh);
   treeattn_fuzz::require(build(flat, int32_t(n), int32_t(width), in.seq_lens, in.params, in.num_pages, kept) == want,
                          "a decode step through a kept tree gives a fresh build's arrays or error");
+  // The rows as given (ragged): the same arrays, or an error too (a short
+  // row's message names its own length, not the width).
+  std::vector<int32_t> pages;
+  std::vector<int64_t> offsets{0};
+  for (const auto& row : in.block_tables) {
+    pages.insert(pages.end(), row.begin(), row.end());
+    offsets.push_back(int64_t(pages.size()));
+  }
+  treeattn::BlockTableTree ragged;
+  std::string got;
+  try {
+    treeattn::build_block_table_tree(pages, offsets, in.seq_lens, in.params.page_size, in.num_pages, ragged);
+    got = arrays(ragged);
+  } catch (const treeattn::Error&) {
+    got = "error";
+  }
+  if (got != "error") treeattn_fuzz::require(got == want, "ragged rows give the padded rows' arrays");
+  treeattn_fuzz::require((got == "error") == (want.rfind("error: ", 0) == 0),
+                         "ragged and padded rows are accepted or refused alike");
 }
 
 }  // namespace

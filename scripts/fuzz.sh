@@ -36,4 +36,12 @@ awk '/^[0-9]+\/[0-9]+ Test: / {t=$3} /stat::number_of_executed_units/ {n[t]=$2}
      /stat::average_exec_per_sec/ {s[t]=$2}
      END {for (t in n) printf "fuzz: %-20s %10d executions  %6d exec/s\n", t, n[t], s[t]}' \
   build/fuzz/Testing/Temporary/LastTest.log | sort
+# A failure's cause last, where a CI log's tail shows it: libFuzzer's and the
+# sanitizers' reports, the oracle's message, the input (Base64 when small)
+# and where it was written.
+if ((rc)); then
+  awk '/^[0-9]+\/[0-9]+ Test: / {t=$3}
+       /fuzz oracle failed|==ERROR|^SUMMARY|deadly signal|out-of-memory|ALARM|Test unit written|^Base64:|runtime error/ {
+         print "fuzz failure: " t ": " substr($0, 1, 400)}' build/fuzz/Testing/Temporary/LastTest.log
+fi
 exit $rc

@@ -93,6 +93,9 @@ Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables
 // last tree and looks up only the new pages; any other batch is built
 // afresh. Either way the arrays are those a fresh build gives. The next
 // build reads them: callers treat them as read-only.
+// The second overload takes ragged rows: row s is pages[row_offsets[s] ..
+// row_offsets[s + 1]) (batch = row_offsets.size() - 1), so memory follows the
+// entries given, not batch x the longest row.
 struct BlockTableTree {
   std::vector<int32_t> parents, num_tokens, page_offsets, page_ids, query_nodes;
   int64_t grown_builds = 0;  // builds that extended the last tree
@@ -108,8 +111,12 @@ struct BlockTableTree {
   std::unique_ptr<Scratch> scratch_;
   friend void build_block_table_tree(std::span<const int32_t>, int32_t, int32_t, std::span<const int32_t>, int,
                                      int64_t, BlockTableTree&);
+  friend void build_block_table_tree(std::span<const int32_t>, std::span<const int64_t>, std::span<const int32_t>,
+                                     int, int64_t, BlockTableTree&);
 };
 void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
+                            std::span<const int32_t> seq_lens, int page_size, int64_t num_pages, BlockTableTree& out);
+void build_block_table_tree(std::span<const int32_t> pages, std::span<const int64_t> row_offsets,
                             std::span<const int32_t> seq_lens, int page_size, int64_t num_pages, BlockTableTree& out);
 
 // The same from the JSON block-table format of docs/formats.md

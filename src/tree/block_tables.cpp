@@ -86,6 +86,17 @@ BlockTableTree::BlockTableTree(BlockTableTree&&) noexcept = default;
 BlockTableTree& BlockTableTree::operator=(BlockTableTree&&) noexcept = default;
 
 namespace {
+// A batch's block-table rows: row-major [batch, width], or ragged (row s at
+// data[offsets[s] .. offsets[s + 1])). Entries past a sequence's last page
+// are never read.
+struct Rows {
+  const int32_t* data;
+  int64_t width;           // when offsets is null
+  const int64_t* offsets;  // ragged rows, else null
+  const int32_t* row(int32_t s) const { return data + (offsets ? offsets[s] : int64_t(s) * width); }
+  int64_t size(int32_t s) const { return offsets ? offsets[s + 1] - offsets[s] : width; }
+};
+
 // A decode step's batch grown from the last one: the same sequences, each
 // its last batch's pages (checked against its path in the last tree) then
 // at most new pages of its own, and only a sequence that ends alone at a
@@ -95,8 +106,8 @@ namespace {
 // full build would number them. Returns false (no output written) for any
 // other batch, and the full build decides and names the errors. The trie
 // and the page map are kept in step, so the next step may grow again.
-bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
-                           std::span<const int32_t> seq_lens, BlockTableTree::Scratch& sc, BlockTableTree& out) {
+bool grow_block_table_tree(Rows rows, int32_t batch, std::span<const int32_t> seq_lens, BlockTableTree::Scratch& sc,
+                           BlockTableTree& out) {
   const int ps = sc.page_size;
   if (!sc.kept || size_t(batch) != sc.seq_len.size()) return false;
   // Check every row before changing anything: its kept pages against its
@@ -108,8 +119,8 @@ bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch,
     const int32_t len = seq_lens[s], old_len = sc.seq_len[size_t(s)];
     if (len < old_len) return false;
     const int64_t npages = (int64_t(len) + ps - 1) / ps;
-    if (npages > width || (len > old_len && !sc.sole_end[size_t(s)])) return false;
-    const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+    if (npages > rows.size(s) || (len > old_len && !sc.sole_end[size_t(s)])) return false;
+    const int32_t* row = rows.row(s);
     sc.path_nodes.clear();
     for (int32_t v = out.query_nodes[size_t(s)]; v >= 0; v = out.parents[size_t(v)]) sc.path_nodes.push_back(v);
     int64_t k = 0;
@@ -133,7 +144,7 @@ bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch,
     const int32_t len = seq_lens[s], old_len = sc.seq_len[size_t(s)];
     if (len == old_len) continue;
     const int64_t npages = (int64_t(len) + ps - 1) / ps, old_npages = (int64_t(old_len) + ps - 1) / ps;
-    const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+    const int32_t* row = rows.row(s);
     int32_t cur = sc.seq_end[size_t(s)];
     for (int64_t k = old_npages; k < npages; ++k) {
       sc.trie[size_t(cur)].fill = ps;
@@ -164,7 +175,7 @@ bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch,
       const int32_t v = out.query_nodes[size_t(s)];
       const int32_t kept = out.page_offsets[size_t(v) + 1] - out.page_offsets[size_t(v)];
       const int32_t added = sc.new_offsets[size_t(v) + 1] - sc.new_offsets[size_t(v)] - kept;
-      const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+      const int32_t* row = rows.row(s);
       const int64_t first = (int64_t(seq_lens[s]) + ps - 1) / ps - added;  // the row's first new page
       std::copy(row + first, row + first + added, sc.new_ids.begin() + sc.new_offsets[size_t(v)] + kept);
     }
@@ -182,23 +193,19 @@ bool grow_block_table_tree(std::span<const int32_t> block_tables, int32_t batch,
 // rejected (a shared page cannot be partial in one sequence and full, or
 // differently filled, in another: its tokens would differ). Messages are
 // built only on failure: this runs every decode step.
-void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
-                            std::span<const int32_t> seq_lens, int page_size, int64_t num_pages, BlockTableTree& out) {
-  detail::check_page_size(page_size);
+namespace {
+// Both overloads' build, their arguments' shapes checked.
+void build_rows(Rows rows, int32_t batch, std::span<const int32_t> seq_lens, int page_size, int64_t num_pages,
+                BlockTableTree::Scratch& sc, BlockTableTree& out) {
   const int ps = page_size;
-  if (batch <= 0) throw Error("block_tables: empty (a batch needs at least one sequence)");
-  if (width < 0 || block_tables.size() != size_t(batch) * size_t(width))
-    throw Error("block_tables: " + std::to_string(block_tables.size()) + " entries for " + std::to_string(batch) +
-                " sequences of " + std::to_string(width) + " columns");
   if (seq_lens.size() != size_t(batch))
     throw Error("block_tables: " + std::to_string(batch) + " sequences but seq_lens has " +
                 std::to_string(seq_lens.size()));
   if (num_pages <= 0) throw Error("num_pages: " + std::to_string(num_pages) + " must be positive");
   detail::check_budget(batch, 0, "block_tables");
 
-  BlockTableTree::Scratch& sc = *out.scratch_;
   if (sc.kept && sc.page_size == page_size && sc.num_pages == num_pages &&
-      grow_block_table_tree(block_tables, batch, width, seq_lens, sc, out)) {
+      grow_block_table_tree(rows, batch, seq_lens, sc, out)) {
     ++out.grown_builds;
     return;
   }
@@ -210,21 +217,21 @@ void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch
     const int32_t len = seq_lens[s];
     if (len <= 0) throw Error(seq(s) + ": seq_len = " + std::to_string(len) + " must be positive");
     const int64_t npages = (int64_t(len) + ps - 1) / ps;
-    if (npages > width) table_too_short(s, len, npages, ps, width);
-    const int32_t* row = block_tables.data() + size_t(s) * size_t(width);
+    if (npages > rows.size(s)) table_too_short(s, len, npages, ps, rows.size(s));
+    const int32_t* row = rows.row(s);
     // The pages this sequence shares with the one before (the common case:
     // a batch's sequences of one prefix are neighbours) are its trie nodes
     // already, and were checked there: skipped with a memcmp. Only pages full
     // in both are skipped (a last page's fill is checked below).
     int64_t k0 = 0;
     if (s > 0) {
-      const int32_t* prev = row - width;
+      const int32_t* prev = rows.row(s - 1);
       const int64_t full = std::min<int64_t>(npages, (int64_t(seq_lens[s - 1]) + ps - 1) / ps) - 1;
       constexpr int64_t kBlock = 64;
       while (k0 + kBlock <= full && std::memcmp(row + k0, prev + k0, sizeof(int32_t) * kBlock) == 0) k0 += kBlock;
       while (k0 < full && row[k0] == prev[k0]) ++k0;
     }
-    sc.path.resize(size_t(width));
+    if (sc.path.size() < size_t(npages)) sc.path.resize(size_t(npages));
     int32_t cur = k0 > 0 ? sc.path[size_t(k0 - 1)] : -1;
     for (int64_t k = k0; k < npages; ++k) {
       const int32_t pg = row[k];
@@ -303,6 +310,33 @@ void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch
   sc.num_pages = num_pages;
   sc.kept = true;
 }
+}  // namespace
+
+void build_block_table_tree(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
+                            std::span<const int32_t> seq_lens, int page_size, int64_t num_pages, BlockTableTree& out) {
+  detail::check_page_size(page_size);
+  if (batch <= 0) throw Error("block_tables: empty (a batch needs at least one sequence)");
+  if (width < 0 || block_tables.size() != size_t(batch) * size_t(width))
+    throw Error("block_tables: " + std::to_string(block_tables.size()) + " entries for " + std::to_string(batch) +
+                " sequences of " + std::to_string(width) + " columns");
+  build_rows(Rows{block_tables.data(), width, nullptr}, batch, seq_lens, page_size, num_pages, *out.scratch_, out);
+}
+
+void build_block_table_tree(std::span<const int32_t> pages, std::span<const int64_t> row_offsets,
+                            std::span<const int32_t> seq_lens, int page_size, int64_t num_pages, BlockTableTree& out) {
+  detail::check_page_size(page_size);
+  if (row_offsets.size() <= 1) throw Error("block_tables: empty (a batch needs at least one sequence)");
+  if (row_offsets.size() - 1 > size_t(std::numeric_limits<int32_t>::max()))
+    throw Error("block_tables: " + std::to_string(row_offsets.size() - 1) + " sequences are too many");
+  if (row_offsets[0] != 0) throw Error("row_offsets[0] = " + std::to_string(row_offsets[0]) + " must be 0");
+  for (size_t s = 1; s < row_offsets.size(); ++s)
+    if (row_offsets[s] < row_offsets[s - 1] || row_offsets[s] > int64_t(pages.size()))
+      throw Error("row_offsets[" + std::to_string(s) + "] = " + std::to_string(row_offsets[s]) +
+                  " must lie in [row_offsets[" + std::to_string(s - 1) + "] = " + std::to_string(row_offsets[s - 1]) +
+                  ", " + std::to_string(pages.size()) + "] (the page entries given)");
+  build_rows(Rows{pages.data(), 0, row_offsets.data()}, int32_t(row_offsets.size() - 1), seq_lens, page_size,
+             num_pages, *out.scratch_, out);
+}
 
 Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables,
                            const std::vector<int32_t>& seq_lens, int64_t num_pages,
@@ -313,23 +347,14 @@ Workload from_block_tables(const std::vector<std::vector<int32_t>>& block_tables
                 std::to_string(seq_lens.size()));
   if (block_tables.empty()) throw Error("block_tables: empty (a batch needs at least one sequence)");
   detail::check_budget(block_tables.size(), 0, "block_tables");
-  // Rows padded to one width with -1 (past each row's own length: padding).
-  size_t width = 0;
-  for (const auto& row : block_tables) width = std::max(width, row.size());
-  if (width > size_t(std::numeric_limits<int32_t>::max()))
-    throw Error("block_tables: rows of " + std::to_string(width) + " pages are too long");
-  std::vector<int32_t> flat(block_tables.size() * width, -1);
+  // The rows back to back (memory follows the entries, not batch x the longest row).
+  std::vector<int64_t> offsets(block_tables.size() + 1, 0);
+  for (size_t s = 0; s < block_tables.size(); ++s) offsets[s + 1] = offsets[s] + int64_t(block_tables[s].size());
+  std::vector<int32_t> pages(size_t(offsets.back()));
   for (size_t s = 0; s < block_tables.size(); ++s)
-    std::copy(block_tables[s].begin(), block_tables[s].end(), flat.begin() + int64_t(s * width));
-  // A row shorter than its sequence needs is named by its own length.
-  for (size_t s = 0; s < block_tables.size(); ++s) {
-    const int64_t npages = (int64_t(seq_lens[s]) + p.page_size - 1) / p.page_size;
-    if (seq_lens[s] <= 0) break;  // reported by the builder, in its order
-    if (int64_t(block_tables[s].size()) < npages)
-      table_too_short(int64_t(s), seq_lens[s], npages, p.page_size, int64_t(block_tables[s].size()));
-  }
+    std::copy(block_tables[s].begin(), block_tables[s].end(), pages.begin() + offsets[s]);
   BlockTableTree t;
-  build_block_table_tree(flat, int32_t(block_tables.size()), int32_t(width), seq_lens, p.page_size, num_pages, t);
+  build_block_table_tree(pages, offsets, seq_lens, p.page_size, num_pages, t);
   Workload w;
   w.tree.nodes.resize(t.parents.size());
   for (size_t v = 0; v < t.parents.size(); ++v) {

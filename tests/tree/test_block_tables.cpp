@@ -2,6 +2,7 @@
 // batches, a property check against trees with page-aligned prefixes, the
 // JSON block-table file, and the errors for pages that cannot be shared.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <random>
@@ -239,6 +240,43 @@ TEST(BlockTablesBadInput, Shapes) {
   EXPECT_ERROR_WITH(make_workload("blocktable:/nonexistent.json", WorkloadParams{}), "cannot read '/nonexistent.json'");
 }
 
+TEST(BlockTablesBadInput, RaggedRowOffsets) {
+  BlockTableTree t;
+  const std::vector<int32_t> pages{1, 2, 3}, lens{16, 16};
+  EXPECT_ERROR_WITH(build_block_table_tree(pages, std::vector<int64_t>{0}, {}, 16, 10, t), "block_tables: empty");
+  EXPECT_ERROR_WITH(build_block_table_tree(pages, std::vector<int64_t>{1, 2, 3}, lens, 16, 10, t),
+                    "row_offsets[0] = 1 must be 0");
+  EXPECT_ERROR_WITH(build_block_table_tree(pages, std::vector<int64_t>{0, 2, 1}, lens, 16, 10, t),
+                    "row_offsets[2] = 1 must lie in [row_offsets[1] = 2, 3]");
+  EXPECT_ERROR_WITH(build_block_table_tree(pages, std::vector<int64_t>{0, 2, 4}, lens, 16, 10, t),
+                    "row_offsets[2] = 4");
+  EXPECT_ERROR_WITH(build_block_table_tree(pages, std::vector<int64_t>{0, 2, 2}, lens, 16, 10, t),
+                    "seq 1: seq_len = 16 needs 1 pages of 16 tokens but its block table has 0");
+  build_block_table_tree(pages, std::vector<int64_t>{0, 2, 3}, std::vector<int32_t>{20, 16}, 16, 10, t);
+  EXPECT_EQ(t.query_nodes.size(), 2u);
+  EXPECT_EQ(t.page_ids, (std::vector<int32_t>{1, 2, 3}));
+}
+
+// A batch of many one-page sequences and one long one is held as its rows,
+// not padded to batch x the longest row (4000 x 200000 entries would be 3.2 GB).
+TEST(BlockTables, ManyShortRowsAndOneLongRow) {
+  Tables rows(4000);
+  std::vector<int32_t> lens(rows.size(), 1);
+  for (size_t s = 0; s < rows.size(); ++s) rows[s] = {int32_t(s)};
+  rows[0].resize(200000);
+  for (int32_t k = 0; k < 200000; ++k) rows[0][size_t(k)] = 4000 + k;
+  lens[0] = 200000;
+  WorkloadParams p;
+  p.page_size = 1;
+  rusage before{}, after{};
+  getrusage(RUSAGE_SELF, &before);
+  const Workload w = from_block_tables(rows, lens, 204000, p);
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "KiB of peak memory grown by the build";
+  EXPECT_EQ(w.num_queries(), 4000);
+  EXPECT_EQ(w.tree.nodes[size_t(w.query_nodes[0])].pages.size(), 200000u);
+}
+
 namespace {
 
 // One flat block table for build_block_table_tree.
@@ -272,6 +310,29 @@ std::string build_result(const FlatBatch& f, int ps, int64_t num_pages, BlockTab
   return r;
 }
 
+// The same through the ragged-rows overload, each row cut after the pages
+// its sequence needs (no padding).
+std::string build_ragged_result(const FlatBatch& f, int ps, int64_t num_pages, BlockTableTree& t) {
+  std::vector<int32_t> pages;
+  std::vector<int64_t> offsets{0};
+  for (int32_t q = 0; q < f.batch; ++q) {
+    const int32_t need = std::min((std::max(f.lens[size_t(q)], 0) + ps - 1) / ps, f.width);
+    pages.insert(pages.end(), f.table.begin() + q * f.width, f.table.begin() + q * f.width + need);
+    offsets.push_back(int64_t(pages.size()));
+  }
+  try {
+    build_block_table_tree(pages, offsets, f.lens, ps, num_pages, t);
+  } catch (const Error& e) {
+    return std::string("error: ") + e.what();
+  }
+  std::string r;
+  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
+    for (int32_t x : *a) r += std::to_string(x) + ",";
+    r += "|";
+  }
+  return r;
+}
+
 }  // namespace
 
 // A decode loop through one kept BlockTableTree: sequences of a random tree
@@ -279,7 +340,8 @@ std::string build_result(const FlatBatch& f, int ps, int64_t num_pages, BlockTab
 // copies the full pages and gets a page for the shared partial one), finish,
 // and now and then the batch is bad (a page reused, out of the pool, a
 // sequence shrunk, a kept page changed). Every step's arrays, or error, equal
-// a fresh builder's; most steps extend the kept tree.
+// a fresh builder's; most steps extend the kept tree. A second kept builder
+// given the same rows ragged (each cut after its last page) agrees.
 TEST(BlockTables, DecodeStepsThroughAKeptTreeEqualFreshBuilds) {
   int64_t steps = 0, grown = 0;
   for (uint64_t seed = 0; seed < 40; ++seed) {
@@ -304,7 +366,7 @@ TEST(BlockTables, DecodeStepsThroughAKeptTreeEqualFreshBuilds) {
         lens.push_back(int32_t(prompt.size()) * ps + own);
       }
     }
-    BlockTableTree kept;
+    BlockTableTree kept, kept_ragged;
     for (int step = 0; step < 60; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
       Tables r = rows;
@@ -345,6 +407,7 @@ TEST(BlockTables, DecodeStepsThroughAKeptTreeEqualFreshBuilds) {
       const std::string want = build_result(f, ps, num_pages, fresh);
       const int64_t grown_before = kept.grown_builds;
       ASSERT_EQ(build_result(f, ps, num_pages, kept), want);
+      ASSERT_EQ(build_ragged_result(f, ps, num_pages, kept_ragged), want);
       ++steps;
       grown += kept.grown_builds - grown_before;
       if (bad > 3 || want.rfind("error", 0) != 0) {  // the batch stands: the next step starts from it
@@ -360,6 +423,7 @@ TEST(BlockTables, DecodeStepsThroughAKeptTreeEqualFreshBuilds) {
         }
       }
     }
+    EXPECT_EQ(kept_ragged.grown_builds, kept.grown_builds);
   }
   // Most steps only grow the batch; a broken one must still have been built afresh.
   EXPECT_GT(grown, steps / 2) << grown << " of " << steps << " steps extended the kept tree";
