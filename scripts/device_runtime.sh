@@ -11,6 +11,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$ROOT/scripts/device_sanitize.sh"
 OUT=${OUT:-$ROOT/build/device_out}
 BUILD=${BUILD:-$ROOT/build/device}
 STEPS=${STEPS:-"build tests sanitize pytest"}
@@ -48,15 +49,7 @@ fi
 
 if has sanitize && built; then
   stamp "compute-sanitizer memcheck + racecheck (Sanitize* tests)"
-  : >"$OUT/sanitizer.log"
-  # racecheck skips the mutated plans (thousands of runs: past 300 s under it); memcheck runs them.
-  for tool in memcheck racecheck; do
-    filter='*Sanitize*'
-    [[ $tool == racecheck ]] && filter='*Sanitize*:-*SanitizeMutatedPlans*'
-    if timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/treeattn_gpu_tests" \
-        --gtest_filter="$filter" >>"$OUT/sanitizer.log" 2>&1; then STATUS[$tool]=ok; else STATUS[$tool]=FAIL; fi
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/sanitizer.log" | tail -3
-  done
+  run_sanitizers "$BUILD" "$OUT" 300
 fi
 
 if has pytest && built; then
