@@ -295,6 +295,16 @@ FlatBatch flatten(const Tables& rows, const std::vector<int32_t>& lens, int32_t 
   return f;
 }
 
+// A build's arrays as text.
+std::string arrays_text(const BlockTableTree& t) {
+  std::string r;
+  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
+    for (int32_t x : *a) r += std::to_string(x) + ",";
+    r += "|";
+  }
+  return r;
+}
+
 // The arrays of a build, or its error message.
 std::string build_result(const FlatBatch& f, int ps, int64_t num_pages, BlockTableTree& t) {
   try {
@@ -302,12 +312,7 @@ std::string build_result(const FlatBatch& f, int ps, int64_t num_pages, BlockTab
   } catch (const Error& e) {
     return std::string("error: ") + e.what();
   }
-  std::string r;
-  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
-    for (int32_t x : *a) r += std::to_string(x) + ",";
-    r += "|";
-  }
-  return r;
+  return arrays_text(t);
 }
 
 // The same through the ragged-rows overload, each row cut after the pages
@@ -325,12 +330,7 @@ std::string build_ragged_result(const FlatBatch& f, int ps, int64_t num_pages, B
   } catch (const Error& e) {
     return std::string("error: ") + e.what();
   }
-  std::string r;
-  for (const auto* a : {&t.parents, &t.num_tokens, &t.page_offsets, &t.page_ids, &t.query_nodes}) {
-    for (int32_t x : *a) r += std::to_string(x) + ",";
-    r += "|";
-  }
-  return r;
+  return arrays_text(t);
 }
 
 }  // namespace
