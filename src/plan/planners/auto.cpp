@@ -91,6 +91,20 @@ struct FeatureTally {
     m16_long = m16_long || (tile == kTile16 && t > 32);
   }
 
+  // This tally plus o's units.
+  void merge(const FeatureTally& o) {
+    units += o.units;
+    segments += o.segments;
+    tokens += o.tokens;
+    max_tokens = std::max(max_tokens, o.max_tokens);
+    padded_row_tokens += o.padded_row_tokens;
+    for (size_t t = 0; t < tile_units.size(); ++t) {
+      tile_units[t] += o.tile_units[t];
+      longest[t] = std::max(longest[t], o.longest[t]);
+    }
+    m16_long = m16_long || o.m16_long;
+  }
+
   // slots: the plan's partial slots; unique_kv_mb: the tree's unique KV
   // (it costs a pass over the nodes; auto computes it only where the choice
   // depends on it).
@@ -277,25 +291,38 @@ constexpr double kSmallerTilesGain = 0.10, kWiderUnitsGain = 0.05;
 // Q tile rows auto tries for node's units, largest first.
 constexpr std::array<int64_t, 3> kSmallerTileRows = {64, 32, 16};
 
-// auto_cost_features of node's plan `p` with Q tiles of at most each of
-// kSmallerTileRows' rows, estimated from p in one pass over its units: each
-// unmasked unit of more rows splits into tiles of that many, each over the
-// unit's tokens and segments.
-std::array<AutoCostFeatures, kSmallerTileRows.size()> smaller_tiles_estimates(const Workload& w, const Plan& p,
-                                                                             const PlanOptions& opt) {
+// Node's plan `p` priced: its auto_cost_features (without the unique KV),
+// and those of p with Q tiles of at most each of kSmallerTileRows' rows,
+// estimated in the same pass over its units: each unmasked unit of more rows
+// splits into tiles of that many, each over the unit's tokens and segments.
+struct NodeFeatures {
+  AutoCostFeatures own;
+  std::array<AutoCostFeatures, kSmallerTileRows.size()> smaller_tiles;
+};
+NodeFeatures node_features(const Workload& w, const Plan& p, const PlanOptions& opt) {
   const int64_t G = w.heads.group_size();
   constexpr size_t n = kSmallerTileRows.size();
   std::array<int64_t, n> per_tile;  // queries a tile of each size holds
   for (size_t i = 0; i < n; ++i) per_tile[i] = std::max<int64_t>(1, kSmallerTileRows[i] / G);
   const int64_t fewest = *std::min_element(per_tile.begin(), per_tile.end());
-  std::array<int, kMaxTileRows + 1> tile_of{};  // the tile of r <= 128 rows
-  for (int r = 1; r <= kMaxTileRows; ++r) tile_of[r] = smallest_tile_for_rows(r);
+  static const std::array<int, kMaxTileRows + 1> tile_of = [] {  // the tile of r <= 128 rows
+    std::array<int, kMaxTileRows + 1> t{};
+    for (int r = 1; r <= kMaxTileRows; ++r) t[r] = smallest_tile_for_rows(r);
+    return t;
+  }();
+  // Units that stay whole at every size go once into `same`, shared by all;
+  // the others into `own` too.
+  FeatureTally same, own;
   std::array<FeatureTally, n> tally;
   for (int32_t u = 0; u < p.num_units(); ++u) {
     const int64_t queries = p.unit_num_queries(u), t = unit_tokens(p, u), segs = p.unit_num_segments(u);
-    const bool kept = p.unit_masked[u] || queries <= fewest;  // the same unit at every size
+    if (p.unit_masked[u] || queries <= fewest) {
+      same.add(p.unit_tile[u], t, segs, 1);
+      continue;
+    }
+    own.add(p.unit_tile[u], t, segs, 1);
     for (size_t i = 0; i < n; ++i) {
-      if (kept || queries <= per_tile[i]) {
+      if (queries <= per_tile[i]) {
         tally[i].add(p.unit_tile[u], t, segs, 1);
         continue;
       }
@@ -304,38 +331,42 @@ std::array<AutoCostFeatures, kSmallerTileRows.size()> smaller_tiles_estimates(co
       if (rest > 0) tally[i].add(tile_of[rest * G], t, segs, 1);
     }
   }
-  std::array<AutoCostFeatures, n> f;
-  for (size_t i = 0; i < n; ++i) f[i] = tally[i].finish(w, opt, p.num_slots, 0);
+  NodeFeatures f;
+  own.merge(same);
+  f.own = own.finish(w, opt, p.num_slots, 0);
+  for (size_t i = 0; i < n; ++i) {
+    tally[i].merge(same);
+    f.smaller_tiles[i] = tally[i].finish(w, opt, p.num_slots, 0);
+  }
   return f;
 }
 
+// `node`: node_features of the plan in `out`, updated with it.
 void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
-                             const AutoCostModel& model, PlanScratch& scratch, Plan& out, AutoCostFeatures& node) {
+                             const AutoCostModel& model, PlanScratch& scratch, Plan& out, NodeFeatures& node) {
   PlanScratch::Buffers& m = scratch.buffers();
   const int64_t G = w.heads.group_size(), kv = w.heads.num_kv_heads;
   planning::NodeShape shape = planning::node_shape(opt);
   planning::CompactUnitsSummary base = m.compact_units;  // of the plan in `out`
-  double best = model.predict(node);                     // of the plan in `out`
+  double best = model.predict(node.own);                 // of the plan in `out`
   Plan& other = m.other;
   // 1. Smaller Q tiles.
   if (opt.extra.count("tile_rows") == 0) {
-    auto estimates = smaller_tiles_estimates(w, out, opt);
     for (size_t i = 0; i < kSmallerTileRows.size(); ++i) {
       const int64_t rows = kSmallerTileRows[i];
       // Tiles of at most G rows all hold one query: the same plan.
       if (std::max<int64_t>(rows, G) >= std::max<int64_t>(shape.tile_rows, G)) continue;
       // The estimate is the plan's own features unless the smaller tiles
       // change node's folds or compact subtrees: half the margin is slack.
-      if (model.predict(estimates[i]) >= (1 - kSmallerTilesGain / 2) * best) continue;
+      if (model.predict(node.smaller_tiles[i]) >= (1 - kSmallerTilesGain / 2) * best) continue;
       planning::plan_node_shaped(w, ix, opt, {shape.compact_rows, rows}, scratch, other);
-      const AutoCostFeatures f = features_of(w, other, opt, 0);
-      if (model.predict(f) >= (1 - kSmallerTilesGain) * best) continue;
+      const NodeFeatures f = node_features(w, other, opt);
+      if (model.predict(f.own) >= (1 - kSmallerTilesGain) * best) continue;
       std::swap(out, other);
       node = f;
-      best = model.predict(f);
+      best = model.predict(f.own);
       base = m.compact_units;
       shape.tile_rows = rows;
-      estimates = smaller_tiles_estimates(w, out, opt);
     }
   }
 
@@ -369,7 +400,7 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
     const AutoCostFeatures f = features_of(w, other, opt, 0);
     if (model.predict(f) < (1 - kWiderUnitsGain) * best) {
       std::swap(out, other);
-      node = f;
+      node.own = f;  // (its smaller_tiles are not used again)
       best = model.predict(f);
     }
   }
@@ -389,8 +420,9 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   plan_node_reusing(w, ix, opt, scratch, out);
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
-  AutoCostFeatures node = features_of(w, out, opt, 0);
-  take_cheaper_node_shape(w, ix, opt, model, scratch, out, node);
+  NodeFeatures priced = node_features(w, out, opt);
+  take_cheaper_node_shape(w, ix, opt, model, scratch, out, priced);
+  AutoCostFeatures node = priced.own;
   // Per-query's features, each at most its value: every query's path loaded
   // once (exact), cut into pieces of split_length tokens (as per_query.cpp
   // does; more where a piece would exceed 64 segments), one launch, a
