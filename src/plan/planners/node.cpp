@@ -55,8 +55,8 @@ int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads)
 
 // The folds (planning::FoldPlan) into f, and the nodes planned as nodes
 // (uncovered, with tokens and queries, not folded) into f.planned.
-void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& covered, int64_t per_tile,
-               int64_t max_tokens, planning::FoldPlan& f) {
+void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& covered,
+               const std::vector<int32_t>& query_tiles, int64_t max_tokens, planning::FoldPlan& f) {
   const size_t n = w.tree.nodes.size();
   f.folded.assign(n, 0);
   f.chain.resize(n);
@@ -72,7 +72,7 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& 
   f.planned.resize(count);
   if (max_tokens <= 0) return;
   // Q tiles of a node's subtree queries (sub[v].size() = ix.subtree_queries[v]).
-  const auto tiles = [&](int32_t v) { return planning::ceil_div(int64_t(ix.subtree_queries[v]), per_tile); };
+  const auto tiles = [&](int32_t v) { return int64_t(query_tiles[size_t(ix.subtree_queries[v])]); };
   const int64_t slot = slot_bytes(w), kv_token = w.kv_bytes_per_token();
   int64_t saved = 0;
   size_t folds = 0;
@@ -132,14 +132,14 @@ int32_t piece_count(int32_t tokens, int64_t piece) {
 void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, int32_t per_tile,
                 PlanScratch::Buffers& m, planning::NodeCandidate& c) {
   c.per_tile = per_tile;
-  fold_plan(w, ix, c.covered, per_tile,
-            planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), c.fold);
+  const std::vector<int32_t>& tiles = m.query_tiles;
+  fold_plan(w, ix, c.covered, tiles, planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0),
+            c.fold);
   std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each unit and node
   jobs.clear();
   for (size_t u = 0; u < c.compact.size(); ++u) jobs.emplace_back(c.compact.tokens(u), 1);
   for (const int32_t v : c.fold.planned)
-    jobs.emplace_back(w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v),
-                      planning::ceil_div(int64_t(m.sub[v].size()), int64_t(per_tile)));
+    jobs.emplace_back(w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v), tiles[m.sub[v].size()]);
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
   const int64_t scale = planning::integer_option(opt, "node", "split_scale", 1, 1);
   c.piece = forced > 0 ? forced : scale * planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
@@ -198,9 +198,9 @@ struct UnitBytes {
   int64_t kv = 0, partials = 0;
 };
 UnitBytes candidate_bytes(const Workload& w, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
-                          std::vector<int32_t>& per_query, std::vector<int32_t>& diff) {
+                          const std::vector<int32_t>& query_tiles, std::vector<int32_t>& per_query,
+                          std::vector<int32_t>& diff) {
   const size_t nq = w.query_nodes.size();
-  const int32_t per_tile = c.per_tile;
   per_query.assign(nq, 0);
   int64_t tokens = 0, slots = 0;
   for (size_t u = 0; u < c.compact.size(); ++u) {
@@ -211,8 +211,7 @@ UnitBytes candidate_bytes(const Workload& w, const planning::SubtreeQueries& sub
   diff.assign(nq + 1, 0);
   for (const int32_t v : c.fold.planned) {
     const int32_t k = piece_count(w.tree.nodes[v].num_tokens, c.piece);
-    tokens += planning::ceil_div(int64_t(sub[v].size()), per_tile) *
-              (w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v));
+    tokens += int64_t(query_tiles[sub[v].size()]) * (w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v));
     diff[size_t(sub.begin[v])] += k;
     diff[size_t(sub.end[v])] -= k;
   }
@@ -246,6 +245,11 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   const int64_t flat_rows = shape.compact_rows;
   const int32_t per_tile = queries_per_tile(w, shape.tile_rows);
   PlanScratch::Buffers& m = scratch.buffers();
+  m.query_tiles.resize(w.query_nodes.size() + 1);
+  for (int32_t k = 0, tiles = 0, left = 0; size_t(k) < m.query_tiles.size(); ++k, --left) {  // ceil(k / per_tile)
+    m.query_tiles[size_t(k)] = tiles;
+    if (left == 0) ++tiles, left = per_tile;
+  }
   m.sub.build(w, ix);
   m.down.build(w, ix);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
@@ -278,8 +282,8 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
     const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
       plan_nodes(w, ix, opt, per_tile, m, b);
-      const UnitBytes x = candidate_bytes(w, m.sub, a, m.units_of_query, m.query_diff),
-                      y = candidate_bytes(w, m.sub, b, m.units_of_query, m.query_diff);
+      const UnitBytes x = candidate_bytes(w, m.sub, a, m.query_tiles, m.units_of_query, m.query_diff),
+                      y = candidate_bytes(w, m.sub, b, m.query_tiles, m.units_of_query, m.query_diff);
       if ((y.kv - x.kv) * 2 <= kMaxRereadPerSlotByte * (x.partials - y.partials)) {
         taken = &b;
         compact = long_compact;

@@ -242,6 +242,7 @@ struct PlanScratch::Buffers {
   std::vector<std::pair<int64_t, int64_t>> jobs;
   std::vector<int64_t> piece_lengths, slot_loads;
   std::vector<int32_t> units_of_query, query_diff, path;
+  std::vector<int32_t> query_tiles;  // node: query_tiles[k], the Q tiles of k queries (a table: no division)
   std::vector<Segment> segments;
   planning::CompactUnitsSummary compact_units;  // of node's last plan (plan_node_shaped)
   planning::ProtoUnits wider;                    // auto: compact units of more rows
