@@ -464,6 +464,9 @@ struct TreeAttention::Impl {
       const int32_t b = t.page_offsets[v], e = t.page_offsets[v + 1];
       if (e < b) fail("page_offsets decreases at node " + std::to_string(v) + " (" + std::to_string(b) + " > " +
                       std::to_string(e) + ")");
+      if (size_t(e) > t.page_ids.size())  // (offsets start at 0 and never decrease: b >= 0)
+        fail("page_offsets[" + std::to_string(v + 1) + "] = " + std::to_string(e) + " is beyond len(page_ids) = " +
+             std::to_string(t.page_ids.size()));
       Node& node = scratch.tree.nodes[v];
       node.parent = t.parents[v];
       node.num_tokens = t.num_tokens[v];
@@ -571,6 +574,16 @@ void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays&
          std::to_string(d.draft_parents.size()) + ", " + std::to_string(d.draft_rows.size()) + ")");
   m.load_tree(tree, k, k);
   const int32_t n = int32_t(tree.parents.size()), ps = m.cfg.page_size;
+  // The tree's parents and queries name its own nodes: the drafts' nodes,
+  // numbered after them, are not theirs to name (the tree's check sees both).
+  for (int32_t v = 0; v < n; ++v)
+    if (tree.parents[size_t(v)] < -1 || tree.parents[size_t(v)] >= n)
+      fail("parents[" + std::to_string(v) + "] = " + std::to_string(tree.parents[size_t(v)]) +
+           " is out of range [-1, " + std::to_string(n) + ")");
+  for (size_t j = 0; j < tree.query_nodes.size(); ++j)
+    if (tree.query_nodes[j] < 0 || tree.query_nodes[j] >= n)
+      fail("query_nodes[" + std::to_string(j) + "] = " + std::to_string(tree.query_nodes[j]) +
+           " is out of range [0, " + std::to_string(n) + ")");
   m.resize_nodes(size_t(n) + k);
   for (size_t i = 0; i < k; ++i) {
     const auto at = [i] { return "draft " + std::to_string(i) + ": "; };  // built only on failure: this runs every step

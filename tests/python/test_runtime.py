@@ -284,6 +284,102 @@ def test_bad_plans_name_the_field():
         attn.plan_tree_queries(**tree, draft_nodes=[1], draft_parents=[-1], draft_rows=[9])
 
 
+EXTREMES = [-2**31, -2, -1, 0, 1, 2**31 - 1, 2**31, 2**40, -2**63]
+
+
+def mutate(rng, arrays):
+    """One random change to one of `arrays` (a dict of int lists): an entry set to a
+    random or extreme value, an entry dropped or added, or the array passed as
+    another dtype, shape or layout. Returns the changed dict and what changed."""
+    key = str(rng.choice(sorted(arrays)))
+    a = list(arrays[key])
+    kind = int(rng.integers(0, 8))
+    if kind <= 2 and a:  # an entry changed
+        i = int(rng.integers(0, len(a)))
+        a[i] = int(rng.choice(EXTREMES)) if kind == 0 else a[i] + int(rng.integers(-3, 4))
+        value = a
+    elif kind == 3 and a:
+        value = a[:-1]
+    elif kind == 4:
+        value = a + [int(rng.integers(-1, 40))]
+    elif kind == 5:
+        value = np.array(a, dtype=np.int64).astype([np.int64, np.int16, np.float32, np.uint32][int(rng.integers(0, 4))])
+    elif kind == 6:  # every other entry of an array twice as long: a strided view
+        value = np.repeat(np.array(a, dtype=np.int32), 2)[::2]
+    else:
+        value = np.array(a, dtype=np.int32).reshape(1, -1) if a else np.zeros((0, 2), np.int32)
+    return {**arrays, key: value}, f"{key}: kind {kind}"
+
+
+def test_random_argument_mutations_plan_correctly_or_raise():
+    """Valid trees, block tables and draft trees with one argument changed at random:
+    each plan call either raises ValueError or TypeError and keeps the plan in force
+    (a run still matches the last accepted plan's reference), or plans what the
+    arrays say (a run matches their reference). No other exception, no crash."""
+    rng = np.random.default_rng(11)
+    ps, H, Hkv, D = 4, 4, 2, 64
+    pages = 64
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, dtype="fp16", device="cpu", max_queries=12, max_nodes=24,
+                                  max_page_refs=128)
+    k = rng.uniform(-1, 1, (pages, ps, Hkv, D)).astype(np.float16)
+    v = rng.uniform(-1, 1, (pages, ps, Hkv, D)).astype(np.float16)
+    raised, accepted = [0, 0, 0], [0, 0, 0]  # per way to plan
+    rows_in_force = None
+
+    def check(rows):
+        q = rng.uniform(-1, 1, (len(rows), H, D)).astype(np.float16)
+        assert rel_err(attn.run(q, k, v), reference(q, k, v, rows)[0]) < 2e-3
+
+    for trial in range(3000):
+        way = trial % 3
+        tree, _ = random_tree(rng, int(rng.integers(1, 10)), int(rng.integers(1, 8)), ps, max_tokens=20)
+        if way == 0:
+            args, what = mutate(rng, tree)
+            call = lambda a: attn.plan_tree(**a)  # noqa: E731
+        elif way == 1:
+            nseq = int(rng.integers(1, 6))
+            perm = [int(x) for x in rng.permutation(pages)]
+            tables = [perm[:3] + perm[3 + 2 * i: 5 + 2 * i] for i in range(nseq)]
+            lens = [int(rng.integers(3 * ps + 1, 5 * ps + 1)) for _ in range(nseq)]  # the shared pages full
+            args, what = mutate(rng, dict(block_tables=[x for t in tables for x in t], seq_lens=lens))
+            call = lambda a: attn.plan_block_tables(  # noqa: E731
+                np.asarray(a["block_tables"]).reshape(nseq, -1) if np.asarray(a["block_tables"]).size % nseq == 0
+                else np.asarray(a["block_tables"]), a["seq_lens"])
+        else:
+            drafts = int(rng.integers(1, 4))
+            draft = dict(draft_nodes=[tree["query_nodes"][0]] * drafts,
+                         draft_parents=[int(rng.integers(-1, j)) for j in range(drafts)],
+                         draft_rows=[pages * ps - 1 - j for j in range(drafts)])
+            args, what = mutate(rng, {**tree, **draft})
+            call = lambda a: attn.plan_tree_queries(**a)  # noqa: E731
+        try:
+            call(args)
+        except (ValueError, TypeError):
+            raised[way] += 1
+            if rows_in_force is not None:
+                check(rows_in_force)  # the plan in force is the last accepted one
+            continue
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"trial {trial} ({what}): {type(e).__name__}: {e}")
+        accepted[way] += 1
+        # Accepted: the arrays as passed describe a valid step; its rows from them.
+        a = {key: [int(x) for x in np.asarray(val).reshape(-1)] for key, val in args.items()}
+        if way == 1:
+            width = len(a["block_tables"]) // len(a["seq_lens"])
+            rows_in_force = [[a["block_tables"][s * width + i // ps] * ps + i % ps for i in range(n)]
+                             for s, n in enumerate(a["seq_lens"])]
+        else:
+            rows_in_force = [token_rows(a, n, ps) for n in a["query_nodes"]]
+            if way == 2:
+                chain = []
+                for j, p in enumerate(a["draft_parents"]):
+                    chain.append((chain[p] if p >= 0 else token_rows(a, a["draft_nodes"][j], ps)) + [a["draft_rows"][j]])
+                rows_in_force += chain
+        assert attn.num_queries == len(rows_in_force), what
+        check(rows_in_force)
+    assert min(raised) > 100 and min(accepted) > 100, (raised, accepted)
+
+
 def test_bad_run_arguments_name_the_argument():
     attn, tree = make_small()
     rng = np.random.default_rng(5)

@@ -181,10 +181,29 @@ TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
   EXPECT_NE(error_of([&] { ta.plan_tree({parents, tokens, short_offsets, pages, queries, {}}); })
                 .find("page_offsets has 2 entries, expected nodes + 1 = 3"),
             std::string::npos);
+  // An offset past the page ids that later ones undo (found by the Python
+  // argument mutation test: the first node read 2^31 pages).
+  const std::vector<int32_t> three{-1, 0, 1}, three_tokens{8, 2, 0}, past_end{0, 2, 2147483647, 3};
+  EXPECT_NE(error_of([&] { ta.plan_tree({three, three_tokens, past_end, pages, queries, {}}); })
+                .find("page_offsets[2] = 2147483647 is beyond len(page_ids) = 3"),
+            std::string::npos);
   const std::vector<int32_t> dn{1}, dp{0};
   const std::vector<int64_t> dr{9};
   EXPECT_NE(error_of([&] { ta.plan_tree_queries({parents, tokens, offsets, pages, queries, {}}, {dn, dp, dr}); })
                 .find("draft_parents = 0 must be -1 or an earlier draft"),
+            std::string::npos);
+  const std::vector<int32_t> on_a_draft{1, 2}, root_parent{-1};  // node 2 would be the draft's
+  const std::vector<int64_t> free_row{15};
+  EXPECT_NE(error_of([&] {
+              ta.plan_tree_queries({parents, tokens, offsets, pages, on_a_draft, {}}, {dn, root_parent, free_row});
+            })
+                .find("query_nodes[1] = 2 is out of range [0, 2)"),
+            std::string::npos);
+  const std::vector<int32_t> under_a_draft{-1, 2};
+  EXPECT_NE(error_of([&] {
+              ta.plan_tree_queries({under_a_draft, tokens, offsets, pages, queries, {}}, {dn, root_parent, free_row});
+            })
+                .find("parents[1] = 2 is out of range [-1, 2)"),
             std::string::npos);
   EXPECT_EQ(ta.num_queries(), 2);  // the first plan is still in force
   EXPECT_LE(step_error(ta, 1), 2e-3);
