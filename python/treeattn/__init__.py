@@ -58,6 +58,17 @@ def _kv_dtype_name(kv_dtype: Any, dtype: str) -> str:
     raise TypeError(f"kv_dtype: expected None, the dtype ({dtype}) or fp8_e4m3 (torch.float8_e4m3fn), got {kv_dtype!r}")
 
 
+def _first_slots(first_slots: Any, parents: np.ndarray) -> Optional[np.ndarray]:
+    """first_slots as _index makes it, None when not given. The extension reads
+    an empty array as "not given": one given empty for a tree is refused here."""
+    if first_slots is None:
+        return None
+    fs = _index("first_slots", first_slots)
+    if fs.size == 0 and parents.size != 0:
+        raise ValueError(f"first_slots: 0 entries for {parents.size} nodes (pass None for all-zero first slots)")
+    return fs
+
+
 def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
     """A contiguous host integer array from a list, NumPy array or CPU tensor."""
     if type(x) is np.ndarray and x.dtype == dtype and x.ndim == ndim and x.flags.c_contiguous:
@@ -221,10 +232,10 @@ class TreeAttention:
         to the path root..``query_nodes[i]``. ``first_slots[v]`` (optional) is
         the slot of node v's first token in its first page (0: page-aligned).
         """
-        fs = None if first_slots is None else _index("first_slots", first_slots)
-        self._impl.plan_tree(_index("parents", parents), _index("num_tokens", num_tokens),
-                             _index("page_offsets", page_offsets), _index("page_ids", page_ids),
-                             _index("query_nodes", query_nodes), fs, self._stream(stream))
+        p = _index("parents", parents)
+        self._impl.plan_tree(p, _index("num_tokens", num_tokens), _index("page_offsets", page_offsets),
+                             _index("page_ids", page_ids), _index("query_nodes", query_nodes),
+                             _first_slots(first_slots, p), self._stream(stream))
 
     def plan_block_tables(self, block_tables, seq_lens, stream: Optional[int] = None) -> None:
         """Plans a step from vLLM-style block tables ``[batch, width]`` and
@@ -243,10 +254,10 @@ class TreeAttention:
         attends to the node's path, its draft ancestors and itself. Queries are
         ``query_nodes`` first, then the drafts in order.
         """
-        fs = None if first_slots is None else _index("first_slots", first_slots)
-        self._impl.plan_tree_queries(_index("parents", parents), _index("num_tokens", num_tokens),
-                                     _index("page_offsets", page_offsets), _index("page_ids", page_ids),
-                                     _index("query_nodes", query_nodes), fs, _index("draft_nodes", draft_nodes),
+        p = _index("parents", parents)
+        self._impl.plan_tree_queries(p, _index("num_tokens", num_tokens), _index("page_offsets", page_offsets),
+                                     _index("page_ids", page_ids), _index("query_nodes", query_nodes),
+                                     _first_slots(first_slots, p), _index("draft_nodes", draft_nodes),
                                      _index("draft_parents", draft_parents),
                                      _index("draft_rows", draft_rows, dtype=np.int64), self._stream(stream))
 

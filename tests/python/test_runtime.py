@@ -276,6 +276,8 @@ def test_bad_plans_name_the_field():
             attn.plan_tree(**{**tree, **change})
     with pytest.raises(TypeError, match="page_ids"):
         attn.plan_tree(**{**tree, "page_ids": [0.5, 1.0, 2.0]})
+    with pytest.raises(ValueError, match="first_slots: 0 entries for 2 nodes"):
+        attn.plan_tree(**tree, first_slots=[])
     with pytest.raises(ValueError, match="draft_parents"):
         attn.plan_tree_queries(**tree, draft_nodes=[1], draft_parents=[3], draft_rows=[13])
     with pytest.raises(ValueError, match="draft_rows"):
@@ -334,7 +336,8 @@ def test_random_argument_mutations_plan_correctly_or_raise():
         way = trial % 3
         tree, _ = random_tree(rng, int(rng.integers(1, 10)), int(rng.integers(1, 8)), ps, max_tokens=20)
         if way == 0:
-            args, what = mutate(rng, tree)
+            first_slots = [0] * len(tree["parents"]) if trial % 2 else None  # mutated into partial first pages
+            args, what = mutate(rng, {**tree, "first_slots": first_slots} if first_slots else tree)
             call = lambda a: attn.plan_tree(**a)  # noqa: E731
         elif way == 1:
             nseq = int(rng.integers(1, 6))
@@ -369,7 +372,7 @@ def test_random_argument_mutations_plan_correctly_or_raise():
             rows_in_force = [[a["block_tables"][s * width + i // ps] * ps + i % ps for i in range(n)]
                              for s, n in enumerate(a["seq_lens"])]
         else:
-            rows_in_force = [token_rows(a, n, ps) for n in a["query_nodes"]]
+            rows_in_force = [token_rows(a, n, ps, a.get("first_slots")) for n in a["query_nodes"]]
             if way == 2:
                 chain = []
                 for j, p in enumerate(a["draft_parents"]):
