@@ -335,6 +335,13 @@ void read_dlpack(const char* name, PyObject* o, View& v, const Where& where) {
   try {
     v.nd = nb::cast<Tensor>(nb::handle(o), /*convert=*/false);  // no copies: out must be the caller's memory
   } catch (const nb::cast_error&) {
+    // A read-only NumPy array has no writable DLPack export: say so, not "no tensor".
+    nb::object flags = nb::steal(PyObject_GetAttrString(o, "flags"));
+    if (!flags.is_valid()) PyErr_Clear();
+    nb::object writeable = flags.is_valid() ? nb::steal(PyObject_GetAttrString(flags.ptr(), "writeable")) : nb::object();
+    if (flags.is_valid() && !writeable.is_valid()) PyErr_Clear();
+    if (writeable.is_valid() && writeable.ptr() == Py_False)
+      value_error(std::string(name) + ": a read-only array (the runtime takes writable ones; pass a copy)");
     throw nb::type_error((std::string(name) + ": expected a tensor (PyTorch, or anything with DLPack), got " +
                           nb::inst_name(nb::handle(o)).c_str())
                              .c_str());

@@ -383,6 +383,83 @@ def test_random_argument_mutations_plan_correctly_or_raise():
     assert min(raised) > 100 and min(accepted) > 100, (raised, accepted)
 
 
+def layout_variant(rng, x):
+    """x (a NumPy array) as another layout of the same values, or a wrong one:
+    another dtype, two axes swapped (a transposed view), a strided view into a
+    larger array, one axis reversed (negative strides), a dimension added or
+    lost, no rows, read-only, Fortran order, or a CPU torch tensor of a view.
+    Returns the variant and its name."""
+    kind = int(rng.integers(0, 10))
+    ax = int(rng.integers(0, x.ndim))
+    if kind == 0:
+        dt = [np.float32, np.float64, np.int16, np.float16][int(rng.integers(0, 4))]
+        with np.errstate(invalid="ignore"):  # NaN-filled outputs as integers
+            return x.astype(dt), f"dtype {np.dtype(dt).name}"
+    if kind == 1:
+        ax2 = int(rng.integers(0, x.ndim))
+        return np.swapaxes(x, ax, ax2), f"axes {ax}, {ax2} swapped"
+    if kind == 2:  # the same values every other entry of axis ax of a larger array
+        big = np.repeat(x, 2, axis=ax)
+        return big[(slice(None),) * ax + (slice(None, None, 2),)], f"strided along axis {ax}"
+    if kind == 3:
+        return np.flip(x, axis=ax), f"axis {ax} reversed"
+    if kind == 4:
+        return x[None], "a dimension added"
+    if kind == 5:
+        return x[0], "a dimension lost"
+    if kind == 6:
+        return x[:0], "no rows"
+    if kind == 7:
+        y = x.copy()
+        y.setflags(write=False)
+        return y, "read-only"
+    if kind == 8:
+        return np.asfortranarray(x), "Fortran order"
+    big = np.repeat(x, 2, axis=ax)
+    return torch.from_numpy(big[(slice(None),) * ax + (slice(None, None, 2),)]), f"torch, strided along axis {ax}"
+
+
+def test_random_run_argument_layouts_run_correctly_or_raise():
+    """run() with one of q, k_pool, v_pool, out, lse in another layout (or a
+    wrong one): ValueError or TypeError, out and lse untouched; or attention
+    of the values given, written where the arrays say. No other exception,
+    no crash."""
+    rng = np.random.default_rng(12)
+    ps, H, Hkv, D, pages = 4, 4, 2, 64, 16
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, device="cpu", max_queries=8, max_nodes=8, max_page_refs=32)
+    tree = dict(parents=[-1, 0, 0], num_tokens=[9, 3, 6], page_offsets=[0, 3, 4, 6], page_ids=[7, 2, 11, 4, 9, 13],
+                query_nodes=[1, 2, 2])
+    attn.plan_tree(**tree)
+    rows = [token_rows(tree, n, ps) for n in tree["query_nodes"]]
+    raised, ran = 0, 0
+
+    def values(x):
+        return np.array(x.numpy() if isinstance(x, torch.Tensor) else x)
+
+    for trial in range(600):
+        args = dict(q=rng.uniform(-1, 1, (3, H, D)).astype(np.float16),
+                    k_pool=rng.uniform(-1, 1, (pages, ps, Hkv, D)).astype(np.float16),
+                    v_pool=rng.uniform(-1, 1, (pages, ps, Hkv, D)).astype(np.float16),
+                    out=np.full((3, H, D), np.nan, np.float16), lse=np.full((3, H), np.nan, np.float32))
+        key = str(rng.choice(sorted(args)))
+        args[key], what = layout_variant(rng, args[key])
+        given = {k: values(v) for k, v in args.items()}  # the values, before the call
+        try:
+            attn.run(args["q"], args["k_pool"], args["v_pool"], args["out"], lse=args["lse"])
+        except (ValueError, TypeError):
+            raised += 1
+            for name in ("out", "lse"):  # nothing written
+                assert np.array_equal(values(args[name]), given[name], equal_nan=True), (trial, what, name)
+            continue
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"trial {trial} ({key}: {what}): {type(e).__name__}: {e}")
+        ran += 1
+        ref, ref_lse = reference(given["q"], given["k_pool"], given["v_pool"], rows)
+        assert rel_err(values(args["out"]), ref) < 2e-3, (trial, key, what)
+        assert np.allclose(values(args["lse"]), ref_lse, atol=1e-3), (trial, key, what)
+    assert raised > 100 and ran > 30, (raised, ran)
+
+
 def test_bad_run_arguments_name_the_argument():
     attn, tree = make_small()
     rng = np.random.default_rng(5)
@@ -403,6 +480,10 @@ def test_bad_run_arguments_name_the_argument():
         attn.run(q[:, :, ::2].repeat(2, axis=2)[:, :, ::1][:, ::-1], k, k)
     with pytest.raises(ValueError, match="out: must not alias q"):
         attn.run(q, k, k, out=q)
+    read_only = q.copy()
+    read_only.setflags(write=False)
+    with pytest.raises(ValueError, match="out: a read-only array"):
+        attn.run(q, k, k, out=read_only)
     for device in ("tpu", "cpu:0", "cuda:x", "cuda:-1", "cuda:"):
         with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:<index>', got '" + device):
             treeattn.TreeAttention(4, 2, 64, 4, 16, device=device)
