@@ -62,6 +62,7 @@ struct View {
   nb::dlpack::dtype dl_dtype{};
   int32_t dl_device = 0;
   Tensor nd;  // the DLPack import, kept while the view is used
+  nb::ndarray<nb::ro> nd_read_only;  // that of a read-only input (q, k_pool, v_pool)
 };
 
 [[noreturn]] void value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
@@ -330,23 +331,9 @@ void read_torch(const char* name, PyObject* o, View& v, const Where& where, bool
   }
 }
 
-void read_dlpack(const char* name, PyObject* o, View& v, const Where& where) {
-  const bool want_cuda = where.cuda;
-  try {
-    v.nd = nb::cast<Tensor>(nb::handle(o), /*convert=*/false);  // no copies: out must be the caller's memory
-  } catch (const nb::cast_error&) {
-    // A read-only NumPy array has no writable DLPack export: say so, not "no tensor".
-    nb::object flags = nb::steal(PyObject_GetAttrString(o, "flags"));
-    if (!flags.is_valid()) PyErr_Clear();
-    nb::object writeable = flags.is_valid() ? nb::steal(PyObject_GetAttrString(flags.ptr(), "writeable")) : nb::object();
-    if (flags.is_valid() && !writeable.is_valid()) PyErr_Clear();
-    if (writeable.is_valid() && writeable.ptr() == Py_False)
-      value_error(std::string(name) + ": a read-only array (the runtime takes writable ones; pass a copy)");
-    throw nb::type_error((std::string(name) + ": expected a tensor (PyTorch, or anything with DLPack), got " +
-                          nb::inst_name(nb::handle(o)).c_str())
-                             .c_str());
-  }
-  const Tensor& t = v.nd;
+// The view's fields from a DLPack import (writable, or a read-only input's).
+template <class Array>
+void fill_from_dlpack(const Array& t, View& v, bool want_cuda) {
   v.ptr = reinterpret_cast<uintptr_t>(t.data());
   v.ndim = int(t.ndim());
   for (int i = 0; i < std::min(v.ndim, kMaxDims); ++i) v.shape[i] = int64_t(t.shape(size_t(i))), v.strides[i] = t.stride(size_t(i));
@@ -362,14 +349,40 @@ void read_dlpack(const char* name, PyObject* o, View& v, const Where& where) {
   if (want_cuda && v.on_device) v.device_index = t.device_id();
 }
 
-void read_view(const char* name, nb::handle h, View& v, const Where& where) {
+// `input`: only read (q and the pools), so a read-only array is taken too.
+void read_dlpack(const char* name, PyObject* o, View& v, const Where& where, bool input) {
+  try {
+    v.nd = nb::cast<Tensor>(nb::handle(o), /*convert=*/false);  // no copies: out must be the caller's memory
+    return fill_from_dlpack(v.nd, v, where.cuda);
+  } catch (const nb::cast_error&) {
+  }
+  if (input) {
+    try {
+      v.nd_read_only = nb::cast<nb::ndarray<nb::ro>>(nb::handle(o), /*convert=*/false);
+      return fill_from_dlpack(v.nd_read_only, v, where.cuda);
+    } catch (const nb::cast_error&) {
+    }
+  }
+  // A read-only NumPy array has no writable DLPack export: say so, not "no tensor".
+  nb::object flags = nb::steal(PyObject_GetAttrString(o, "flags"));
+  if (!flags.is_valid()) PyErr_Clear();
+  nb::object writeable = flags.is_valid() ? nb::steal(PyObject_GetAttrString(flags.ptr(), "writeable")) : nb::object();
+  if (flags.is_valid() && !writeable.is_valid()) PyErr_Clear();
+  if (writeable.is_valid() && writeable.ptr() == Py_False)
+    value_error(std::string(name) + ": a read-only array (the runtime writes it; pass a writable one)");
+  throw nb::type_error((std::string(name) + ": expected a tensor (PyTorch, or anything with DLPack), got " +
+                        nb::inst_name(nb::handle(o)).c_str())
+                           .c_str());
+}
+
+void read_view(const char* name, nb::handle h, View& v, const Where& where, bool input) {
   v.obj = h.ptr();
   Torch& T = torch_info();
   bool dir = false;
   if (T.is_tensor(h.ptr(), &dir))
     read_torch(name, h.ptr(), v, where, dir, T);
   else
-    read_dlpack(name, h.ptr(), v, where);
+    read_dlpack(name, h.ptr(), v, where, input);
 }
 
 // A tensor of the runtime's dtype (the K/V pools: of its kv dtype) on its
@@ -475,12 +488,12 @@ float float_of(const char* name, nb::handle x, float none) {
 AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle q, nb::handle k, nb::handle v,
                         nb::handle out, nb::handle lse, nb::handle scale, nb::handle k_scale, nb::handle v_scale) {
   View vq, vk, vv, vo, vl;
-  read_view("q", q, vq, where);
-  read_view("k_pool", k, vk, where);
-  read_view("v_pool", v, vv, where);
-  read_view("out", out, vo, where);
+  read_view("q", q, vq, where, /*input=*/true);
+  read_view("k_pool", k, vk, where, /*input=*/true);
+  read_view("v_pool", v, vv, where, /*input=*/true);
+  read_view("out", out, vo, where, /*input=*/false);
   const bool has_lse = !lse.is_none();
-  if (has_lse) read_view("lse", lse, vl, where);
+  if (has_lse) read_view("lse", lse, vl, where, /*input=*/false);
   return checked_args(ta, vq, vk, vv, vo, has_lse ? &vl : nullptr, float_of("scale", scale, 0.f),
                       float_of("k_scale", k_scale, 1.f), float_of("v_scale", v_scale, 1.f));
 }

@@ -484,6 +484,9 @@ def test_bad_run_arguments_name_the_argument():
     read_only.setflags(write=False)
     with pytest.raises(ValueError, match="out: a read-only array"):
         attn.run(q, k, k, out=read_only)
+    k_read_only = k.copy()
+    k_read_only.setflags(write=False)  # inputs are only read: taken as they are
+    assert np.array_equal(attn.run(read_only, k_read_only, k_read_only), attn.run(q, k, k))
     for device in ("tpu", "cpu:0", "cuda:x", "cuda:-1", "cuda:"):
         with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:<index>', got '" + device):
             treeattn.TreeAttention(4, 2, 64, 4, 16, device=device)
