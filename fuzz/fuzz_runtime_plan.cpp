@@ -2,9 +2,9 @@
 // plan_block_tables, plan_tree_queries on the CPU device) with the arrays an
 // engine passes. The input bytes build up to four steps on one object: a
 // valid random tree (or block tables, or a tree with draft tokens), or the
-// last step's tree with its query nodes grown (a decode step: the extension
-// path), then up to three entries changed (a raw, shifted, bit-flipped or
-// boundary value). Oracles:
+// last step's tree with its query nodes grown, or its block tables with their
+// sequences grown (decode steps: the extension paths), then up to three
+// entries changed (a raw, shifted, bit-flipped or boundary value). Oracles:
 //   - a call either throws treeattn::Error or plans (no other exception, no
 //     sanitizer report: the arrays are untrusted);
 //   - a call that throws leaves the plan in force (the last accepted step);
@@ -96,6 +96,38 @@ bool grown(Reader& r, int ps, const Step& last, Step& s) {
   for (const auto& p : node_pages) {
     s.pages.insert(s.pages.end(), p.begin(), p.end());
     s.offsets.push_back(int32_t(s.pages.size()));
+  }
+  return true;
+}
+
+// The last step's block tables with each sequence 0-2 tokens longer (a fresh
+// page when its last fills; the table one column wider for them): a decode
+// step of block tables.
+bool grown_tables(Reader& r, int ps, const Step& last, Step& s) {
+  if (last.mode != 1 || last.seq_lens.empty()) return false;
+  s = last;
+  const size_t seqs = s.seq_lens.size();
+  const int32_t width = s.width + 1;
+  std::vector<char> used(kPages, 0);
+  for (const int32_t pg : s.tables)
+    if (pg >= 0 && pg < kPages) used[size_t(pg)] = 1;
+  s.tables.assign(seqs * size_t(width), -1);
+  for (size_t q = 0; q < seqs; ++q)
+    std::copy(last.tables.begin() + int64_t(q) * last.width, last.tables.begin() + int64_t(q + 1) * last.width,
+              s.tables.begin() + int64_t(q) * width);
+  s.width = width;
+  for (size_t q = 0; q < seqs; ++q) {
+    const int32_t add = r.byte() % 3;
+    for (int32_t a = 0; a < add; ++a) {
+      if (s.seq_lens[q] % ps == 0) {
+        const int32_t k = s.seq_lens[q] / ps;  // the new page's column
+        const auto it = std::find(used.begin(), used.end(), 0);
+        if (k >= width || it == used.end()) break;
+        *it = 1;
+        s.tables[q * size_t(width) + size_t(k)] = int32_t(it - used.begin());
+      }
+      ++s.seq_lens[q];
+    }
   }
   return true;
 }
@@ -228,7 +260,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int step = 0; step < 4 && r.n > 0; ++step) {
     Step s;
     const int mode = r.byte() % 4;
-    if (mode != 3 || !grown(r, ps, last, s)) {
+    if (mode != 3 || !(grown(r, ps, last, s) || grown_tables(r, ps, last, s))) {
       s = Step();
       if (mode == 1) {
         random_block_tables(r, ps, s);
