@@ -24,19 +24,6 @@ static const treeattn_fuzz::SmallInputLimit kLimit;  // fuzz_util.hpp: small fil
 
 namespace {
 
-// Whether w's query q holds the pages table[0 .. ceil(len / ps)) and len tokens.
-bool holds(const treeattn::Workload& w, int32_t q, const std::vector<int32_t>& table, int64_t len) {
-  std::vector<int32_t> pages;
-  int64_t tokens = 0;
-  for (const int32_t v : w.path(w.query_nodes[size_t(q)])) {
-    pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
-    tokens += w.tree.nodes[v].num_tokens;
-  }
-  const int64_t need = (len + w.layout.page_size - 1) / w.layout.page_size;
-  return tokens == len && int64_t(pages.size()) == need && int64_t(table.size()) >= need &&
-         std::equal(pages.begin(), pages.end(), table.begin());
-}
-
 // A build's arrays as text.
 std::string arrays(const treeattn::BlockTableTree& t) {
   std::string r;
@@ -151,8 +138,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   w.validate();  // built workloads are validated; this must not throw
   treeattn_fuzz::require(w.num_queries() == int32_t(n), "one query per sequence");
   for (size_t s = 0; s < n; ++s) {
-    treeattn_fuzz::require(holds(w, int32_t(s), in.block_tables[s], in.seq_lens[s]), "a sequence's path holds its pages");
-    treeattn_fuzz::require(holds(spaced, int32_t(2 * s), in.block_tables[s], in.seq_lens[s]),
+    treeattn_fuzz::require(treeattn_fuzz::path_holds(w, int32_t(s), in.block_tables[s], in.seq_lens[s]), "a sequence's path holds its pages");
+    treeattn_fuzz::require(treeattn_fuzz::path_holds(spaced, int32_t(2 * s), in.block_tables[s], in.seq_lens[s]),
                            "a spaced-out sequence's path holds its pages");
   }
   return 0;

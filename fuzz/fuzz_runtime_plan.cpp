@@ -182,16 +182,8 @@ bool workload_is(const TreeAttention& ta, const Step& s, int ps) {
   if (s.mode == 1) {
     if (w.num_queries() != int32_t(s.seq_lens.size())) return false;
     for (size_t q = 0; q < s.seq_lens.size(); ++q) {
-      std::vector<int32_t> pages;
-      int64_t tokens = 0;
-      for (const int32_t v : w.path(w.query_nodes[q])) {
-        pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
-        tokens += w.tree.nodes[v].num_tokens;
-      }
-      const int64_t need = (s.seq_lens[q] + ps - 1) / ps;
-      if (tokens != s.seq_lens[q] || int64_t(pages.size()) != need ||
-          !std::equal(pages.begin(), pages.end(), s.tables.begin() + int64_t(q) * s.width))
-        return false;
+      const std::span<const int32_t> row(s.tables.data() + q * size_t(s.width), size_t(s.width));
+      if (!treeattn_fuzz::path_holds(w, int32_t(q), row, s.seq_lens[q])) return false;
     }
     return true;
   }

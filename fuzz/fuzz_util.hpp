@@ -1,11 +1,15 @@
 // Helpers shared by the libFuzzer targets in fuzz/: small shape parameters,
-// a hard failure that libFuzzer reports (abort), and tree equality.
+// a hard failure that libFuzzer reports (abort), tree equality, and whether
+// a query's path holds a block-table sequence.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "treeattn/workloads.hpp"
 
@@ -36,6 +40,21 @@ inline bool same_tree(const treeattn::Workload& a, const treeattn::Workload& b) 
   return a.layout.page_size == b.layout.page_size && a.layout.num_pages == b.layout.num_pages &&
          a.heads.num_qo_heads == b.heads.num_qo_heads && a.heads.num_kv_heads == b.heads.num_kv_heads &&
          a.heads.head_dim == b.heads.head_dim;
+}
+
+// Whether w's query q holds a sequence of `len` tokens whose block table is
+// `table`: its path's pages are table[0 .. ceil(len / page_size)) and its
+// tokens `len`.
+inline bool path_holds(const treeattn::Workload& w, int32_t q, std::span<const int32_t> table, int64_t len) {
+  std::vector<int32_t> pages;
+  int64_t tokens = 0;
+  for (const int32_t v : w.path(w.query_nodes[size_t(q)])) {
+    pages.insert(pages.end(), w.tree.nodes[v].pages.begin(), w.tree.nodes[v].pages.end());
+    tokens += w.tree.nodes[v].num_tokens;
+  }
+  const int64_t need = (len + w.layout.page_size - 1) / w.layout.page_size;
+  return tokens == len && int64_t(pages.size()) == need && int64_t(table.size()) >= need &&
+         std::equal(pages.begin(), pages.end(), table.begin());
 }
 
 // Files that specs name are read through the size limit; keep it small here

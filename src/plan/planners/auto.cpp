@@ -341,9 +341,11 @@ NodeFeatures node_features(const Workload& w, const Plan& p, const PlanOptions& 
   return f;
 }
 
-// `node`: node_features of the plan in `out`, updated with it.
-void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
-                             const AutoCostModel& model, PlanScratch& scratch, Plan& out, NodeFeatures& node) {
+// `node`: node_features of the plan in `out`. Returns the features of the
+// plan left in `out`.
+AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                                         const AutoCostModel& model, PlanScratch& scratch, Plan& out,
+                                         NodeFeatures node) {
   PlanScratch::Buffers& m = scratch.buffers();
   const int64_t G = w.heads.group_size(), kv = w.heads.num_kv_heads;
   planning::NodeShape shape = planning::node_shape(opt);
@@ -371,7 +373,7 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
   }
 
   // 2. Wider compact-subtree units.
-  if (base.units == 0 || opt.extra.count("flat_rows") != 0) return;
+  if (base.units == 0 || opt.extra.count("flat_rows") != 0) return node.own;
   const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
   const double node_us = best;
   const int64_t other_units = out.num_units() - base.units;
@@ -400,10 +402,11 @@ void take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanO
     const AutoCostFeatures f = features_of(w, other, opt, 0);
     if (model.predict(f) < (1 - kWiderUnitsGain) * best) {
       std::swap(out, other);
-      node.own = f;  // (its smaller_tiles are not used again)
+      node.own = f;
       best = model.predict(f);
     }
   }
+  return node.own;
 }
 
 // auto into `out` with `model` (see the top of the file).
@@ -420,9 +423,7 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   plan_node_reusing(w, ix, opt, scratch, out);
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
-  NodeFeatures priced = node_features(w, out, opt);
-  take_cheaper_node_shape(w, ix, opt, model, scratch, out, priced);
-  AutoCostFeatures node = priced.own;
+  AutoCostFeatures node = take_cheaper_node_shape(w, ix, opt, model, scratch, out, node_features(w, out, opt));
   // Per-query's features, each at most its value: every query's path loaded
   // once (exact), cut into pieces of split_length tokens (as per_query.cpp
   // does; more where a piece would exceed 64 segments), one launch, a

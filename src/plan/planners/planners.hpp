@@ -48,10 +48,11 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 // the lengths that cut that job into 1-3 pieces fewer are candidates too,
 // taken where the schedule finishes at least 5 % earlier: many short jobs
 // beside a long one (a speculative token tree on its prefix) leave the long
-// job's pieces a partial wave at split_length. The model leaves out what a piece costs beyond its tokens
-// (its partial slot, the merge) and errs by more than 5 % both ways: more
-// pieces than split_length's ran slower where it predicted faster, and gains
-// it put under 5 % went either way (docs/planners.md, "node").
+// job's pieces a partial wave at split_length. The model leaves out what a
+// piece costs beyond its tokens (its partial slot, the merge) and errs by
+// more than 5 % both ways: more pieces than split_length's ran slower where
+// it predicted faster, and gains it put under 5 % went either way
+// (docs/planners.md, "node").
 // pieces: memory for the pieces' lengths and the slots' loads.
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads);
