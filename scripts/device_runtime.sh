@@ -5,7 +5,8 @@
 # subset, the Python tests (GPU ones included), then the steps named in STEPS
 # beyond those (bench: bench/runtime/bench_runtime.py; example:
 # examples/decode_loop.py; engine: scripts/engine_bench.sh; fp8: the suites
-# with fp8 against fp16 K/V pools). Logs go to $OUT;
+# with fp8 against fp16 K/V pools; hoststep: the planning benchmark on one
+# host core, two rounds, into $OUT/host_step.txt). Logs go to $OUT;
 # a summary table is printed last.
 # Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) STEPS="build tests sanitize pytest bench" scripts/device_runtime.sh
 set -uo pipefail
@@ -95,6 +96,28 @@ if has fp8 && built; then
   done
   # At most 8 files come back from the device: the suites' outputs as one archive.
   tar czf "$OUT/kv_suites.tgz" -C "$OUT" kv_fp16 kv_fp8_e4m3 && rm -rf "$OUT/kv_fp16" "$OUT/kv_fp8_e4m3"
+fi
+
+if has hoststep && built; then
+  # Host planning cost of a decode step on this machine's CPU, pinned to one core.
+  BENCH="$BUILD/bench/planning/treeattn_planning_bench"
+  FILTER=${HOSTSTEP_FILTER:-'runtime/(plan_tree|decode_steps)/(cpu|cuda)/1000$|runtime/decode_steps/cpu_and_pack/1000$|runtime/block_tables/|runtime/tree_queries/|plan/auto/1000$|step/(validate_tree|plan|validate_plan)/1000$|step/pack/cuda/1000$'}
+  if [[ -x $BENCH ]]; then
+    stamp "host planning benchmark (one core, two rounds)"
+    {
+      echo "# The planning benchmark on the GPU machine's CPU, one core (taskset -c 3); medians of 5 repetitions (min time 0.3 s), two rounds in one call"
+      echo "# command: taskset -c 3 $BENCH --benchmark_filter='$FILTER' --benchmark_repetitions=5 --benchmark_min_time=0.3s --benchmark_report_aggregates_only=true"
+      echo "# device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2); date $(date -u +%FT%TZ); commit $TREEATTN_COMMIT"
+      for round in 1 2; do
+        echo "## round $round"
+        taskset -c 3 "$BENCH" --benchmark_filter="$FILTER" --benchmark_repetitions=5 --benchmark_min_time=0.3s \
+          --benchmark_report_aggregates_only=true 2>/dev/null | grep -E "^Benchmark|_median"
+      done
+    } >"$OUT/host_step.txt" && STATUS[hoststep]=ok || STATUS[hoststep]=FAIL
+    cat "$OUT/host_step.txt"
+  else
+    echo "(no planning benchmark built)"; STATUS[hoststep]=FAIL
+  fi
 fi
 
 stamp "summary"
