@@ -243,4 +243,40 @@ void set_default_auto_cost_model(std::shared_ptr<const AutoCostModel> model);
 // auto with an explicit model.
 Plan plan_auto_with(const Workload& w, const PlanOptions& opt, const AutoCostModel& model);
 
+// ---- fitting the auto cost model (treeattn calibrate --auto-cost) -------------
+
+// One calibration config: a workload (at one head config) planned by
+// per-query and by node, each plan's features and its measured GPU time.
+struct AutoCostSample {
+  std::string config;  // "SPEC @qo/kv", for reports
+  std::string group;   // the suite it came from (leave-one-group-out checks)
+  AutoCostFeatures per_query{}, node{};
+  double per_query_us = 0, node_us = 0;
+};
+// auto's rule on a sample: per-query when the model predicts it faster than
+// node by more than the margin (auto.cpp, which also needs a shared token).
+bool auto_picks_per_query(const AutoCostModel& m, const AutoCostSample& s);
+// The samples whose pick under m runs within 3 % of the faster of the two
+// plans (issue 21's criterion auto <= 1.03 x min(node, per-query)).
+int auto_cost_hits(const AutoCostModel& m, const std::vector<AutoCostSample>& samples);
+// The fit of scripts/fit_auto_cost.py with its default candidates:
+// non-negative least squares on relative errors (each plan's time, weight
+// 0.3, and the two plans' difference, weight 1, both over the faster time),
+// then the smallest margin of 0, 0.01, ..., 0.10 with the most hits. Throws
+// Error on no samples or a time that is not a finite number > 0. Only the
+// margin and coefficients are set.
+AutoCostModel fit_auto_cost_model(const std::vector<AutoCostSample>& samples);
+// Lawson-Hanson: x >= 0 minimising |A x - b| (A: rows x cols, row-major).
+std::vector<double> nonnegative_least_squares(const std::vector<double>& a, size_t rows, size_t cols,
+                                              const std::vector<double>& b);
+// Samples as JSON ("treeattn-auto-cost-samples/1": device, commit, date,
+// command, samples[{config, group, per_query_us, node_us, per_query{feature:
+// value}, node{...}}]) and back; parse throws Error naming the field.
+struct AutoCostSamples {
+  std::string device, commit, date, command;
+  std::vector<AutoCostSample> samples;
+};
+std::string to_json(const AutoCostSamples& s);
+AutoCostSamples parse_auto_cost_samples(std::string_view json_text);
+
 }  // namespace treeattn

@@ -7,14 +7,20 @@
 // with every compiled KV tile n of that m; the fastest n per KV-length range
 // becomes a rule (derive_pat_tile_rules), written in the
 // treeattn-pat-tile-rules/1 format with the times behind it.
+// `treeattn calibrate --auto` fits the auto planner's cost model on this
+// GPU: it times per-query's and node's plans of the benchmark suites' configs
+// and fits the table (fit_auto_cost_model) that --auto-cost FILE reads.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
+#include "bench/suite.hpp"
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
+#include "tree/builder_util.hpp"
 #include "treeattn/bench.hpp"
 #include "treeattn/cost_models.hpp"
 
@@ -141,11 +147,138 @@ void calibrate_pat_tiles(const CommonOptions& o, const std::string& out, int wav
   }
 }
 
+struct AutoCostRun {
+  std::vector<std::string> suites;        // measured: these suites' configs
+  bool quick = false;                     // their --quick subsets
+  std::vector<std::string> from_samples;  // or fitted from these samples files (no GPU)
+  std::string samples_out;                // the measured samples, written here
+  std::string out;                        // the table (default: printed)
+};
+
+// The suites' configs, each planned by per-query and node and timed (median
+// of 50 L2-flushed runs, no graph): the fit's samples.
+AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const AutoCostRun& run, uint64_t seed) {
+  AutoCostSamples out;
+  out.device = gpu_device_name();
+  out.commit = current_commit(TREEATTN_SOURCE_DIR);
+  out.date = utc_date();
+  out.command = "treeattn calibrate --auto";
+  for (const std::string& s : run.suites) out.command += " --suite " + s;
+  if (run.quick) out.command += " --quick";
+  out.command += " --sms " + std::to_string(common.num_sms);
+  struct Config {
+    std::string suite, spec;
+    HeadConfig heads;
+    bench::Suite shape;
+  };
+  std::vector<Config> configs;
+  for (const std::string& name : run.suites) {
+    const bench::Suite suite = bench::load_suite(
+        name, std::filesystem::exists(name) ? std::string() : require_data_dir("calibrate --auto --suite " + name));
+    for (const HeadConfig& h : run.quick ? suite.quick_heads : suite.heads)
+      for (const auto& e : suite.entries)
+        if (!run.quick || e.quick) configs.push_back({suite.name, e.spec, h, suite});
+  }
+  BenchOptions b;
+  b.verify_queries = 0;
+  b.graph = false;
+  b.seed = seed;
+  Progress progress("calibrate --auto");
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    CommonOptions o = common;
+    o.heads = std::to_string(c.heads.num_qo_heads) + "/" + std::to_string(c.heads.num_kv_heads);
+    o.head_dim = c.shape.head_dim;
+    o.dtype = std::string(to_string(c.shape.dtype));
+    o.page_size = c.shape.page_size;
+    o.workloads = {c.spec};
+    AutoCostSample s;
+    s.config = c.spec + " @" + o.heads;
+    s.group = c.suite;
+    progress.step(s.config, int(configs.size()));
+    const PlanOptions opt = plan_options(o);
+    const Workload w = load_workloads(o, {}).front();
+    GpuBench gpu(w, seed);
+    const Plan pq = make_plan("per-query", w, opt), node = make_plan("node", w, opt);
+    s.per_query = auto_cost_features(w, pq, opt);
+    s.node = auto_cost_features(w, node, opt);
+    s.per_query_us = gpu.time(pq, b).us;
+    s.node_us = gpu.time(node, b).us;
+    out.samples.push_back(std::move(s));
+  }
+  progress.clear();
+  return out;
+}
+
+void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
+  AutoCostSamples data;
+  std::string source;
+  if (!run.from_samples.empty()) {
+    for (const std::string& path : run.from_samples) {
+      AutoCostSamples d;
+      try {
+        d = parse_auto_cost_samples(detail::read_text_file(path, "auto cost samples"));
+      } catch (const Error& e) {
+        throw Error(path + ": " + e.what());
+      }
+      if (data.device.empty()) data = d;
+      else data.samples.insert(data.samples.end(), d.samples.begin(), d.samples.end());
+      source += (source.empty() ? "" : ", ") + path;
+    }
+  } else {
+    if (!gpu_available()) throw Error("calibrate --auto: no CUDA device (or treeattn was built without CUDA)");
+    std::printf("calibrate --auto on %s: per-query and node on every config of the suites", gpu_device_name().c_str());
+    for (const std::string& s : run.suites) std::printf(" %s", s.c_str());
+    std::printf("%s, %d SMs (--sms)\n", run.quick ? " (--quick)" : "", o.num_sms);
+    data = measure_auto_cost_samples(o, run, o.seed);
+    if (!run.samples_out.empty()) {
+      std::ofstream(run.samples_out) << to_json(data);
+      std::printf("wrote %s (%zu samples)\n", run.samples_out.c_str(), data.samples.size());
+    }
+    source = data.command;
+  }
+  AutoCostModel m = fit_auto_cost_model(data.samples);
+  m.device = data.device;
+  m.date = utc_date();
+  m.commit = current_commit(TREEATTN_SOURCE_DIR);
+  std::vector<std::string> groups;
+  for (const AutoCostSample& s : data.samples)
+    if (std::find(groups.begin(), groups.end(), s.group) == groups.end()) groups.push_back(s.group);
+  m.source = "per-query and node timed on " + std::to_string(data.samples.size()) + " configs (suites";
+  for (const std::string& g : groups) m.source += " " + g;
+  m.source += ") at commit " + data.commit + " on " + data.device + (data.date.empty() ? "" : ", " + data.date);
+  m.fit = run.from_samples.empty() ? data.command : "treeattn calibrate --auto --from-samples " + source;
+
+  const int n = int(data.samples.size());
+  std::printf("coefficients (us per unit):");
+  for (int i = 0; i < kAutoCostFeatures; ++i) std::printf(" %s %.4g", kAutoCostFeatureNames[i], m.coefficients[i]);
+  std::printf("; margin %.2f\n", m.margin);
+  std::printf("auto within 3 %% of the faster of per-query and node: %d/%d with this table, %d/%d with the built-in %s table\n",
+              auto_cost_hits(m, data.samples), n, auto_cost_hits(builtin_auto_cost_model(), data.samples), n,
+              builtin_auto_cost_model().device.c_str());
+  // Each suite held out: fitted on the others, scored on it.
+  if (groups.size() > 1)
+    for (const std::string& g : groups) {
+      std::vector<AutoCostSample> train, test;
+      for (const AutoCostSample& s : data.samples) (s.group == g ? test : train).push_back(s);
+      const AutoCostModel held = fit_auto_cost_model(train);
+      std::printf("  held out %s (fitted on the others): %d/%zu\n", g.c_str(), auto_cost_hits(held, test), test.size());
+    }
+  if (run.out.empty()) {
+    std::printf("%s", to_json(m).c_str());
+  } else {
+    std::ofstream(run.out) << to_json(m);
+    std::printf("wrote %s (use it with --auto-cost %s)\n", run.out.c_str(), run.out.c_str());
+  }
+}
+
 }  // namespace
 
 void add_calibrate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "calibrate", "measure the forge cost table C(rows, kv), or with --pat-tiles PAT's KV-tile rules, on this GPU");
+      "calibrate",
+      "measure the forge cost table C(rows, kv), or with --pat-tiles PAT's KV-tile rules, or with --auto the "
+      "auto planner's cost model, on this GPU");
   auto o = std::make_shared<CommonOptions>();
   add_common_options(cmd, *o);
   auto out = std::make_shared<std::string>();
@@ -157,8 +290,28 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_flag("--pat-tiles", *pat_tiles,
                 "measure PAT's tile rules (every compiled KV tile n per Q tile m over KV lengths) instead, "
                 "e.g. --out data/pat_tile_rules.json");
-  cmd->callback([o, out, waves, waves_opt, pat_tiles] {
+  auto auto_cost = std::make_shared<bool>(false);
+  auto run = std::make_shared<AutoCostRun>();
+  cmd->add_flag("--auto", *auto_cost,
+                "fit the auto planner's cost model instead: time per-query and node on the suites' configs, "
+                "e.g. --out data/auto_cost_<gpu>.json, then pass it with --auto-cost FILE");
+  cmd->add_option("--suite", run->suites,
+                  "with --auto: a suite to measure (built-in name or file; repeatable; default: fasttree pat deft)");
+  cmd->add_flag("--quick", run->quick, "with --auto: the suites' --quick subsets only");
+  cmd->add_option("--samples", run->samples_out, "with --auto: also write the measured samples here");
+  cmd->add_option("--from-samples", run->from_samples,
+                  "with --auto: fit from these samples files (written by --samples) instead of measuring; no GPU");
+  cmd->callback([o, out, waves, waves_opt, pat_tiles, auto_cost, run] {
     if (*waves < 1 || *waves > 64) throw Error("waves: " + std::to_string(*waves) + " is out of range [1, 64]");
+    if (*pat_tiles && *auto_cost) throw Error("calibrate: --pat-tiles and --auto are two different tables: pick one");
+    if (!*auto_cost && (!run->suites.empty() || run->quick || !run->samples_out.empty() || !run->from_samples.empty()))
+      throw Error("calibrate: --suite, --quick, --samples and --from-samples need --auto");
+    if (*auto_cost) {
+      AutoCostRun r = *run;
+      r.out = *out;
+      if (r.suites.empty()) r.suites = {"fasttree", "pat", "deft"};
+      return calibrate_auto_cost(*o, r);
+    }
     if (*pat_tiles) return calibrate_pat_tiles(*o, *out, waves_opt->count() ? *waves : 8);
     if (!gpu_available()) throw Error("calibrate: no CUDA device (or treeattn was built without CUDA)");
     const WorkloadParams p = workload_params(*o);

@@ -95,6 +95,55 @@ TEST(Cli, CalibratePatTilesWithoutAGpuFailsClearly) {
   expect_error("calibrate --pat-tiles --waves 0", "waves");
 }
 
+// calibrate --auto: measuring needs a GPU; --from-samples fits measured
+// samples without one, into a table that plan --auto-cost reads.
+TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
+  const std::string dir = testing::TempDir();
+  const std::string samples = dir + "/treeattn_auto_samples.json", table = dir + "/treeattn_auto_table.json";
+  // Times of a known model: node pays 2 us a launch and 1 us per MB of
+  // partials, per-query 0.5 us per MB loaded.
+  nlohmann::json list = nlohmann::json::array();
+  for (int i = 0; i < 12; ++i) {
+    nlohmann::json pq, node;
+    for (const char* f : {"const", "launches", "kv_mb", "unique_kv_mb", "partial_mb", "max_unit_kt", "kctas",
+                          "ksegments", "padded_gflop", "wave_kt"})
+      pq[f] = node[f] = 0.0;
+    pq["const"] = node["const"] = 1;
+    pq["launches"] = 1;
+    node["launches"] = 2;
+    pq["kv_mb"] = 10.0 * (i + 1);
+    node["kv_mb"] = 5.0 + i;
+    node["partial_mb"] = 3.0 * (i % 4);
+    const double t_pq = 1 + 2 * 1 + 0.5 * pq["kv_mb"].get<double>();
+    const double t_node = 1 + 2 * 2 + 0.5 * node["kv_mb"].get<double>() + node["partial_mb"].get<double>();
+    list.push_back({{"config", "c" + std::to_string(i)}, {"group", i % 2 ? "odd" : "even"}, {"per_query_us", t_pq},
+                    {"node_us", t_node}, {"per_query", pq}, {"node", node}});
+  }
+  std::ofstream(samples) << nlohmann::json{{"format", "treeattn-auto-cost-samples/1"}, {"device", "Test GPU"},
+                                           {"commit", "abc"}, {"samples", list}}.dump();
+  std::filesystem::remove(table);
+  const Result r = run("calibrate --auto --from-samples " + samples + " --out " + table);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("12/12 with this table"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("held out odd (fitted on the others): 6/6"), std::string::npos) << r.out;
+  std::ifstream in(table);
+  const nlohmann::json t = nlohmann::json::parse(in);
+  EXPECT_EQ(t["device"], "Test GPU");
+  EXPECT_NEAR(t["coefficients"]["launches"].get<double>(), 2.0, 1e-6) << t.dump();
+  EXPECT_NEAR(t["coefficients"]["partial_mb"].get<double>(), 1.0, 1e-6) << t.dump();
+  EXPECT_NEAR(t["coefficients"]["kv_mb"].get<double>(), 0.5, 1e-6) << t.dump();
+  const Result p = run("plan -w fasttree:N=1,4:C=128,32 --auto-cost " + table);
+  EXPECT_EQ(p.code, 0) << p.out;
+
+  expect_error("calibrate --auto --from-samples /nonexistent/samples.json", "/nonexistent/samples.json");
+  expect_error("calibrate --suite fasttree", "need --auto");
+  expect_error("calibrate --auto --pat-tiles", "pick one");
+  std::ofstream(samples) << R"({"format": "treeattn-auto-cost-samples/1", "samples": [{"config": "x"}]})";
+  expect_error("calibrate --auto --from-samples " + samples, "samples[0].per_query_us: missing");
+  if (!treeattn::gpu_available())
+    expect_error("calibrate --auto --quick --suite fasttree", "calibrate --auto: no CUDA device");
+}
+
 TEST(Cli, PatRulesFileIsLoaded) {
   expect_error("plan -w pat:B=1,4:L=100,20 -p pat --pat-rules /nonexistent/rules.json", "/nonexistent/rules.json");
   const Result r = run("plan --json -w pat:B=1,4:L=100,20 -p pat --pat-rules " + std::string(TREEATTN_SOURCE_DIR) +

@@ -34,3 +34,46 @@ def test_issue21_goals_counts_each_criterion(tmp_path):
     assert "16/1   0.481 over  1 configs (target 0.45)" in out, out
     assert "configs with read_us < 10 us: 1, within read_us + 6 us: 1" in out, out
     assert "c1: min(node, per-query) 40.0" in out and "c2: best fasttree 30.0 (1.100x)" in out, out
+
+
+def _treeattn_cli():
+    for p in ["build/cpu/treeattn", "build/default/treeattn"]:
+        if (ROOT / p).exists():
+            return ROOT / p
+    return None
+
+
+def test_calibrate_auto_fits_as_fit_auto_cost_py_does(tmp_path):
+    """`treeattn calibrate --auto --from-samples` (C++) and scripts/fit_auto_cost.py
+    (numpy) fit the same coefficients and margin from the same measurements."""
+    import numpy as np
+    import pytest
+    cli = _treeattn_cli()
+    if cli is None:
+        pytest.skip("the treeattn CLI is not built (build/cpu or build/default)")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fit_auto_cost as fac
+    rng = np.random.default_rng(21)
+    truth = np.array([0.7, 7.6, 0.12, 0.17, 0.55, 7.1, 6.3, 0.2, 0.0, 2.5])
+    samples, configs = [], []
+    for i in range(150):
+        f = {p: np.concatenate([[1.0], rng.uniform(0, 10, 9)]) for p in ("per-query", "node")}
+        # Times of the model with 10 % noise, so the fit is a compromise, not an exact solve.
+        t = {p: float(f[p] @ truth * rng.uniform(0.9, 1.1)) for p in f}
+        samples.append(dict(config=f"c{i}", group="g", per_query_us=t["per-query"], node_us=t["node"],
+                            per_query=dict(zip(fac.FEATURES, f["per-query"].tolist())),
+                            node=dict(zip(fac.FEATURES, f["node"].tolist()))))
+        configs.append(("g", (f"c{i}", 32, 8), {p: {"us": t[p], "_features": f[p]} for p in f}))
+    path = tmp_path / "samples.json"
+    path.write_text(json.dumps({"format": "treeattn-auto-cost-samples/1", "device": "test", "samples": samples}))
+    table = tmp_path / "table.json"
+    subprocess.run([str(cli), "calibrate", "--auto", "--from-samples", str(path), "--out", str(table)],
+                   check=True, capture_output=True, text=True)
+    got = json.loads(table.read_text())
+    coef, margin = fac.fit_with_margin(configs, ["per-query", "node"])
+    want = dict(zip(fac.FEATURES, coef))
+    assert abs(got["margin"] - margin) < 1e-12, (got["margin"], margin)
+    for name in fac.FEATURES:
+        assert abs(got["coefficients"][name] - want[name]) <= 1e-6 * max(1.0, abs(want[name])), \
+            (name, got["coefficients"][name], want[name])
+    assert sum(c > 0 for c in coef) < len(coef), "the noise must leave some coefficient at the constraint"
