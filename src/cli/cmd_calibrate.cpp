@@ -151,6 +151,7 @@ struct AutoCostRun {
   std::vector<std::string> suites;        // measured: these suites' configs
   bool quick = false;                     // their --quick subsets
   std::vector<std::string> from_samples;  // or fitted from these samples files (no GPU)
+  std::vector<std::string> test_samples;  // scored on these too (trees the fit did not see)
   std::string samples_out;                // the measured samples, written here
   std::string out;                        // the table (default: printed)
 };
@@ -213,18 +214,25 @@ AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const Aut
 void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
   AutoCostSamples data;
   std::string source;
-  if (!run.from_samples.empty()) {
-    for (const std::string& path : run.from_samples) {
+  // Samples files, concatenated (the first one's device and commit).
+  const auto read_samples = [](const std::vector<std::string>& paths) {
+    AutoCostSamples all;
+    for (const std::string& path : paths) {
       AutoCostSamples d;
       try {
         d = parse_auto_cost_samples(detail::read_text_file(path, "auto cost samples"));
       } catch (const Error& e) {
         throw Error(path + ": " + e.what());
       }
-      if (data.device.empty()) data = d;
-      else data.samples.insert(data.samples.end(), d.samples.begin(), d.samples.end());
-      source += (source.empty() ? "" : ", ") + path;
+      if (all.samples.empty() && all.device.empty()) all = d;
+      else all.samples.insert(all.samples.end(), d.samples.begin(), d.samples.end());
     }
+    return all;
+  };
+  const AutoCostSamples test = read_samples(run.test_samples);  // read first: a bad file stops before measuring
+  if (!run.from_samples.empty()) {
+    data = read_samples(run.from_samples);
+    for (const std::string& path : run.from_samples) source += (source.empty() ? "" : " ") + path;
   } else {
     if (!gpu_available()) throw Error("calibrate --auto: no CUDA device (or treeattn was built without CUDA)");
     std::printf("calibrate --auto on %s: per-query and node on every config of the suites", gpu_device_name().c_str());
@@ -235,7 +243,6 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
       std::ofstream(run.samples_out) << to_json(data);
       std::printf("wrote %s (%zu samples)\n", run.samples_out.c_str(), data.samples.size());
     }
-    source = data.command;
   }
   AutoCostModel m = fit_auto_cost_model(data.samples);
   m.device = data.device;
@@ -264,6 +271,9 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
       const AutoCostModel held = fit_auto_cost_model(train);
       std::printf("  held out %s (fitted on the others): %d/%zu\n", g.c_str(), auto_cost_hits(held, test), test.size());
     }
+  if (!test.samples.empty())
+    std::printf("on the --test-samples (%zu configs the fit did not see): %d with this table, %d with the built-in one\n",
+                test.samples.size(), auto_cost_hits(m, test.samples), auto_cost_hits(builtin_auto_cost_model(), test.samples));
   if (run.out.empty()) {
     std::printf("%s", to_json(m).c_str());
   } else {
@@ -301,11 +311,14 @@ void add_calibrate_command(CLI::App& app) {
   cmd->add_option("--samples", run->samples_out, "with --auto: also write the measured samples here");
   cmd->add_option("--from-samples", run->from_samples,
                   "with --auto: fit from these samples files (written by --samples) instead of measuring; no GPU");
+  cmd->add_option("--test-samples", run->test_samples,
+                  "with --auto: also score the fitted and the built-in table on these samples files");
   cmd->callback([o, out, waves, waves_opt, pat_tiles, auto_cost, run] {
     if (*waves < 1 || *waves > 64) throw Error("waves: " + std::to_string(*waves) + " is out of range [1, 64]");
     if (*pat_tiles && *auto_cost) throw Error("calibrate: --pat-tiles and --auto are two different tables: pick one");
-    if (!*auto_cost && (!run->suites.empty() || run->quick || !run->samples_out.empty() || !run->from_samples.empty()))
-      throw Error("calibrate: --suite, --quick, --samples and --from-samples need --auto");
+    if (!*auto_cost && (!run->suites.empty() || run->quick || !run->samples_out.empty() || !run->from_samples.empty() ||
+                       !run->test_samples.empty()))
+      throw Error("calibrate: --suite, --quick, --samples, --from-samples and --test-samples need --auto");
     if (*auto_cost) {
       AutoCostRun r = *run;
       r.out = *out;

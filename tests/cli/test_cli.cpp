@@ -132,12 +132,17 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
   EXPECT_NEAR(t["coefficients"]["launches"].get<double>(), 2.0, 1e-6) << t.dump();
   EXPECT_NEAR(t["coefficients"]["partial_mb"].get<double>(), 1.0, 1e-6) << t.dump();
   EXPECT_NEAR(t["coefficients"]["kv_mb"].get<double>(), 0.5, 1e-6) << t.dump();
+  const Result held = run("calibrate --auto --from-samples " + samples + " --test-samples " + samples);
+  EXPECT_NE(held.out.find("on the --test-samples (12 configs the fit did not see): 12 with this table"),
+            std::string::npos) << held.out;
   const Result p = run("plan -w fasttree:N=1,4:C=128,32 --auto-cost " + table);
   EXPECT_EQ(p.code, 0) << p.out;
 
   expect_error("calibrate --auto --from-samples /nonexistent/samples.json", "/nonexistent/samples.json");
   expect_error("calibrate --suite fasttree", "need --auto");
   expect_error("calibrate --auto --pat-tiles", "pick one");
+  expect_error("calibrate --test-samples " + samples, "need --auto");
+  expect_error("calibrate --auto --from-samples " + samples + " --test-samples /nonexistent/t.json", "/nonexistent/t.json");
   std::ofstream(samples) << R"({"format": "treeattn-auto-cost-samples/1", "samples": [{"config": "x"}]})";
   expect_error("calibrate --auto --from-samples " + samples, "samples[0].per_query_us: missing");
   if (!treeattn::gpu_available())
