@@ -28,7 +28,7 @@ cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelW
   -DTREEATTN_CUDA=OFF -DTREEATTN_TESTS=OFF -DTREEATTN_BENCHMARKS=OFF -DTREEATTN_FUZZ=ON \
   -DTREEATTN_FUZZ_SECONDS="$secs" >/dev/null
 nice -n 10 cmake --build build/fuzz -j"${FUZZ_JOBS:-1}" --target fuzz_json_tree fuzz_block_table \
-  fuzz_workload_spec fuzz_tot fuzz_medusa fuzz_plan_mutation fuzz_runtime_plan
+  fuzz_workload_spec fuzz_tot fuzz_medusa fuzz_plan_mutation fuzz_runtime_plan fuzz_cost_tables
 rc=0
 nice -n 10 ctest --test-dir build/fuzz -L fuzz ${only:+-R "$only"} -j1 --output-on-failure || rc=$?
 # Executions per target from libFuzzer's final stats in CTest's log.

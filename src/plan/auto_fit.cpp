@@ -229,18 +229,11 @@ std::string to_json(const AutoCostSamples& s) {
 AutoCostSamples parse_auto_cost_samples(std::string_view text) {
   const json j = detail::parse_json(text, "auto cost samples");
   detail::require_object(j, "auto cost samples");
-  const json& format = detail::require(j, "format", "");
-  if (!format.is_string() || format.get<std::string>() != kSamplesFormat)
-    throw Error("format = " + detail::brief(format) + " (expected \"" + kSamplesFormat + "\")");
+  detail::require_format(j, kSamplesFormat, "auto cost samples");
   AutoCostSamples out;
   const auto str = [&](const json& obj, const char* key, const std::string& where, bool required) {
-    const auto f = obj.find(key);
-    if (f == obj.end()) {
-      if (required) throw Error(detail::member_field(where, key) + ": missing");
-      return std::string();
-    }
-    if (!f->is_string()) throw Error(detail::member_field(where, key) + " = " + detail::brief(*f) + " is not a string");
-    return f->get<std::string>();
+    if (required) detail::require(obj, key, where);
+    return detail::optional_string(obj, key, detail::member_field(where, key));
   };
   out.device = str(j, "device", "", false);
   out.commit = str(j, "commit", "", false);

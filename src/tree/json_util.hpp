@@ -92,6 +92,26 @@ inline void require_array(const json& v, const std::string& field) {
   if (!v.is_array()) throw Error(field + " = " + brief(v) + " is not a list");
 }
 
+// The string member `key` of `obj`, or `fallback` where it is missing; Error
+// "<field> = X is not a string" where it is another type (json::value() would
+// throw a type_error instead). `field` names the member in the message.
+inline std::string optional_string(const json& obj, std::string_view key, const std::string& field,
+                                   std::string fallback = {}) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) return fallback;
+  if (!it->is_string()) throw Error(field + " = " + brief(*it) + " is not a string");
+  return it->get<std::string>();
+}
+
+// The "format" member of a table file: Error "<what>: format = X (expected
+// "FORMAT")" unless it is that string.
+inline void require_format(const json& obj, std::string_view format, const std::string& what) {
+  const auto it = obj.find("format");
+  if (it == obj.end() || !it->is_string() || it->get<std::string>() != format)
+    throw Error(what + ": format = " + (it == obj.end() ? std::string("(missing)") : brief(*it)) + " (expected \"" +
+                std::string(format) + "\")");
+}
+
 // Rejects keys outside `allowed` (typos must not be ignored silently).
 template <size_t K>
 void check_keys(const json& obj, const std::string& where, const std::string_view (&allowed)[K]) {

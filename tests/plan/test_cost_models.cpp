@@ -93,6 +93,52 @@ TEST(ForgeCostTable, ShippedFileIsTheMeasuredH100Table) {
   EXPECT_EQ(analytic_forge_cost_table().source, "model");
 }
 
+// A text field of another JSON type is an Error naming it, for every table
+// (found by fuzz/fuzz_cost_tables: json::value() threw a type_error, which the
+// library's callers do not expect).
+TEST(CostTables, FieldsOfTheWrongTypeAreNamedErrors) {
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto replace = [](std::string text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? text : text.replace(at, from.size(), to);
+  };
+  const auto error_of = [](auto parse, const std::string& text) {
+    try {
+      parse(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string forge = read(kData + "forge_cost_h100.json");
+  const auto parse_forge = [](const std::string& t) { return parse_forge_cost_table(t); };
+  EXPECT_NE(error_of(parse_forge, replace(forge, "\"device\": ", "\"device\": [1], \"x\": ")).find("device = [1] is not a string"),
+            std::string::npos);
+  EXPECT_NE(error_of(parse_forge, replace(forge, "\"dtype\": \"fp16\"", "\"dtype\": 16")).find("dtype = 16"),
+            std::string::npos);
+  EXPECT_NE(error_of(parse_forge, replace(forge, "\"format\": \"treeattn-forge-cost/1\"", "\"format\": {}")).find("format = {}"),
+            std::string::npos);
+  const std::string pat = read(kData + "pat_tile_rules.json");
+  const auto parse_pat = [](const std::string& t) { return parse_pat_tile_rules(t); };
+  EXPECT_NE(error_of(parse_pat, replace(pat, "\"source\": \"measured\"", "\"source\": false")).find("source = false is not a string"),
+            std::string::npos);
+  EXPECT_NE(error_of(parse_pat, replace(pat, "\"format\": \"treeattn-pat-tile-rules/1\"", "\"format\": 1")).find("format = 1"),
+            std::string::npos);
+  EXPECT_NE(error_of(parse_pat, replace(pat, "\"us\": 23.07", "\"us\": 1e30")).find("measurements[0].us = 1e+30 is out of range"),
+            std::string::npos) << error_of(parse_pat, replace(pat, "\"us\": 23.07", "\"us\": 1e30"));
+  EXPECT_NE(error_of(parse_pat, replace(pat, "\"us\": 23.07", "\"us\": -1")).find("measurements[0].us = -1"), std::string::npos);
+  const std::string auto_table = read(kData + "auto_cost_h100.json");
+  const auto parse_auto = [](const std::string& t) { return parse_auto_cost_model(t); };
+  EXPECT_NE(error_of(parse_auto, replace(auto_table, "\"format\": \"treeattn-auto-cost/1\"", "\"format\": [\"x\"]")).find("format = [\"x\"]"),
+            std::string::npos);
+  EXPECT_NE(error_of(parse_auto, replace(auto_table, "\"device\": ", "\"device\": 3, \"y\": ")).find("device = 3 is not a string"),
+            std::string::npos);
+}
+
 TEST(ForgeCostTable, BilinearInterpolationAndExtrapolation) {
   ForgeCostTable t;
   t.q_rows = {16, 32};

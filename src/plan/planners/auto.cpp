@@ -179,16 +179,10 @@ void AutoCostModel::validate() const {
 AutoCostModel parse_auto_cost_model(std::string_view text) {
   const json j = detail::parse_json(text, "auto cost model");
   if (!j.is_object()) throw Error("auto cost model: the top level is not an object");
-  if (j.value("format", std::string()) != kFormat)
-    throw Error("auto cost model: format = " + (j.contains("format") ? j["format"].dump() : std::string("(missing)")) +
-                " (expected \"" + kFormat + "\")");
+  detail::require_format(j, kFormat, "auto cost model");
   AutoCostModel m;
   const auto str = [&](const char* key) {
-    const auto f = j.find(key);
-    if (f == j.end()) return std::string();
-    if (!f->is_string())
-      throw Error(std::string("auto cost model: ") + key + " = " + detail::brief(*f) + " is not a string");
-    return f->get<std::string>();
+    return detail::optional_string(j, key, std::string("auto cost model: ") + key);
   };
   m.device = str("device");
   m.date = str("date");

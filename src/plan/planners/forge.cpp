@@ -104,15 +104,17 @@ ForgeCostTable parse_forge_cost_table(std::string_view text) {
   const std::string what = "forge cost table";
   const json j = detail::parse_json(text, what);  // depth-limited
   if (!j.is_object()) throw Error(what + ": the top level is not an object");
-  if (j.value("format", std::string()) != kFormat)
-    throw Error(what + ": format = " + (j.contains("format") ? j["format"].dump() : std::string("(missing)")) + " (expected \"" + kFormat + "\")");
+  detail::require_format(j, kFormat, what);
   ForgeCostTable t;
-  t.device = j.value("device", std::string());
-  t.source = j.value("source", std::string());
-  t.note = j.value("note", std::string());
+  const auto text_field = [&](const char* key, std::string fallback = {}) {
+    return detail::optional_string(j, key, what + ": " + key, std::move(fallback));
+  };
+  t.device = text_field("device");
+  t.source = text_field("source");
+  t.note = text_field("note");
   if (!j.contains("head_dim") || !j["head_dim"].is_number_integer()) throw Error(what + ": head_dim must be an integer");
   t.head_dim = j["head_dim"].get<int>();
-  t.dtype = parse_dtype(j.value("dtype", std::string("fp16")));
+  t.dtype = parse_dtype(text_field("dtype", "fp16"));
   t.q_rows = number_array(j, "q_rows", what);
   t.kv_tokens = number_array(j, "kv_tokens", what);
   const auto it = j.find("cost_us");

@@ -85,6 +85,8 @@ std::string read_file(const std::string& path, const char* what) {
   return detail::read_text_file(path, what);  // size-limited
 }
 
+constexpr double kMaxMeasuredUs = 1e9;  // 1000 s
+
 std::mutex g_rules_mutex;
 std::shared_ptr<const PatTileRules> g_rules;
 
@@ -93,12 +95,10 @@ std::shared_ptr<const PatTileRules> g_rules;
 PatTileRules parse_pat_tile_rules(std::string_view text) {
   const json j = parse_text(text, "pat tile rules");
   if (!j.is_object()) throw Error("pat tile rules: the top level is not an object");
-  if (j.value("format", std::string()) != "treeattn-pat-tile-rules/1")
-    throw Error("pat tile rules: format = " + (j.contains("format") ? j["format"].dump() : std::string("(missing)")) +
-                " (expected \"treeattn-pat-tile-rules/1\")");
+  detail::require_format(j, "treeattn-pat-tile-rules/1", "pat tile rules");
   PatTileRules r;
-  r.source = j.value("source", std::string());
-  r.note = j.value("note", std::string());
+  r.source = detail::optional_string(j, "source", "pat tile rules: source");
+  r.note = detail::optional_string(j, "note", "pat tile rules: note");
   const auto it = j.find("rules");
   if (it == j.end() || !it->is_array() || it->empty()) throw Error("pat tile rules: rules must be a non-empty array");
   for (size_t i = 0; i < it->size(); ++i) {
@@ -134,6 +134,10 @@ PatTileRules parse_pat_tile_rules(std::string_view text) {
       const auto us = e.find("us");
       if (us == e.end() || !us->is_number()) throw Error(where + ".us is missing or not a number");
       t.us = us->get<double>();
+      // A measured kernel time: to_json writes it with two decimals into a
+      // short field, so absurd values are refused rather than cut.
+      if (!(t.us > 0 && t.us <= kMaxMeasuredUs))
+        throw Error(where + ".us = " + detail::brief(*us) + " is out of range (0, 1e9] microseconds");
       r.measurements.push_back(t);
     }
   }
