@@ -50,7 +50,7 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("--pat-rules", o.pat_rules,
                   "pat's KV-tile rules (treeattn calibrate --pat-tiles output; default: data/pat_tile_rules.json)");
   cmd->add_option("--auto-cost", o.auto_cost,
-                  "auto's cost model (scripts/fit_auto_cost.py output; default: the built-in copy of "
+                  "auto's cost model (treeattn calibrate --auto or scripts/fit_auto_cost.py output; default: the built-in copy of "
                   "data/auto_cost_h100.json)");
   cmd->add_option("--plan-opt", o.plan_opts,
                   "planner option KEY=NUMBER, repeatable: ctas_per_sm, chunk_tokens, min_split_tokens, or a "
