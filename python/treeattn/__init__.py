@@ -28,7 +28,7 @@ import numpy as np
 
 from . import _treeattn
 
-__all__ = ["TreeAttention", "BoundRun", "RadixCache", "cuda_built"]
+__all__ = ["TreeAttention", "BoundRun", "RadixCache", "cuda_built", "set_auto_cost_model", "auto_cost_model"]
 
 # The page-granular radix tree over token ids and its page pool (C++): see
 # include/treeattn/cache.hpp. Page ids it hands out are what plan_tree takes.
@@ -141,6 +141,41 @@ def _empty_like(x: Any, shape, float32: bool = False) -> Any:
     raise TypeError(f"out: pass an output array for inputs of type {type(x).__name__}")
 
 
+def set_auto_cost_model(path: Optional[str]) -> None:
+    """Makes the cost model in ``path`` the one the ``auto`` planner uses, in
+    every TreeAttention of this process from its next plan on; None restores
+    the built-in (H100) table.
+
+    A table fitted on this GPU comes from ``treeattn calibrate --auto --out
+    FILE`` (about 30 s on an H100; docs/planners.md). A missing or malformed
+    file raises ValueError naming the path and the field.
+    """
+    _treeattn._set_auto_cost_model(None if path is None else str(path))
+
+
+def auto_cost_model() -> dict:
+    """The ``auto`` planner's cost model in use: device, date, commit, source,
+    fit, margin and coefficients (the file format of ``set_auto_cost_model``)."""
+    import json
+
+    return json.loads(_treeattn._auto_cost_model())
+
+
+_warned_devices: set = set()
+
+
+def _warn_if_uncalibrated(device_name: str) -> None:
+    """Once per GPU model: auto's table was fitted on another GPU."""
+    fitted = auto_cost_model().get("device", "")
+    if fitted and device_name and device_name != fitted and device_name not in _warned_devices:
+        _warned_devices.add(device_name)
+        import warnings
+
+        warnings.warn(f"treeattn: the auto planner's cost model was fitted on {fitted}, not on this {device_name}; "
+                      "`treeattn calibrate --auto --out FILE` fits one here and treeattn.set_auto_cost_model(FILE) "
+                      "uses it", stacklevel=3)
+
+
 class TreeAttention:
     """Attention over a prefix tree of paged KV, planned per step, run per layer.
 
@@ -189,8 +224,12 @@ class TreeAttention:
                 torch_gpus = torch.cuda.device_count()  # 0 with a CPU-only PyTorch: the C++ defaults
                 if device_index < 0 and torch_gpus > 0:
                     device_index = torch.cuda.current_device()
-                if num_sms is None and device_index < torch_gpus:
-                    num_sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+                if device_index < torch_gpus:
+                    props = torch.cuda.get_device_properties(device_index)
+                    if num_sms is None:
+                        num_sms = props.multi_processor_count
+                    if planner == "auto":
+                        _warn_if_uncalibrated(props.name)
             except ImportError:  # no torch: the C++ defaults (the current device, 132 SMs)
                 pass
         self.device = device

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "python/bindings.hpp"
+#include "treeattn/cost_models.hpp"
 #include "treeattn/runtime.hpp"
 
 namespace nb = nanobind;
@@ -707,4 +708,14 @@ NB_MODULE(_treeattn, m) {
 #endif
   treeattn::python::bind_runtime(m);
   treeattn::python::bind_cache(m);
+  // The auto planner's cost model (treeattn calibrate --auto writes one):
+  // process-wide, read by every plan of planner "auto".
+  m.def(
+      "_set_auto_cost_model",
+      [](std::optional<std::string> path) {
+        treeattn::set_default_auto_cost_model(
+            path ? std::make_shared<const treeattn::AutoCostModel>(treeattn::load_auto_cost_model(*path)) : nullptr);
+      },
+      nb::arg("path").none());
+  m.def("_auto_cost_model", [] { return treeattn::to_json(*treeattn::default_auto_cost_model()); });
 }

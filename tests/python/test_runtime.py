@@ -1013,3 +1013,48 @@ def test_gpu_run_op_in_an_inductor_compiled_layer():
     compiled = torch.compile(layer, fullgraph=True)(x, torch.empty(24, H, D, dtype=torch.bfloat16, device="cuda"))
     torch.cuda.synchronize()
     assert ((compiled.float() - eager.float()).norm() / eager.float().norm()).item() < 1e-2
+
+
+def test_set_auto_cost_model_changes_autos_choice_and_names_bad_files(tmp_path):
+    """treeattn.set_auto_cost_model(FILE) (a table of `treeattn calibrate --auto`) is what planner "auto" prices
+    with from the next plan on; None restores the built-in table; a bad file is a ValueError naming it."""
+    rng = np.random.default_rng(3)
+    ps = 4
+    tree = dict(parents=[-1, 0, 0, 1, 1, 2], num_tokens=[37, 20, 25, 9, 14, 11], query_nodes=[3, 3, 4, 4, 5, 5])
+    pages = sum((t + ps - 1) // ps for t in tree["num_tokens"])
+    offsets = np.concatenate([[0], np.cumsum([(t + ps - 1) // ps for t in tree["num_tokens"]])]).tolist()
+    tree.update(page_offsets=offsets, page_ids=rng.permutation(pages).tolist())
+    attn = treeattn.TreeAttention(4, 2, 64, ps, pages, device="cpu", max_queries=8, max_nodes=8, max_page_refs=64,
+                                  max_extension_tokens=0)  # every plan_tree plans afresh
+    builtin = treeattn.auto_cost_model()
+    assert builtin["device"] == "NVIDIA H100 80GB HBM3" and builtin["coefficients"]["partial_mb"] > 0
+    attn.plan_tree(**tree)
+    assert attn.plan_summary()["partial_bytes"] > 0, "the built-in table keeps node (shared nodes, merged partials) here"
+    table = dict(builtin, device="Test GPU", margin=0.0,
+                 coefficients={k: (1000.0 if k == "partial_mb" else 0.0) for k in builtin["coefficients"]})
+    path = tmp_path / "auto_cost_test.json"
+    path.write_text(__import__("json").dumps(table))
+    try:
+        treeattn.set_auto_cost_model(path)
+        assert treeattn.auto_cost_model()["device"] == "Test GPU"
+        attn.plan_tree(**tree)
+        assert attn.plan_summary()["partial_bytes"] == 0, "partials priced at 1000 us/MB: auto takes per-query"
+        q = rng.uniform(-1, 1, (6, 4, 64)).astype(np.float16)
+        k = rng.uniform(-1, 1, (pages, ps, 2, 64)).astype(np.float16)
+        v = rng.uniform(-1, 1, (pages, ps, 2, 64)).astype(np.float16)
+        ref, _ = reference(q, k, v, [token_rows(tree, n, ps) for n in tree["query_nodes"]])
+        assert rel_err(attn.run(q, k, v), ref) < 2e-3
+        with pytest.warns(UserWarning, match="fitted on Test GPU, not on this Other GPU"):
+            treeattn._warn_if_uncalibrated("Other GPU")
+    finally:
+        treeattn.set_auto_cost_model(None)
+    assert treeattn.auto_cost_model() == builtin
+    attn.plan_tree(**tree)
+    assert attn.plan_summary()["partial_bytes"] > 0
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "treeattn-auto-cost/1", "margin": 0, "coefficients": {"const": -1}}')
+    with pytest.raises(ValueError, match="bad.json.*coefficients"):
+        treeattn.set_auto_cost_model(bad)
+    with pytest.raises(ValueError, match="no_such_table.json"):
+        treeattn.set_auto_cost_model(tmp_path / "no_such_table.json")
+    assert treeattn.auto_cost_model() == builtin, "a refused table leaves the one in use"
