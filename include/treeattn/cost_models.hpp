@@ -252,6 +252,9 @@ struct AutoCostSample {
   std::string group;   // the suite it came from (leave-one-group-out checks)
   AutoCostFeatures per_query{}, node{};
   double per_query_us = 0, node_us = 0;
+  // The time of auto's own plan with the table in use when measured (its
+  // choice of node's shape included); 0: not measured. Not used by the fit.
+  double auto_us = 0;
 };
 // auto's rule on a sample: per-query when the model predicts it faster than
 // node by more than the margin (auto.cpp, which also needs a shared token).
@@ -270,8 +273,9 @@ AutoCostModel fit_auto_cost_model(const std::vector<AutoCostSample>& samples);
 std::vector<double> nonnegative_least_squares(const std::vector<double>& a, size_t rows, size_t cols,
                                               const std::vector<double>& b);
 // Samples as JSON ("treeattn-auto-cost-samples/1": device, commit, date,
-// command, samples[{config, group, per_query_us, node_us, per_query{feature:
-// value}, node{...}}]) and back; parse throws Error naming the field.
+// command, samples[{config, group, per_query_us, node_us, auto_us (optional),
+// per_query{feature: value}, node{...}}]) and back; parse throws Error naming
+// the field.
 struct AutoCostSamples {
   std::string device, commit, date, command;
   std::vector<AutoCostSample> samples;

@@ -214,13 +214,16 @@ AutoCostModel fit_auto_cost_model(const std::vector<AutoCostSample>& samples) {
 
 std::string to_json(const AutoCostSamples& s) {
   json list = json::array();
-  for (const AutoCostSample& x : s.samples)
-    list.push_back({{"config", x.config},
-                    {"group", x.group},
-                    {"per_query_us", x.per_query_us},
-                    {"node_us", x.node_us},
-                    {"per_query", features_json(x.per_query)},
-                    {"node", features_json(x.node)}});
+  for (const AutoCostSample& x : s.samples) {
+    json e = {{"config", x.config},
+              {"group", x.group},
+              {"per_query_us", x.per_query_us},
+              {"node_us", x.node_us},
+              {"per_query", features_json(x.per_query)},
+              {"node", features_json(x.node)}};
+    if (x.auto_us > 0) e["auto_us"] = x.auto_us;
+    list.push_back(std::move(e));
+  }
   const json doc = {{"format", kSamplesFormat}, {"device", s.device}, {"commit", s.commit},
                     {"date", s.date},           {"command", s.command}, {"samples", list}};
   return doc.dump(1) + "\n";
@@ -253,6 +256,11 @@ AutoCostSamples parse_auto_cost_samples(std::string_view text) {
       if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
         throw Error(detail::member_field(where, key) + " = " + detail::brief(v) + " is not a number > 0");
       *dst = v.get<double>();
+    }
+    if (const auto a = e.find("auto_us"); a != e.end()) {
+      if (!a->is_number() || !(a->get<double>() > 0) || !std::isfinite(a->get<double>()))
+        throw Error(detail::member_field(where, "auto_us") + " = " + detail::brief(*a) + " is not a number > 0");
+      s.auto_us = a->get<double>();
     }
     s.per_query = features_from(detail::require(e, "per_query", where), detail::member_field(where, "per_query"));
     s.node = features_from(detail::require(e, "node", where), detail::member_field(where, "node"));

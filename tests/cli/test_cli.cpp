@@ -116,8 +116,10 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
     node["partial_mb"] = 3.0 * (i % 4);
     const double t_pq = 1 + 2 * 1 + 0.5 * pq["kv_mb"].get<double>();
     const double t_node = 1 + 2 * 2 + 0.5 * node["kv_mb"].get<double>() + node["partial_mb"].get<double>();
+    // auto's own plan: as fast as the faster of the two, but 1.5x on c1.
+    const double t_auto = std::min(t_pq, t_node) * (i == 1 ? 1.5 : 1.0);
     list.push_back({{"config", "c" + std::to_string(i)}, {"group", i % 2 ? "odd" : "even"}, {"per_query_us", t_pq},
-                    {"node_us", t_node}, {"per_query", pq}, {"node", node}});
+                    {"node_us", t_node}, {"auto_us", t_auto}, {"per_query", pq}, {"node", node}});
   }
   std::ofstream(samples) << nlohmann::json{{"format", "treeattn-auto-cost-samples/1"}, {"device", "Test GPU"},
                                            {"commit", "abc"}, {"samples", list}}.dump();
@@ -126,6 +128,10 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("12/12 with this table"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("held out odd (fitted on the others): 6/6"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("node's shape choice included): within 3 % of min(per-query, node) on 11/12"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("    c1: auto "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(1.500x)"), std::string::npos) << r.out;
   std::ifstream in(table);
   const nlohmann::json t = nlohmann::json::parse(in);
   EXPECT_EQ(t["device"], "Test GPU");

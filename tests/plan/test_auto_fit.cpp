@@ -166,7 +166,10 @@ TEST(AutoCostFit, SamplesRoundTripThroughJsonAndErrorsNameTheField) {
   d.date = "2026-11-26";
   d.command = "treeattn calibrate --auto-cost";
   d.samples = model_samples({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 3, 2);
+  d.samples[1].auto_us = 12.5;  // optional: only where auto's plan was timed
   const AutoCostSamples back = parse_auto_cost_samples(to_json(d));
+  EXPECT_EQ(back.samples[0].auto_us, 0);
+  EXPECT_EQ(back.samples[1].auto_us, 12.5);
   EXPECT_EQ(back.device, d.device);
   EXPECT_EQ(back.command, d.command);
   ASSERT_EQ(back.samples.size(), d.samples.size());
@@ -193,6 +196,9 @@ TEST(AutoCostFit, SamplesRoundTripThroughJsonAndErrorsNameTheField) {
   EXPECT_EQ(parse_auto_cost_samples(head + good + "]}").samples.size(), 1u);
   EXPECT_NE(error_of(R"({"format": "x", "samples": []})").find("format"), std::string::npos);
   EXPECT_NE(error_of(head + "{}]}").find("samples[0].config"), std::string::npos);
+  std::string bad_auto = good;
+  bad_auto.replace(bad_auto.find(R"("node_us": 1)"), 12, R"("node_us": 1, "auto_us": 0)");
+  EXPECT_NE(error_of(head + bad_auto + "]}").find("samples[0].auto_us = 0"), std::string::npos) << error_of(head + bad_auto + "]}");
   EXPECT_NE(error_of(head + good + R"(, {"config": "d", "per_query_us": -1}]})").find("samples[1].per_query_us"),
             std::string::npos);
   std::string bad_feature = good;
