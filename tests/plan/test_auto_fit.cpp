@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "support/error_text.hpp"
 #include "treeattn/cost_models.hpp"
 
 namespace treeattn {
@@ -143,20 +144,11 @@ TEST(AutoCostFit, RefusesBadSamples) {
   EXPECT_THROW(fit_auto_cost_model({}), Error);
   std::vector<AutoCostSample> samples = model_samples({1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 4, 1);
   samples[2].node_us = 0;
-  try {
-    fit_auto_cost_model(samples);
-    FAIL() << "a time of 0 us was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("samples[2]"), std::string::npos) << e.what();
-  }
+  const auto fit_error = [&] { return test_support::error_text([&] { fit_auto_cost_model(samples); }); };
+  EXPECT_NE(fit_error().find("samples[2]"), std::string::npos) << fit_error();
   samples[2].node_us = 1;
   samples[3].per_query[4] = NAN;
-  try {
-    fit_auto_cost_model(samples);
-    FAIL() << "a NaN feature was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("partial_mb"), std::string::npos) << e.what();
-  }
+  EXPECT_NE(fit_error().find("samples[3] (sample 3): feature partial_mb"), std::string::npos) << fit_error();
 }
 
 TEST(AutoCostFit, SamplesRoundTripThroughJsonAndErrorsNameTheField) {
@@ -164,7 +156,7 @@ TEST(AutoCostFit, SamplesRoundTripThroughJsonAndErrorsNameTheField) {
   d.device = "GPU X";
   d.commit = "abc";
   d.date = "2026-11-26";
-  d.command = "treeattn calibrate --auto-cost";
+  d.command = "treeattn calibrate --auto";
   d.samples = model_samples({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 3, 2);
   d.samples[1].auto_us = 12.5;  // optional: only where auto's plan was timed
   const AutoCostSamples back = parse_auto_cost_samples(to_json(d));
@@ -181,12 +173,7 @@ TEST(AutoCostFit, SamplesRoundTripThroughJsonAndErrorsNameTheField) {
     EXPECT_EQ(back.samples[i].node, d.samples[i].node);
   }
   const auto error_of = [](const std::string& text) {
-    try {
-      parse_auto_cost_samples(text);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
+    return test_support::error_text([&] { parse_auto_cost_samples(text); });
   };
   const std::string head = R"({"format": "treeattn-auto-cost-samples/1", "samples": [)";
   const std::string features =

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 
+#include "support/error_text.hpp"
 #include "treeattn/cost_models.hpp"
 #include "treeattn/pat_planner.hpp"
 #include "treeattn/planner.hpp"
@@ -97,46 +99,37 @@ TEST(ForgeCostTable, ShippedFileIsTheMeasuredH100Table) {
 // (found by fuzz/fuzz_cost_tables: json::value() threw a type_error, which the
 // library's callers do not expect).
 TEST(CostTables, FieldsOfTheWrongTypeAreNamedErrors) {
-  const auto read = [](const std::string& path) {
-    std::ifstream in(path);
+  const auto read = [](const std::string& file) {
+    std::ifstream in(kData + file);
     return std::string(std::istreambuf_iterator<char>(in), {});
   };
-  const auto replace = [](std::string text, const std::string& from, const std::string& to) {
-    const size_t at = text.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    return at == std::string::npos ? text : text.replace(at, from.size(), to);
+  const std::function<void(const std::string&)> forge = [](const std::string& t) { parse_forge_cost_table(t); },
+                                                 pat = [](const std::string& t) { parse_pat_tile_rules(t); },
+                                                 auto_model = [](const std::string& t) { parse_auto_cost_model(t); };
+  struct Case {
+    const char* file;
+    const std::function<void(const std::string&)>& parse;
+    std::string from, to, message;
   };
-  const auto error_of = [](auto parse, const std::string& text) {
-    try {
-      parse(text);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
+  const Case cases[] = {
+      {"forge_cost_h100.json", forge, R"("device": )", R"("device": [1], "x": )", "device = [1] is not a string"},
+      {"forge_cost_h100.json", forge, R"("dtype": "fp16")", R"("dtype": 16)", "dtype = 16 is not a string"},
+      {"forge_cost_h100.json", forge, R"("format": "treeattn-forge-cost/1")", R"("format": {})", "format = {}"},
+      {"pat_tile_rules.json", pat, R"("source": "measured")", R"("source": false)", "source = false is not a string"},
+      {"pat_tile_rules.json", pat, R"("format": "treeattn-pat-tile-rules/1")", R"("format": 1)", "format = 1"},
+      {"pat_tile_rules.json", pat, R"("us": 23.07)", R"("us": 1e30)", "measurements[0].us = 1e+30 is out of range"},
+      {"pat_tile_rules.json", pat, R"("us": 23.07)", R"("us": -1)", "measurements[0].us = -1 is out of range"},
+      {"auto_cost_h100.json", auto_model, R"("format": "treeattn-auto-cost/1")", R"("format": ["x"])", R"(format = ["x"])"},
+      {"auto_cost_h100.json", auto_model, R"("device": )", R"("device": 3, "y": )", "device = 3 is not a string"},
   };
-  const std::string forge = read(kData + "forge_cost_h100.json");
-  const auto parse_forge = [](const std::string& t) { return parse_forge_cost_table(t); };
-  EXPECT_NE(error_of(parse_forge, replace(forge, "\"device\": ", "\"device\": [1], \"x\": ")).find("device = [1] is not a string"),
-            std::string::npos);
-  EXPECT_NE(error_of(parse_forge, replace(forge, "\"dtype\": \"fp16\"", "\"dtype\": 16")).find("dtype = 16"),
-            std::string::npos);
-  EXPECT_NE(error_of(parse_forge, replace(forge, "\"format\": \"treeattn-forge-cost/1\"", "\"format\": {}")).find("format = {}"),
-            std::string::npos);
-  const std::string pat = read(kData + "pat_tile_rules.json");
-  const auto parse_pat = [](const std::string& t) { return parse_pat_tile_rules(t); };
-  EXPECT_NE(error_of(parse_pat, replace(pat, "\"source\": \"measured\"", "\"source\": false")).find("source = false is not a string"),
-            std::string::npos);
-  EXPECT_NE(error_of(parse_pat, replace(pat, "\"format\": \"treeattn-pat-tile-rules/1\"", "\"format\": 1")).find("format = 1"),
-            std::string::npos);
-  EXPECT_NE(error_of(parse_pat, replace(pat, "\"us\": 23.07", "\"us\": 1e30")).find("measurements[0].us = 1e+30 is out of range"),
-            std::string::npos) << error_of(parse_pat, replace(pat, "\"us\": 23.07", "\"us\": 1e30"));
-  EXPECT_NE(error_of(parse_pat, replace(pat, "\"us\": 23.07", "\"us\": -1")).find("measurements[0].us = -1"), std::string::npos);
-  const std::string auto_table = read(kData + "auto_cost_h100.json");
-  const auto parse_auto = [](const std::string& t) { return parse_auto_cost_model(t); };
-  EXPECT_NE(error_of(parse_auto, replace(auto_table, "\"format\": \"treeattn-auto-cost/1\"", "\"format\": [\"x\"]")).find("format = [\"x\"]"),
-            std::string::npos);
-  EXPECT_NE(error_of(parse_auto, replace(auto_table, "\"device\": ", "\"device\": 3, \"y\": ")).find("device = 3 is not a string"),
-            std::string::npos);
+  for (const Case& c : cases) {
+    std::string text = read(c.file);
+    const size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << c.file << ": " << c.from;
+    text.replace(at, c.from.size(), c.to);
+    const std::string error = test_support::error_text([&] { c.parse(text); });
+    EXPECT_NE(error.find(c.message), std::string::npos) << c.file << " with " << c.to << ": " << error;
+  }
 }
 
 TEST(ForgeCostTable, BilinearInterpolationAndExtrapolation) {
