@@ -61,6 +61,8 @@ struct GpuTiming {
 bool gpu_available();
 // Name of device 0 ("" without a GPU).
 std::string gpu_device_name();
+// Its streaming multiprocessors (0 without a GPU).
+int gpu_sm_count();
 // HBM bandwidth in GB/s from a 1 GiB device-to-device copy (median of 10),
 // measured once per process.
 double measure_hbm_bandwidth_gbps();

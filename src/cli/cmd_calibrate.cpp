@@ -239,7 +239,7 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     if (!gpu_available()) throw Error("calibrate --auto: no CUDA device (or treeattn was built without CUDA)");
     std::printf("calibrate --auto on %s: per-query and node on every config of the suites", gpu_device_name().c_str());
     for (const std::string& s : run.suites) std::printf(" %s", s.c_str());
-    std::printf("%s, %d SMs (--sms)\n", run.quick ? " (--quick)" : "", o.num_sms);
+    std::printf("%s, planned for %d SMs (--sms; default: this GPU's)\n", run.quick ? " (--quick)" : "", o.num_sms);
     data = measure_auto_cost_samples(o, run, o.seed);
     if (!run.samples_out.empty()) {
       std::ofstream(run.samples_out) << to_json(data);
@@ -336,7 +336,7 @@ void add_calibrate_command(CLI::App& app) {
                   "with --auto: fit from these samples files (written by --samples) instead of measuring; no GPU");
   cmd->add_option("--test-samples", run->test_samples,
                   "with --auto: also score the fitted and the built-in table on these samples files");
-  cmd->callback([o, out, waves, waves_opt, pat_tiles, auto_cost, run] {
+  cmd->callback([cmd, o, out, waves, waves_opt, pat_tiles, auto_cost, run] {
     if (*waves < 1 || *waves > 64) throw Error("waves: " + std::to_string(*waves) + " is out of range [1, 64]");
     if (*pat_tiles && *auto_cost) throw Error("calibrate: --pat-tiles and --auto are two different tables: pick one");
     if (!*auto_cost && (!run->suites.empty() || run->quick || !run->samples_out.empty() || !run->from_samples.empty() ||
@@ -346,7 +346,11 @@ void add_calibrate_command(CLI::App& app) {
       AutoCostRun r = *run;
       r.out = *out;
       if (r.suites.empty()) r.suites = {"fasttree", "pat", "deft"};
-      return calibrate_auto_cost(*o, r);
+      // The features price waves of resident CTAs: plan for this GPU's SMs,
+      // as the runtime does, unless --sms says otherwise.
+      CommonOptions c = *o;
+      if (cmd->count("--sms") == 0 && gpu_sm_count() > 0) c.num_sms = gpu_sm_count();
+      return calibrate_auto_cost(c, r);
     }
     if (*pat_tiles) return calibrate_pat_tiles(*o, *out, waves_opt->count() ? *waves : 8);
     if (!gpu_available()) throw Error("calibrate: no CUDA device (or treeattn was built without CUDA)");

@@ -23,6 +23,7 @@ std::string current_commit(const std::string& source_dir) {
 #if !defined(TREEATTN_HAVE_CUDA)
 bool gpu_available() { return false; }
 std::string gpu_device_name() { return ""; }
+int gpu_sm_count() { return 0; }
 double measure_hbm_bandwidth_gbps() { return 0; }
 double measure_tensor_core_tflops(DType) { return 0; }
 

@@ -158,6 +158,13 @@ std::string gpu_device_name() {
   return prop.name;
 }
 
+int gpu_sm_count() {
+  if (!gpu_available()) return 0;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) return 0;
+  return sms;
+}
+
 double measure_hbm_bandwidth_gbps() {
   static std::once_flag once;
   static double gbps = 0;
