@@ -159,7 +159,7 @@ struct AutoCostRun {
 // The suites' configs, each planned by per-query and node and timed (median
 // of 50 L2-flushed runs, no graph): the fit's samples; auto's own plan is
 // timed too, for the report.
-AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const AutoCostRun& run, uint64_t seed) {
+AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const AutoCostRun& run) {
   AutoCostSamples out;
   out.device = gpu_device_name();
   out.commit = current_commit(TREEATTN_SOURCE_DIR);
@@ -169,38 +169,39 @@ AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const Aut
   if (run.quick) out.command += " --quick";
   out.command += " --sms " + std::to_string(common.num_sms);
   struct Config {
-    std::string suite, spec;
+    const bench::Suite* suite;
+    std::string spec;
     HeadConfig heads;
-    bench::Suite shape;
   };
+  std::vector<bench::Suite> suites;
+  for (const std::string& name : run.suites)
+    suites.push_back(bench::load_suite(
+        name, std::filesystem::exists(name) ? std::string() : require_data_dir("calibrate --auto --suite " + name)));
   std::vector<Config> configs;
-  for (const std::string& name : run.suites) {
-    const bench::Suite suite = bench::load_suite(
-        name, std::filesystem::exists(name) ? std::string() : require_data_dir("calibrate --auto --suite " + name));
+  for (const bench::Suite& suite : suites)
     for (const HeadConfig& h : run.quick ? suite.quick_heads : suite.heads)
       for (const auto& e : suite.entries)
-        if (!run.quick || e.quick) configs.push_back({suite.name, e.spec, h, suite});
-  }
+        if (!run.quick || e.quick) configs.push_back({&suite, e.spec, h});
   BenchOptions b;
   b.verify_queries = 0;
   b.graph = false;
-  b.seed = seed;
+  b.seed = common.seed;
   Progress progress("calibrate --auto");
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     CommonOptions o = common;
     o.heads = std::to_string(c.heads.num_qo_heads) + "/" + std::to_string(c.heads.num_kv_heads);
-    o.head_dim = c.shape.head_dim;
-    o.dtype = std::string(to_string(c.shape.dtype));
-    o.page_size = c.shape.page_size;
+    o.head_dim = c.suite->head_dim;
+    o.dtype = std::string(to_string(c.suite->dtype));
+    o.page_size = c.suite->page_size;
     o.workloads = {c.spec};
     AutoCostSample s;
     s.config = c.spec + " @" + o.heads;
-    s.group = c.suite;
+    s.group = c.suite->name;
     progress.step(s.config, int(configs.size()));
     const PlanOptions opt = plan_options(o);
     const Workload w = load_workloads(o, {}).front();
-    GpuBench gpu(w, seed);
+    GpuBench gpu(w, common.seed);
     const Plan pq = make_plan("per-query", w, opt), node = make_plan("node", w, opt);
     s.per_query = auto_cost_features(w, pq, opt);
     s.node = auto_cost_features(w, node, opt);
@@ -240,7 +241,7 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     std::printf("calibrate --auto on %s: per-query and node on every config of the suites", gpu_device_name().c_str());
     for (const std::string& s : run.suites) std::printf(" %s", s.c_str());
     std::printf("%s, planned for %d SMs (--sms; default: this GPU's)\n", run.quick ? " (--quick)" : "", o.num_sms);
-    data = measure_auto_cost_samples(o, run, o.seed);
+    data = measure_auto_cost_samples(o, run);
     if (!run.samples_out.empty()) {
       std::ofstream(run.samples_out) << to_json(data);
       std::printf("wrote %s (%zu samples)\n", run.samples_out.c_str(), data.samples.size());
