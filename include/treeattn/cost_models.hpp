@@ -259,8 +259,10 @@ struct AutoCostSample {
 // auto's rule on a sample: per-query when the model predicts it faster than
 // node by more than the margin (auto.cpp, which also needs a shared token).
 bool auto_picks_per_query(const AutoCostModel& m, const AutoCostSample& s);
-// The samples whose pick under m runs within 3 % of the faster of the two
-// plans (issue 21's criterion auto <= 1.03 x min(node, per-query)).
+// The slack of issue 21's first criterion: auto <= 1.03 x min(node, per-query).
+inline constexpr double kAutoCostHitSlack = 1.03;
+// The samples whose pick under m runs within that slack of the faster of the
+// two plans.
 int auto_cost_hits(const AutoCostModel& m, const std::vector<AutoCostSample>& samples);
 // The fit of scripts/fit_auto_cost.py with its default candidates:
 // non-negative least squares on relative errors (each plan's time, weight

@@ -60,6 +60,14 @@ std::string utc_date() {
   return buf;
 }
 
+// Writes a calibration's output; Error naming the file where it cannot.
+void write_output(const std::string& path, const std::string& text, const std::string& what) {
+  std::ofstream f(path);
+  f << text;
+  if (!f) throw Error(what + ": cannot write '" + path + "'");
+  std::printf("wrote %s\n", path.c_str());
+}
+
 // PAT's tile rules: every compiled n of every Q tile m over a sweep of KV
 // lengths, `units` identical units (m rows each) per launch, each unit run
 // with exactly the tile being timed (no executor substitution).
@@ -140,10 +148,7 @@ void calibrate_pat_tiles(const CommonOptions& o, const std::string& out, int wav
   if (out.empty()) {
     std::printf("\n%s", to_json(r).c_str());
   } else {
-    std::ofstream f(out);
-    f << to_json(r);
-    if (!f) throw Error("calibrate --pat-tiles: cannot write '" + out + "'");
-    std::printf("wrote %s\n", out.c_str());
+    write_output(out, to_json(r), "calibrate --pat-tiles");
   }
 }
 
@@ -243,8 +248,7 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     std::printf("%s, planned for %d SMs (--sms; default: this GPU's)\n", run.quick ? " (--quick)" : "", o.num_sms);
     data = measure_auto_cost_samples(o, run);
     if (!run.samples_out.empty()) {
-      std::ofstream(run.samples_out) << to_json(data);
-      std::printf("wrote %s (%zu samples)\n", run.samples_out.c_str(), data.samples.size());
+      write_output(run.samples_out, to_json(data), "calibrate --auto --samples");
     }
   }
   AutoCostModel m = fit_auto_cost_model(data.samples);
@@ -282,7 +286,7 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     if (s.auto_us <= 0) continue;
     ++measured;
     const double best = std::min(s.per_query_us, s.node_us);
-    if (s.auto_us <= 1.03 * best) {
+    if (s.auto_us <= kAutoCostHitSlack * best) {
       ++within;
     } else {
       char line[512];
@@ -301,8 +305,8 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
   if (run.out.empty()) {
     std::printf("%s", to_json(m).c_str());
   } else {
-    std::ofstream(run.out) << to_json(m);
-    std::printf("wrote %s (use it with --auto-cost %s)\n", run.out.c_str(), run.out.c_str());
+    write_output(run.out, to_json(m), "calibrate --auto --out");
+    std::printf("use it with --auto-cost %s\n", run.out.c_str());
   }
 }
 
@@ -401,8 +405,7 @@ void add_calibrate_command(CLI::App& app) {
     if (out->empty()) {
       std::printf("%s\n", to_json(t).c_str());
     } else {
-      std::ofstream(*out) << to_json(t) << "\n";
-      std::printf("wrote %s\n", out->c_str());
+      write_output(*out, to_json(t) + "\n", "calibrate --out");
     }
   });
 }

@@ -19,12 +19,11 @@ constexpr const char* kSamplesFormat = "treeattn-auto-cost-samples/1";
 // The loss of scripts/fit_auto_cost.py: each plan's time at this weight, the
 // difference of the two plans' times at weight 1, all over the faster time.
 constexpr double kAbsWeight = 0.3;
-// auto <= 1.03 x min(node, per-query): issue 21's first criterion.
-constexpr double kHitSlack = 1.03;
 
 // Least squares over the columns `cols_used` of A (row-major, `cols` wide):
 // Householder QR, the solution in the used columns' order. A column that is
-// (numerically) a combination of the ones before it gets 0.
+// (numerically) a combination of the ones before it gets 0 (its diagonal
+// stays 0).
 std::vector<double> least_squares(const std::vector<double>& a, size_t rows, size_t cols,
                                   const std::vector<size_t>& cols_used, const std::vector<double>& b) {
   const size_t k = cols_used.size();
@@ -32,17 +31,13 @@ std::vector<double> least_squares(const std::vector<double>& a, size_t rows, siz
   for (size_t j = 0; j < k; ++j)
     for (size_t i = 0; i < rows; ++i) r[j * rows + i] = a[i * cols + cols_used[j]];
   std::vector<double> diag(k, 0.0);
-  std::vector<char> dependent(k, 0);
   for (size_t j = 0; j < k && j < rows; ++j) {
     double* col = &r[j * rows];
     double norm = 0, scale = 0;
     for (size_t i = 0; i < rows; ++i) scale = std::max(scale, std::abs(a[i * cols + cols_used[j]]));
     for (size_t i = j; i < rows; ++i) norm += col[i] * col[i];
     norm = std::sqrt(norm);
-    if (norm <= 1e-12 * std::max(scale, 1e-300) * std::sqrt(double(rows))) {
-      dependent[j] = 1;
-      continue;
-    }
+    if (norm <= 1e-12 * std::max(scale, 1e-300) * std::sqrt(double(rows))) continue;
     const double alpha = col[j] > 0 ? -norm : norm;
     // v = col[j..] - alpha e_j, H = I - 2 v v^T / (v^T v).
     col[j] -= alpha;
@@ -60,7 +55,7 @@ std::vector<double> least_squares(const std::vector<double>& a, size_t rows, siz
   }
   std::vector<double> x(k, 0.0);
   for (size_t jj = std::min(k, rows); jj-- > 0;) {
-    if (dependent[jj] || diag[jj] == 0) continue;
+    if (diag[jj] == 0) continue;
     double s = y[jj];
     for (size_t c = jj + 1; c < k; ++c) s -= r[c * rows + jj] * x[c];
     x[jj] = s / diag[jj];
@@ -174,7 +169,7 @@ int auto_cost_hits(const AutoCostModel& m, const std::vector<AutoCostSample>& sa
   int hits = 0;
   for (const AutoCostSample& s : samples) {
     const double t = auto_picks_per_query(m, s) ? s.per_query_us : s.node_us;
-    hits += t <= kHitSlack * std::min(s.per_query_us, s.node_us);
+    hits += t <= kAutoCostHitSlack * std::min(s.per_query_us, s.node_us);
   }
   return hits;
 }

@@ -147,6 +147,8 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
   expect_error("calibrate --auto --from-samples /nonexistent/samples.json", "/nonexistent/samples.json");
   expect_error("calibrate --suite fasttree", "need --auto");
   expect_error("calibrate --auto --pat-tiles", "pick one");
+  expect_error("calibrate --auto --from-samples " + samples + " --out /nonexistent/dir/table.json",
+               "calibrate --auto --out: cannot write '/nonexistent/dir/table.json'");
   expect_error("calibrate --test-samples " + samples, "need --auto");
   expect_error("calibrate --auto --from-samples " + samples + " --test-samples /nonexistent/t.json", "/nonexistent/t.json");
   std::ofstream(samples) << R"({"format": "treeattn-auto-cost-samples/1", "samples": [{"config": "x"}]})";
