@@ -226,6 +226,14 @@ struct AutoCostModel {
   std::string fit;     // the command that wrote the table
   double margin = 0;
   AutoCostFeatures coefficients{};  // >= 0 (auto's lower bounds rely on it)
+  // node's shape (auto.cpp): auto takes smaller Q tiles where the model
+  // predicts them faster than the shape in hand by more than this fraction,
+  // and wider compact-subtree units likewise with the second. The model errs
+  // by a few percent on single plans; these keep it from trading a measured
+  // time for a predicted one. Fitted by `calibrate --auto` from auto's own
+  // plans timed with each pair (choose_shape_margins); JSON "shape_margins":
+  // {"smaller_tiles", "wider_units"}, these defaults where it is absent.
+  double smaller_tiles_margin = 0.10, wider_units_margin = 0.05;
 
   double predict(const AutoCostFeatures& f) const;
   void validate() const;  // throws Error naming the field
@@ -255,6 +263,10 @@ struct AutoCostSample {
   // The time of auto's own plan with the table in use when measured (its
   // choice of node's shape included); 0: not measured. Not used by the fit.
   double auto_us = 0;
+  // auto's plan timed under each pair of shape margins (kShapeMarginSteps;
+  // planned with the coefficients fitted in the measuring run); empty: not
+  // measured.
+  std::vector<double> shape_us;
 };
 // auto's rule on a sample: per-query when the model predicts it faster than
 // node by more than the margin (auto.cpp, which also needs a shared token).
@@ -274,10 +286,28 @@ AutoCostModel fit_auto_cost_model(const std::vector<AutoCostSample>& samples);
 // Lawson-Hanson: x >= 0 minimising |A x - b| (A: rows x cols, row-major).
 std::vector<double> nonnegative_least_squares(const std::vector<double>& a, size_t rows, size_t cols,
                                               const std::vector<double>& b);
+// The shape margins calibrate tries: every pair of these steps, as
+// (smaller_tiles, wider_units) = (steps[i / n], steps[i % n]) for pair i.
+inline constexpr std::array<double, 7> kShapeMarginSteps = {0, 0.025, 0.05, 0.075, 0.10, 0.15, 0.20};
+inline constexpr size_t kShapeMarginPairs = kShapeMarginSteps.size() * kShapeMarginSteps.size();
+struct ShapeMargins {
+  double smaller_tiles = 0, wider_units = 0;
+  int hits = 0;          // configs within kAutoCostHitSlack of min(per-query, node)
+  double geomean = 0;    // of auto's time over min(per-query, node)
+};
+// The pair of shape margins under which auto's own plans, timed with each
+// pair (AutoCostSample::shape_us), run within kAutoCostHitSlack of the faster
+// of per-query and node on the most samples; ties go to the lower geomean
+// time, then to the pair nearest the defaults (0.10, 0.05). Every sample
+// needs shape_us of kShapeMarginPairs times; throws Error otherwise.
+ShapeMargins choose_shape_margins(const std::vector<AutoCostSample>& samples);
+// The same score for one pair (index into the pairs as above).
+ShapeMargins score_shape_margins(const std::vector<AutoCostSample>& samples, size_t pair);
+
 // Samples as JSON ("treeattn-auto-cost-samples/1": device, commit, date,
 // command, samples[{config, group, per_query_us, node_us, auto_us (optional),
-// per_query{feature: value}, node{...}}]) and back; parse throws Error naming
-// the field.
+// shape_us (optional), per_query{feature: value}, node{...}}]) and back;
+// parse throws Error naming the field.
 struct AutoCostSamples {
   std::string device, commit, date, command;
   std::vector<AutoCostSample> samples;

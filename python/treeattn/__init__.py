@@ -155,7 +155,7 @@ def set_auto_cost_model(path: Optional[str]) -> None:
 
 def auto_cost_model() -> dict:
     """The ``auto`` planner's cost model in use: device, date, commit, source,
-    fit, margin and coefficients (the file format of ``set_auto_cost_model``)."""
+    fit, margin, shape_margins and coefficients (the file format of ``set_auto_cost_model``)."""
     import json
 
     return json.loads(_treeattn._auto_cost_model())

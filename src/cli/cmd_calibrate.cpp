@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "bench/suite.hpp"
 #include "cli/commands.hpp"
@@ -161,10 +162,52 @@ struct AutoCostRun {
   std::string out;                        // the table (default: printed)
 };
 
-// The suites' configs, each planned by per-query and node and timed (median
-// of 50 L2-flushed runs, no graph): the fit's samples; auto's own plan is
-// timed too, for the report.
-AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const AutoCostRun& run) {
+// The configs of the suites calibrate --auto measures: each suite's specs
+// at each of its head configs (--quick: its representative subset).
+struct CalibrationConfigs {
+  struct Config {
+    const bench::Suite* suite;
+    std::string spec;
+    HeadConfig heads;
+  };
+  std::vector<bench::Suite> suites;
+  std::vector<Config> list;
+
+  explicit CalibrationConfigs(const AutoCostRun& run) {
+    for (const std::string& name : run.suites)
+      suites.push_back(bench::load_suite(
+          name, std::filesystem::exists(name) ? std::string() : require_data_dir("calibrate --auto --suite " + name)));
+    for (const bench::Suite& suite : suites)
+      for (const HeadConfig& h : run.quick ? suite.quick_heads : suite.heads)
+        for (const auto& e : suite.entries)
+          if (!run.quick || e.quick) list.push_back({&suite, e.spec, h});
+  }
+  // Config i's options (its heads, head_dim, dtype and page size over `common`).
+  CommonOptions options(const CommonOptions& common, size_t i) const {
+    const Config& c = list[i];
+    CommonOptions o = common;
+    o.heads = std::to_string(c.heads.num_qo_heads) + "/" + std::to_string(c.heads.num_kv_heads);
+    o.head_dim = c.suite->head_dim;
+    o.dtype = std::string(to_string(c.suite->dtype));
+    o.page_size = c.suite->page_size;
+    o.workloads = {c.spec};
+    return o;
+  }
+};
+
+// Timing as in the fit's samples: median of 50 L2-flushed runs, no graph.
+BenchOptions calibration_timing(const CommonOptions& common) {
+  BenchOptions b;
+  b.verify_queries = 0;
+  b.graph = false;
+  b.seed = common.seed;
+  return b;
+}
+
+// The suites' configs, each planned by per-query and node and timed: the
+// fit's samples; auto's own plan is timed too, for the report.
+AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const AutoCostRun& run,
+                                          const CalibrationConfigs& configs) {
   AutoCostSamples out;
   out.device = gpu_device_name();
   out.commit = current_commit(TREEATTN_SOURCE_DIR);
@@ -173,37 +216,14 @@ AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const Aut
   for (const std::string& s : run.suites) out.command += " --suite " + s;
   if (run.quick) out.command += " --quick";
   out.command += " --sms " + std::to_string(common.num_sms);
-  struct Config {
-    const bench::Suite* suite;
-    std::string spec;
-    HeadConfig heads;
-  };
-  std::vector<bench::Suite> suites;
-  for (const std::string& name : run.suites)
-    suites.push_back(bench::load_suite(
-        name, std::filesystem::exists(name) ? std::string() : require_data_dir("calibrate --auto --suite " + name)));
-  std::vector<Config> configs;
-  for (const bench::Suite& suite : suites)
-    for (const HeadConfig& h : run.quick ? suite.quick_heads : suite.heads)
-      for (const auto& e : suite.entries)
-        if (!run.quick || e.quick) configs.push_back({&suite, e.spec, h});
-  BenchOptions b;
-  b.verify_queries = 0;
-  b.graph = false;
-  b.seed = common.seed;
+  const BenchOptions b = calibration_timing(common);
   Progress progress("calibrate --auto");
-  for (size_t i = 0; i < configs.size(); ++i) {
-    const Config& c = configs[i];
-    CommonOptions o = common;
-    o.heads = std::to_string(c.heads.num_qo_heads) + "/" + std::to_string(c.heads.num_kv_heads);
-    o.head_dim = c.suite->head_dim;
-    o.dtype = std::string(to_string(c.suite->dtype));
-    o.page_size = c.suite->page_size;
-    o.workloads = {c.spec};
+  for (size_t i = 0; i < configs.list.size(); ++i) {
+    const CommonOptions o = configs.options(common, i);
     AutoCostSample s;
-    s.config = c.spec + " @" + o.heads;
-    s.group = c.suite->name;
-    progress.step(s.config, int(configs.size()));
+    s.config = configs.list[i].spec + " @" + o.heads;
+    s.group = configs.list[i].suite->name;
+    progress.step(s.config, int(configs.list.size()));
     const PlanOptions opt = plan_options(o);
     const Workload w = load_workloads(o, {}).front();
     GpuBench gpu(w, common.seed);
@@ -217,6 +237,64 @@ AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const Aut
   }
   progress.clear();
   return out;
+}
+
+// The pair (smaller_tiles, wider_units) among the pairs of kShapeMarginSteps
+// (choose_shape_margins' order); both are steps here.
+size_t shape_pair(double smaller_tiles, double wider_units) {
+  const auto step = [](double x) {
+    return size_t(std::find(kShapeMarginSteps.begin(), kShapeMarginSteps.end(), x) - kShapeMarginSteps.begin());
+  };
+  return step(smaller_tiles) * kShapeMarginSteps.size() + step(wider_units);
+}
+
+// A plan's arrays as bytes: equal keys, the same plan.
+std::string plan_key(const Plan& p) {
+  std::string key;
+  const auto add = [&](const auto& v) {
+    key.append(reinterpret_cast<const char*>(v.data()), sizeof(v[0]) * v.size());
+    key += '|';
+  };
+  add(p.unit_tile);
+  add(p.unit_masked);
+  add(p.unit_segment_offset);
+  add(p.segments);
+  add(p.unit_query_offset);
+  add(p.entry_query);
+  add(p.entry_mask);
+  add(p.entry_slot);
+  return key;
+}
+
+// samples[i].shape_us: auto with model m under each pair of shape margins on
+// config i, each distinct plan timed once.
+void measure_shape_margins(const CommonOptions& common, const CalibrationConfigs& configs, const AutoCostModel& m,
+                           std::vector<AutoCostSample>& samples) {
+  const BenchOptions b = calibration_timing(common);
+  Progress progress("calibrate --auto: shape margins");
+  for (size_t i = 0; i < configs.list.size(); ++i) {
+    progress.step(samples[i].config, int(configs.list.size()));
+    const CommonOptions o = configs.options(common, i);
+    const PlanOptions opt = plan_options(o);
+    const Workload w = load_workloads(o, {}).front();
+    GpuBench gpu(w, common.seed);
+    std::vector<std::pair<std::string, double>> timed;  // plan key -> us
+    samples[i].shape_us.assign(kShapeMarginPairs, 0);
+    for (size_t pair = 0; pair < kShapeMarginPairs; ++pair) {
+      AutoCostModel with = m;
+      with.smaller_tiles_margin = kShapeMarginSteps[pair / kShapeMarginSteps.size()];
+      with.wider_units_margin = kShapeMarginSteps[pair % kShapeMarginSteps.size()];  // shape_pair(...) == pair
+      const Plan p = plan_auto_with(w, opt, with);
+      std::string key = plan_key(p);
+      auto it = std::find_if(timed.begin(), timed.end(), [&](const auto& t) { return t.first == key; });
+      if (it == timed.end()) {
+        timed.emplace_back(std::move(key), gpu.time(p, b).us);
+        it = timed.end() - 1;
+      }
+      samples[i].shape_us[pair] = it->second;
+    }
+  }
+  progress.clear();
 }
 
 void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
@@ -238,6 +316,7 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     return all;
   };
   const AutoCostSamples test = read_samples(run.test_samples);  // read first: a bad file stops before measuring
+  std::optional<CalibrationConfigs> configs;  // a measuring run's
   if (!run.from_samples.empty()) {
     data = read_samples(run.from_samples);
     for (const std::string& path : run.from_samples) source += (source.empty() ? "" : " ") + path;
@@ -246,12 +325,25 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     std::printf("calibrate --auto on %s: per-query and node on every config of the suites", gpu_device_name().c_str());
     for (const std::string& s : run.suites) std::printf(" %s", s.c_str());
     std::printf("%s, planned for %d SMs (--sms; default: this GPU's)\n", run.quick ? " (--quick)" : "", o.num_sms);
-    data = measure_auto_cost_samples(o, run);
-    if (!run.samples_out.empty()) {
-      write_output(run.samples_out, to_json(data), "calibrate --auto --samples");
-    }
+    configs.emplace(run);
+    data = measure_auto_cost_samples(o, run, *configs);
   }
   AutoCostModel m = fit_auto_cost_model(data.samples);
+  // The shape margins: auto's plans with the fitted coefficients, timed
+  // under each pair (a measuring run); or the samples' own such times.
+  if (configs) {
+    std::printf("shape margins: auto with the fitted table under %zu pairs of margins, each distinct plan timed\n",
+                kShapeMarginPairs);
+    measure_shape_margins(o, *configs, m, data.samples);
+  }
+  if (!run.samples_out.empty()) write_output(run.samples_out, to_json(data), "calibrate --auto --samples");
+  const bool shape_runs = std::all_of(data.samples.begin(), data.samples.end(),
+                                      [](const AutoCostSample& s) { return s.shape_us.size() == kShapeMarginPairs; });
+  if (shape_runs) {
+    const ShapeMargins chosen = choose_shape_margins(data.samples);
+    m.smaller_tiles_margin = chosen.smaller_tiles;
+    m.wider_units_margin = chosen.wider_units;
+  }
   m.device = data.device;
   m.date = utc_date();
   m.commit = current_commit(TREEATTN_SOURCE_DIR);
@@ -278,6 +370,17 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
       const AutoCostModel held = fit_auto_cost_model(train);
       std::printf("  held out %s (fitted on the others): %d/%zu\n", g.c_str(), auto_cost_hits(held, test), test.size());
     }
+  if (shape_runs) {
+    const AutoCostModel defaults;
+    const ShapeMargins chosen = score_shape_margins(data.samples, shape_pair(m.smaller_tiles_margin, m.wider_units_margin));
+    const ShapeMargins old =
+        score_shape_margins(data.samples, shape_pair(defaults.smaller_tiles_margin, defaults.wider_units_margin));
+    std::printf("shape margins %.3f (smaller tiles), %.3f (wider units)%s: auto's plans within 3 %% of min(per-query, "
+                "node) on %d/%d, geomean %.4fx; the defaults (%.2f, %.2f): %d/%d, %.4fx\n",
+                chosen.smaller_tiles, chosen.wider_units,
+                configs ? "" : " (from the samples' shape_us, timed with the table of their measuring run)", chosen.hits,
+                n, chosen.geomean, defaults.smaller_tiles_margin, defaults.wider_units_margin, old.hits, n, old.geomean);
+  }
   // auto's own plans as measured (planned with the table in use then, node's
   // shape choice included): issue 21's first criterion on these configs.
   int measured = 0, within = 0;

@@ -207,6 +207,50 @@ AutoCostModel fit_auto_cost_model(const std::vector<AutoCostSample>& samples) {
   return m;
 }
 
+namespace {
+void check_shape_runs(const std::vector<AutoCostSample>& samples) {
+  if (samples.empty()) throw Error("shape margins: no samples");
+  for (size_t i = 0; i < samples.size(); ++i)
+    if (samples[i].shape_us.size() != kShapeMarginPairs)
+      throw Error("shape margins: samples[" + std::to_string(i) + "] (" + samples[i].config + ") has " +
+                  std::to_string(samples[i].shape_us.size()) + " shape_us times, expected " +
+                  std::to_string(kShapeMarginPairs) + " (one per pair of margins)");
+}
+}  // namespace
+
+ShapeMargins score_shape_margins(const std::vector<AutoCostSample>& samples, size_t pair) {
+  check_shape_runs(samples);
+  ShapeMargins r;
+  r.smaller_tiles = kShapeMarginSteps[pair / kShapeMarginSteps.size()];
+  r.wider_units = kShapeMarginSteps[pair % kShapeMarginSteps.size()];
+  double log_sum = 0;
+  for (const AutoCostSample& s : samples) {
+    const double best = std::min(s.per_query_us, s.node_us), t = s.shape_us[pair];
+    r.hits += t <= kAutoCostHitSlack * best;
+    log_sum += std::log(t / best);
+  }
+  r.geomean = std::exp(log_sum / double(samples.size()));
+  return r;
+}
+
+ShapeMargins choose_shape_margins(const std::vector<AutoCostSample>& samples) {
+  const AutoCostModel defaults;
+  const auto distance = [&](const ShapeMargins& m) {
+    return std::abs(m.smaller_tiles - defaults.smaller_tiles_margin) + std::abs(m.wider_units - defaults.wider_units_margin);
+  };
+  ShapeMargins best = score_shape_margins(samples, 0);
+  for (size_t pair = 1; pair < kShapeMarginPairs; ++pair) {
+    const ShapeMargins m = score_shape_margins(samples, pair);
+    // Geomeans within 1e-9 are ties (the same plans timed once give equal
+    // sums in any order only up to rounding).
+    const bool better = m.hits != best.hits                      ? m.hits > best.hits
+                        : std::abs(m.geomean - best.geomean) > 1e-9 ? m.geomean < best.geomean
+                                                                    : distance(m) < distance(best);
+    if (better) best = m;
+  }
+  return best;
+}
+
 std::string to_json(const AutoCostSamples& s) {
   json list = json::array();
   for (const AutoCostSample& x : s.samples) {
@@ -217,6 +261,7 @@ std::string to_json(const AutoCostSamples& s) {
               {"per_query", features_json(x.per_query)},
               {"node", features_json(x.node)}};
     if (x.auto_us > 0) e["auto_us"] = x.auto_us;
+    if (!x.shape_us.empty()) e["shape_us"] = x.shape_us;
     list.push_back(std::move(e));
   }
   const json doc = {{"format", kSamplesFormat}, {"device", s.device}, {"commit", s.commit},
@@ -256,6 +301,17 @@ AutoCostSamples parse_auto_cost_samples(std::string_view text) {
       if (!a->is_number() || !(a->get<double>() > 0) || !std::isfinite(a->get<double>()))
         throw Error(detail::member_field(where, "auto_us") + " = " + detail::brief(*a) + " is not a number > 0");
       s.auto_us = a->get<double>();
+    }
+    if (const auto a = e.find("shape_us"); a != e.end()) {
+      const std::string field = detail::member_field(where, "shape_us");
+      if (!a->is_array() || a->size() != kShapeMarginPairs)
+        throw Error(field + " is not an array of " + std::to_string(kShapeMarginPairs) + " times (one per pair of margins)");
+      for (size_t k = 0; k < a->size(); ++k) {
+        const json& v = (*a)[k];
+        if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+          throw Error(field + "[" + std::to_string(k) + "] = " + detail::brief(v) + " is not a number > 0");
+        s.shape_us.push_back(v.get<double>());
+      }
     }
     s.per_query = features_from(detail::require(e, "per_query", where), detail::member_field(where, "per_query"));
     s.node = features_from(detail::require(e, "node", where), detail::member_field(where, "node"));

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "treeattn/bench.hpp"
+#include "treeattn/cost_models.hpp"
 #include "treeattn/planner.hpp"
 
 namespace {
@@ -143,6 +144,34 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
             std::string::npos) << held.out;
   const Result p = run("plan -w fasttree:N=1,4:C=128,32 --auto-cost " + table);
   EXPECT_EQ(p.code, 0) << p.out;
+  EXPECT_EQ(t["shape_margins"]["smaller_tiles"], 0.1) << "no shape_us in the samples: the default margins";
+  // With auto's plans timed under each pair of shape margins (shape_us), the
+  // table takes the pair with the most configs within 3 %: here (0.05, 0.15),
+  // the only pair at which c1 is not 1.5x.
+  const std::string shaped = dir + "/treeattn_auto_samples_shaped.json";
+  for (auto& e : list) {
+    const double best = std::min(e["per_query_us"].get<double>(), e["node_us"].get<double>());
+    nlohmann::json times = nlohmann::json::array();
+    for (size_t pair = 0; pair < treeattn::kShapeMarginPairs; ++pair) {
+      const bool good = pair == 2 * treeattn::kShapeMarginSteps.size() + 5;  // (steps[2], steps[5])
+      times.push_back(best * (e["config"] == "c1" && !good ? 1.5 : 1.0));
+    }
+    e["shape_us"] = times;
+  }
+  std::ofstream(shaped) << nlohmann::json{{"format", "treeattn-auto-cost-samples/1"}, {"device", "Test GPU"},
+                                          {"commit", "abc"}, {"samples", list}}.dump();
+  const Result margins = run("calibrate --auto --from-samples " + shaped + " --out " + table);
+  ASSERT_EQ(margins.code, 0) << margins.out;
+  EXPECT_NE(margins.out.find("shape margins 0.050 (smaller tiles), 0.150 (wider units) (from the samples' shape_us"),
+            std::string::npos)
+      << margins.out;
+  EXPECT_NE(margins.out.find("on 12/12, geomean 1.0000x; the defaults (0.10, 0.05): 11/12"), std::string::npos)
+      << margins.out;
+  std::ifstream shaped_in(table);
+  const nlohmann::json t2 = nlohmann::json::parse(shaped_in);
+  EXPECT_EQ(t2["shape_margins"]["smaller_tiles"], 0.05) << t2.dump();
+  EXPECT_EQ(t2["shape_margins"]["wider_units"], 0.15) << t2.dump();
+  EXPECT_EQ(run("plan -w fasttree:N=1,4:C=128,32 --auto-cost " + table).code, 0);
 
   expect_error("calibrate --auto --from-samples /nonexistent/samples.json", "/nonexistent/samples.json");
   expect_error("calibrate --suite fasttree", "need --auto");

@@ -3,6 +3,7 @@
 // made, the margin rule, and the samples' JSON.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -140,6 +141,50 @@ TEST(AutoCostFit, MarginIsTheSmallestWithTheMostHits) {
   }
 }
 
+// Pair index of (smaller_tiles, wider_units) among kShapeMarginSteps' pairs.
+size_t pair_of(double smaller_tiles, double wider_units) {
+  const auto step = [](double x) {
+    return size_t(std::find(kShapeMarginSteps.begin(), kShapeMarginSteps.end(), x) - kShapeMarginSteps.begin());
+  };
+  return step(smaller_tiles) * kShapeMarginSteps.size() + step(wider_units);
+}
+
+TEST(AutoCostFit, ShapeMarginsAreThePairWithTheMostHitsThenTheLowestTime) {
+  // Every pair runs within the slack of the best plan except where noted.
+  std::vector<AutoCostSample> samples = model_samples({1, 2, 0.5, 0, 1, 0.5, 0.2, 0, 0, 0.3}, 6, 3);
+  for (AutoCostSample& s : samples) s.shape_us.assign(kShapeMarginPairs, std::min(s.per_query_us, s.node_us));
+  // Smaller-tiles margins below 0.05 are 10 % slow on two samples, and so is
+  // a wider-units margin of 0.2 on one: the most hits are at 0.05.. for
+  // tiles and below 0.2 for widths.
+  for (size_t pair = 0; pair < kShapeMarginPairs; ++pair) {
+    const double tiles = kShapeMarginSteps[pair / kShapeMarginSteps.size()];
+    const double wide = kShapeMarginSteps[pair % kShapeMarginSteps.size()];
+    if (tiles < 0.05) samples[0].shape_us[pair] *= 1.10, samples[1].shape_us[pair] *= 1.10;
+    if (wide >= 0.2) samples[2].shape_us[pair] *= 1.10;
+    // Within the slack, a pair 2 % faster on one sample: the lower geomean.
+    if (tiles == 0.15 && wide == 0.025) samples[3].shape_us[pair] *= 0.98;
+  }
+  const ShapeMargins m = choose_shape_margins(samples);
+  EXPECT_EQ(m.smaller_tiles, 0.15);
+  EXPECT_EQ(m.wider_units, 0.025);
+  EXPECT_EQ(m.hits, 6);
+  EXPECT_LT(m.geomean, 1.0);
+  const ShapeMargins worst = score_shape_margins(samples, pair_of(0, 0.2));
+  EXPECT_EQ(worst.hits, 3);
+  EXPECT_GT(worst.geomean, 1.0);
+  // Without the faster pair every pair of the most hits ties: the one nearest
+  // the defaults (0.10, 0.05) wins.
+  samples[3].shape_us[pair_of(0.15, 0.025)] /= 0.98;
+  const ShapeMargins tie = choose_shape_margins(samples);
+  EXPECT_EQ(tie.smaller_tiles, AutoCostModel{}.smaller_tiles_margin);
+  EXPECT_EQ(tie.wider_units, AutoCostModel{}.wider_units_margin);
+  // Every sample needs one time per pair.
+  samples[4].shape_us.pop_back();
+  const std::string e = test_support::error_text([&] { choose_shape_margins(samples); });
+  EXPECT_NE(e.find("samples[4]"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected " + std::to_string(kShapeMarginPairs)), std::string::npos) << e;
+}
+
 TEST(AutoCostFit, RefusesBadSamples) {
   EXPECT_THROW(fit_auto_cost_model({}), Error);
   std::vector<AutoCostSample> samples = model_samples({1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 4, 1);
@@ -159,9 +204,13 @@ TEST(AutoCostFit, SamplesRoundTripThroughJsonAndErrorsNameTheField) {
   d.command = "treeattn calibrate --auto";
   d.samples = model_samples({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 3, 2);
   d.samples[1].auto_us = 12.5;  // optional: only where auto's plan was timed
+  d.samples[2].shape_us.assign(kShapeMarginPairs, 3.25);  // optional likewise
+  d.samples[2].shape_us[7] = 4.5;
   const AutoCostSamples back = parse_auto_cost_samples(to_json(d));
   EXPECT_EQ(back.samples[0].auto_us, 0);
   EXPECT_EQ(back.samples[1].auto_us, 12.5);
+  EXPECT_TRUE(back.samples[1].shape_us.empty());
+  EXPECT_EQ(back.samples[2].shape_us, d.samples[2].shape_us);
   EXPECT_EQ(back.device, d.device);
   EXPECT_EQ(back.command, d.command);
   ASSERT_EQ(back.samples.size(), d.samples.size());
@@ -186,6 +235,17 @@ TEST(AutoCostFit, SamplesRoundTripThroughJsonAndErrorsNameTheField) {
   std::string bad_auto = good;
   bad_auto.replace(bad_auto.find(R"("node_us": 1)"), 12, R"("node_us": 1, "auto_us": 0)");
   EXPECT_NE(error_of(head + bad_auto + "]}").find("samples[0].auto_us = 0"), std::string::npos) << error_of(head + bad_auto + "]}");
+  std::string short_shape = good;
+  short_shape.replace(short_shape.find(R"("node_us": 1)"), 12, R"("node_us": 1, "shape_us": [1, 2])");
+  EXPECT_NE(error_of(head + short_shape + "]}").find("samples[0].shape_us is not an array of"), std::string::npos)
+      << error_of(head + short_shape + "]}");
+  std::string bad_shape = good;
+  std::string times = "[";
+  for (size_t k = 0; k < kShapeMarginPairs; ++k) times += k == 5 ? "\"x\", " : "1, ";
+  times.replace(times.size() - 2, 2, "]");
+  bad_shape.replace(bad_shape.find(R"("node_us": 1)"), 12, R"("node_us": 1, "shape_us": )" + times);
+  EXPECT_NE(error_of(head + bad_shape + "]}").find("samples[0].shape_us[5] = \"x\""), std::string::npos)
+      << error_of(head + bad_shape + "]}");
   EXPECT_NE(error_of(head + good + R"(, {"config": "d", "per_query_us": -1}]})").find("samples[1].per_query_us"),
             std::string::npos);
   std::string bad_feature = good;

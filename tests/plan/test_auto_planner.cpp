@@ -58,8 +58,8 @@ Plan node_shaped(const Workload& w, PlanOptions opt, Shape s) {
 
 // auto's node shape by brute force: Q tiles of 64, 32 then 16 rows, then
 // compact units of 64 then 128 rows (those where they fill the slots), each
-// planned whole and taken where the model prices it 10 % (tiles) or 5 %
-// (compact units) below the best so far.
+// planned whole and taken where the model prices it the table's shape margin
+// (tiles, then compact units) below the best so far.
 Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& opt,
                                 bool widths = true) {
   Shape taken;
@@ -68,7 +68,7 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
   for (const int rows : {64, 32, 16}) {
     if (std::max(rows, G) >= std::max(taken.tile_rows, G)) continue;
     const double us = node_us(w, m, opt, node_shaped(w, opt, {taken.compact_rows, rows}));
-    if (us < 0.9 * best) taken.tile_rows = rows, best = us;
+    if (us < (1 - m.smaller_tiles_margin) * best) taken.tile_rows = rows, best = us;
   }
   // A width at which node plans no compact subtree is node's plan without
   // them (flat_tokens = 0), not a wider width.
@@ -78,7 +78,8 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
     if (!widths || rows <= std::max(32, G)) continue;
     const Plan p = node_shaped(w, opt, {rows, taken.tile_rows});
     if (same_plan(p, node_shaped(w, no_compact, {0, taken.tile_rows}))) continue;
-    if (fills(w, opt, p) && node_us(w, m, opt, p) < 0.95 * best) taken.compact_rows = rows, best = node_us(w, m, opt, p);
+    if (fills(w, opt, p) && node_us(w, m, opt, p) < (1 - m.wider_units_margin) * best)
+      taken.compact_rows = rows, best = node_us(w, m, opt, p);
   }
   return taken;
 }
@@ -246,6 +247,42 @@ TEST(AutoPlanner, ShapeShortcutsAgreeWithTheFullComparison) {
   EXPECT_GT(smaller, 5);
 }
 
+// The shape margins are the table's: a margin no estimate can beat keeps
+// node's own shape, and under other margins auto still takes what the full
+// comparison takes.
+TEST(AutoPlanner, ShapeMarginsComeFromTheTable) {
+  const Workload early = tot("sorting128ToT.json", 1, 100);
+  PlanOptions tiles16;
+  tiles16.extra["tile_rows"] = 16;
+  AutoCostModel m = builtin_auto_cost_model();
+  EXPECT_TRUE(same_plan(plan_auto_with(early, {}, m), make_plan("node", early, tiles16)));
+  m.smaller_tiles_margin = 0.99;
+  const Plan kept = plan_auto_with(early, {}, m);
+  EXPECT_FALSE(same_plan(kept, make_plan("node", early, tiles16)));
+  EXPECT_TRUE(same_plan(kept, expected_auto(early, m)));
+  int differ = 0;
+  for (const auto& [tiles, wide] : {std::pair{0.0, 0.2}, std::pair{0.2, 0.0}, std::pair{0.025, 0.075}}) {
+    m.smaller_tiles_margin = tiles;
+    m.wider_units_margin = wide;
+    for (const char* spec : {"fasttree:N=1,8,16,32,64,128,1024:C=256,128,64,16,16,16,16",
+                             "fasttree:N=1,2,4,8,16,32,64,128,1024:C=16,16,16,16,16,16,16,16,16",
+                             "fewshot:prompt=4000:branches=10:len=100", "pat:B=1,4,8,256:L=32,256,256,32"})
+      for (const HeadConfig h : {HeadConfig{32, 8, 128}, HeadConfig{16, 1, 128}}) {
+        WorkloadParams p;
+        p.heads = h;
+        const Workload w = make_workload(spec, p);
+        const Plan a = plan_auto_with(w, {}, m);
+        differ += !same_plan(a, make_plan("auto", w));
+        if (same_plan(a, make_plan("per-query", w))) continue;
+        EXPECT_TRUE(same_plan(a, node_shaped(w, {}, node_shape_by_brute_force(w, m, {}))))
+            << spec << " at " << h.num_qo_heads << "/" << h.num_kv_heads << ", margins " << tiles << ", " << wide;
+      }
+  }
+  EXPECT_GT(differ, 0) << "some margins must change some plan";
+  m.wider_units_margin = 1;
+  EXPECT_THROW(m.validate(), Error);
+}
+
 TEST(AutoPlanner, ReplacingTheDefaultModelChangesTheChoice) {
   WorkloadParams p;
   const Workload w = make_workload("fasttree:N=1,256:C=256,32", p);
@@ -336,6 +373,16 @@ TEST(AutoCostModel, ParseErrorsNameTheField) {
   EXPECT_NE(error_of(replaced("\"kctas\": ", "\"kctas\": \"x\", \"_\": ")).find("coefficients.kctas"),
             std::string::npos);
   EXPECT_NE(error_of(replaced("\"device\": ", "\"device\": 1, \"_\": ")).find("device"), std::string::npos);
+  EXPECT_NE(error_of(replaced("\"smaller_tiles\": ", "\"smaller_tiles\": \"x\", \"_\": "))
+                .find("shape_margins.smaller_tiles = \"x\" is not a number"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced("\"wider_units\": ", "\"wider_units\": 1.5, \"_\": "))
+                .find("shape_margins.wider_units = 1.5"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced("\"wider_units\"", "\"wide\"")).find("shape_margins.wider_units is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced("\"shape_margins\": {", "\"shape_margins\": 3, \"_\": {")).find("shape_margins = 3"),
+            std::string::npos);
   EXPECT_EQ(error_of(good), "(no error)");
   try {
     load_auto_cost_model(kData + "no_such_table.json");

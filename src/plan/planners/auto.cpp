@@ -40,6 +40,7 @@ constexpr const char* kBuiltinAutoCost = R"json({
   "source": "suites deft, fasttree, pat (175 configs, measured at commit 6b2bea1)",
   "fit": "scripts/fit_auto_cost.py bench/results/NVIDIA_H100_80GB_HBM3/suites_6b2bea1/fasttree/results.json bench/results/NVIDIA_H100_80GB_HBM3/suites_6b2bea1/pat/results.json bench/results/NVIDIA_H100_80GB_HBM3/suites_6b2bea1/deft/results.json --out data/auto_cost_h100.json",
   "margin": 0.0,
+  "shape_margins": {"smaller_tiles": 0.1, "wider_units": 0.05},
   "coefficients": {
     "const": 0.707341,
     "launches": 7.611,
@@ -168,8 +169,12 @@ double AutoCostModel::predict(const AutoCostFeatures& f) const {
 }
 
 void AutoCostModel::validate() const {
-  if (!(margin >= 0 && margin < 1))
-    throw Error("auto cost model: margin = " + std::to_string(margin) + " is out of range [0, 1)");
+  const auto in_range = [](const char* name, double v) {
+    if (!(v >= 0 && v < 1)) throw Error(std::string("auto cost model: ") + name + " = " + std::to_string(v) + " is out of range [0, 1)");
+  };
+  in_range("margin", margin);
+  in_range("shape_margins.smaller_tiles", smaller_tiles_margin);
+  in_range("shape_margins.wider_units", wider_units_margin);
   for (int i = 0; i < kAutoCostFeatures; ++i)
     if (!(coefficients[i] >= 0) || !std::isfinite(coefficients[i]))
       throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " = " +
@@ -204,6 +209,16 @@ AutoCostModel parse_auto_cost_model(std::string_view text) {
                   " is not a number");
     m.coefficients[i] = v->get<double>();
   }
+  if (const auto sm = j.find("shape_margins"); sm != j.end()) {
+    if (!sm->is_object()) throw Error("auto cost model: shape_margins = " + detail::brief(*sm) + " is not an object");
+    for (const auto& [key, dst] : {std::pair{"smaller_tiles", &m.smaller_tiles_margin}, std::pair{"wider_units", &m.wider_units_margin}}) {
+      const auto v = sm->find(key);
+      if (v == sm->end()) throw Error(std::string("auto cost model: shape_margins.") + key + " is missing");
+      if (!v->is_number())
+        throw Error(std::string("auto cost model: shape_margins.") + key + " = " + detail::brief(*v) + " is not a number");
+      *dst = v->get<double>();
+    }
+  }
   for (const auto& item : c->items()) {
     const std::string& key = item.key();  // a named copy: clang 14 cannot capture a structured binding
     if (std::find_if(kAutoCostFeatureNames.begin(), kAutoCostFeatureNames.end(),
@@ -230,7 +245,8 @@ std::string to_json(const AutoCostModel& m) {
   std::string out = std::string("{\n  \"format\": \"") + kFormat + "\",\n";
   out += "  \"device\": " + q(m.device) + ",\n  \"date\": " + q(m.date) + ",\n  \"commit\": " + q(m.commit) +
          ",\n  \"source\": " + q(m.source) + ",\n  \"fit\": " + q(m.fit) + ",\n  \"margin\": " + num(m.margin) +
-         ",\n  \"coefficients\": {\n";
+         ",\n  \"shape_margins\": {\"smaller_tiles\": " + num(m.smaller_tiles_margin) +
+         ", \"wider_units\": " + num(m.wider_units_margin) + "},\n  \"coefficients\": {\n";
   for (int i = 0; i < kAutoCostFeatures; ++i)
     out += std::string("    \"") + kAutoCostFeatureNames[i] + "\": " + num(m.coefficients[i]) +
            (i + 1 < kAutoCostFeatures ? ",\n" : "\n");
@@ -259,10 +275,8 @@ namespace {
 // node's shape (planning::NodeShape) by the model. node's own is the largest
 // Q tiles (128 rows) and compact-subtree units of 32 (else 16) rows; the
 // model prices others and auto takes one where it predicts it a margin
-// below the best so far. The model errs by ~6 % on single plans; the
-// margins are those at which no suite or forest config measured slower
-// than node's own shape (docs/planners.md, "auto"). Options flat_rows and
-// tile_rows fix a width and keep auto from changing it.
+// below the best so far (the model errs by ~6 % on single plans). Options
+// flat_rows and tile_rows fix a width and keep auto from changing it.
 //  1. Smaller Q tiles (64, 32, 16 rows) for node's units: more CTAs of
 //     fewer rows and, at 16 rows, one launch instead of two; they pay on
 //     small, latency-bound trees (a ToT tree's 10 queries, a few-shot
@@ -270,7 +284,7 @@ namespace {
 //     nodes read again. First estimated from the plan in hand (each unmasked
 //     unit of more rows cut into tiles of the same tokens; its queries keep
 //     their slots), then planned only where the estimate is half the margin
-//     below the best. Margin 10 %: at 5 % ToT trees ran up to 1.29x slower.
+//     below the best.
 //  2. Wider compact-subtree units (64, 128 rows, wgmma tiles) read a
 //     subtree's shared nodes fewer times: where it holds many queries of
 //     many rows (deep trees at GQA 8-16) that re-reading is most of the
@@ -278,9 +292,10 @@ namespace {
 //     width must also fill three quarters of the CTA slots. A width is
 //     planned only where it could save at best (node's units closed by the
 //     rows limit all merged away) and its compact units alone, priced
-//     against node's (KV read, CTAs, segments), save. Margin 5 %: at 10 %
-//     three deep trees kept node's units at 1.06-1.27x the time.
-constexpr double kSmallerTilesGain = 0.10, kWiderUnitsGain = 0.05;
+//     against node's (KV read, CTAs, segments), save.
+// The two margins are the model's (AutoCostModel::smaller_tiles_margin and
+// wider_units_margin), fitted by calibrate --auto; the defaults and what
+// other values cost are in docs/planners.md, "auto".
 
 // Q tile rows auto tries for node's units, largest first.
 constexpr std::array<int64_t, 3> kSmallerTileRows = {64, 32, 16};
@@ -354,10 +369,10 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
       if (std::max<int64_t>(rows, G) >= std::max<int64_t>(shape.tile_rows, G)) continue;
       // The estimate is the plan's own features unless the smaller tiles
       // change node's folds or compact subtrees: half the margin is slack.
-      if (model.predict(node.smaller_tiles[i]) >= (1 - kSmallerTilesGain / 2) * best) continue;
+      if (model.predict(node.smaller_tiles[i]) >= (1 - model.smaller_tiles_margin / 2) * best) continue;
       planning::plan_node_shaped(w, ix, opt, {shape.compact_rows, rows}, scratch, other);
       const NodeFeatures f = node_features(w, other, opt);
-      if (model.predict(f.own) >= (1 - kSmallerTilesGain) * best) continue;
+      if (model.predict(f.own) >= (1 - model.smaller_tiles_margin) * best) continue;
       std::swap(out, other);
       node = f;
       best = model.predict(f.own);
@@ -380,7 +395,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     saved[2] = double(own.full_tokens) * kv_mb_per_token;
     saved[6] = double(own.full_units) * double(kv) * 1e-3;
     saved[7] = double(own.full_segments) * double(kv) * 1e-3;
-    if (own.highest_cut && node_us - model.predict(saved) >= (1 - kWiderUnitsGain) * best) continue;
+    if (own.highest_cut && node_us - model.predict(saved) >= (1 - model.wider_units_margin) * best) continue;
     planning::compact_subtree_units(w, ix, m.sub, m.down, own.max_tokens, own.max_leaf_tokens, rows, opt,
                                     m.wider_covered, m.wider, m.wider_summary, m.compact);
     const planning::CompactUnitsSummary& wide = m.wider_summary;
@@ -394,7 +409,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     // units too few or too long): that is not a wider width.
     if (m.compact_units.units == 0 || !planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
     const AutoCostFeatures f = features_of(w, other, opt, 0);
-    if (model.predict(f) < (1 - kWiderUnitsGain) * best) {
+    if (model.predict(f) < (1 - model.wider_units_margin) * best) {
       std::swap(out, other);
       node.own = f;
       best = model.predict(f);
