@@ -220,6 +220,8 @@ void check_shape_runs(const std::vector<AutoCostSample>& samples) {
 
 ShapeMargins score_shape_margins(const std::vector<AutoCostSample>& samples, size_t pair) {
   check_shape_runs(samples);
+  if (pair >= kShapeMarginPairs)
+    throw Error("shape margins: pair " + std::to_string(pair) + " is out of range [0, " + std::to_string(kShapeMarginPairs) + ")");
   ShapeMargins r;
   r.smaller_tiles = kShapeMarginSteps[pair / kShapeMarginSteps.size()];
   r.wider_units = kShapeMarginSteps[pair % kShapeMarginSteps.size()];
