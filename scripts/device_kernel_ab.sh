@@ -6,6 +6,9 @@
 # rounds (scripts/medusa_ab.sh), and the fasttree and pat suites' --quick
 # subsets. Logs land in $OUT; the last lines are a per-config table.
 # Usage: BASE=<commit> ROUNDS=2 PHASES="build ab" scripts/device_kernel_ab.sh
+#   PHASES="cli ab": both CLIs only (no GPU tests: those run at the final
+#   commit); SETS="small" picks scripts/medusa_ab.sh's config sets (default:
+#   "medusa other").
 #   (each phase fits one 10-minute device command: run "build", then "ab" on
 #   the still-warm machine, whose build/ is kept between calls). BASE's tree
 #   comes from .kab/base.tar when present (`git archive BASE -o .kab/base.tar`,
@@ -21,9 +24,17 @@ PHASES=${PHASES:-"build ab"}
 KAB="$ROOT/build/kab"
 mkdir -p "$OUT"
 export TREEATTN_COMMIT=${TREEATTN_COMMIT:-$(git rev-parse --short=12 HEAD)}
+GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
+if [[ " $PHASES " == *" cli "* ]]; then
+  cmake -S "$ROOT" -B build/device $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DTREEATTN_TESTS=OFF \
+    -DTREEATTN_BENCHMARKS=OFF >"$OUT/build.log" 2>&1 && cmake --build build/device -j16 --target treeattn_cli >>"$OUT/build.log" 2>&1 ||
+    { tail -20 "$OUT/build.log"; exit 1; }
+  grep -E "spill" "$OUT/build.log" | grep -v " 0 bytes spill" | sed 's/_ZN8treeattn4cuda//' | cut -c1-160 | head -8
+fi
 if [[ " $PHASES " == *" build "* ]]; then
   STEPS="build tests sanitize" OUT="$OUT" bash scripts/device_check.sh 2>&1 | tail -25
-  GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
+fi
+if [[ " $PHASES " == *" build "* || " $PHASES " == *" cli "* ]]; then
   rm -rf "$KAB" && mkdir -p "$KAB/src" && { if [ -f "$ROOT/.kab/base.tar" ]; then tar -xf "$ROOT/.kab/base.tar" -C "$KAB/src"; else git archive "$BASE" | tar -x -C "$KAB/src"; fi; } || { echo "no tree for $BASE"; exit 1; }
   cmake -S "$KAB/src" -B "$KAB/src/build" $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DTREEATTN_BENCHMARKS=OFF >"$OUT/base_build.log" 2>&1 &&
@@ -37,8 +48,7 @@ export TREEATTN_DATA_DIR="$ROOT/data"
 {
   echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); base $BASE; new $TREEATTN_COMMIT; $(date -u +%FT%TZ)"
   echo "command: BASE=$BASE ROUNDS=$ROUNDS scripts/device_kernel_ab.sh"
-  ROUNDS=$ROUNDS SET=medusa bash scripts/medusa_ab.sh "$KAB/base" "$KAB/new"
-  ROUNDS=$ROUNDS SET=other bash scripts/medusa_ab.sh "$KAB/base" "$KAB/new"
+  for set in ${SETS:-medusa other}; do ROUNDS=$ROUNDS SET=$set bash scripts/medusa_ab.sh "$KAB/base" "$KAB/new"; done
 } >"$OUT/ab.txt" 2>&1
 for b in base new; do
   for s in fasttree pat; do

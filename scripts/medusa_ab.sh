@@ -7,6 +7,8 @@
 # Usage: ROUNDS=2 SET=medusa scripts/medusa_ab.sh build/h21/base build/h21/new
 #   SET=medusa: Medusa 128/32 drafts on 8192 + the DeFT suite's 9 medusa configs, 32/8 and 32/32
 #   SET=other:  a few configs of the other suites whose time is in 64/128-row tiles
+#   SET=small:  issue 21 goal 3's small trees (short 16- and 32-row CTAs), at 16/1 and 32/8
+#   HEADS="16/1 32/8" overrides the head configs (default: 32/8 32/32; small: 16/1 32/8)
 set -uo pipefail
 ROUNDS=${ROUNDS:-2}
 SET=${SET:-medusa}
@@ -16,10 +18,15 @@ for s in 128 32; do MED+=(-w medusa:APPS_tree_size$s.json:record=0:step=10:prefi
 for s in 32 64 128; do for p in 1024 4096 16384; do MED+=(-w medusa:APPS_tree_size$s.json:record=0:step=10:prefix=$p); done; done
 OTH=(-w pat:B=1,8,512:L=32,2048,256 -w fasttree:N=1,10:C=4000,400 -w fasttree:N=1,256:C=256,32
      -w fewshot:prompt=4000:branches=30:len=200 -w pat:B=1,4,16,512:L=32,1024,256,256 -w fasttree:N=1,1024:C=2048,32)
+SMALL=(-w fasttree:N=1,256:C=256,32 -w fasttree:N=1,2,64:C=8,256,32 -w fasttree:N=1,4,256:C=8,256,32
+       -w fasttree:N=1,10:C=4000,400 -w fasttree:N=1,16,64:C=1024,256,32 -w fasttree:N=1,4,8,256:C=8,256,256,32
+       -w fasttree:N=1,2,4,8,16,32,64,128,1024:C=16,16,16,16,16,16,16,16,16 -w pat:B=256:L=1024
+       -w tot:docmergeToT.json:task=all:iter=1000 -w tot:sorting128ToT.json:task=all:iter=300)
+if [ "$SET" = small ]; then HEADS=${HEADS:-"16/1 32/8"}; else HEADS=${HEADS:-"32/8 32/32"}; fi
 for r in $(seq 1 "$ROUNDS"); do
   for d in "$@"; do
-    for h in 32/8 32/32; do
-      if [ "$SET" = medusa ]; then WS=("${MED[@]}"); else WS=("${OTH[@]}"); fi
+    for h in $HEADS; do
+      case "$SET" in medusa) WS=("${MED[@]}") ;; small) WS=("${SMALL[@]}") ;; *) WS=("${OTH[@]}") ;; esac
       echo "### round $r bin $(basename "$d") heads $h"
       "$d/treeattn" bench "${WS[@]}" --heads "$h" -p auto --verify 2 --no-graph 2>&1 |
         grep -E "^[a-z]|^  auto|error|Error|FAIL" | sed 's/^  auto/    auto/'

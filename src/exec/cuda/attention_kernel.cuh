@@ -747,41 +747,66 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         }
       }
     }
-    for (int i = tid; !kRowsOnce && i < rows * (D / 4); i += kThreads) {
-      const int r = i / (D / 4), c = (i % (D / 4)) * 4;
-      float mx = kNegInf;
+    if constexpr (!kRowsOnce) {
+      // Several slices: each row is combined by kPerRow threads, which work
+      // out its weights, 1 / sum and output address once and then take every
+      // kPerRow-th float4 of it (the same arithmetic per element as one
+      // thread per float4, which redid the per-row work, two integer
+      // divisions by the group size among it, for every 16 bytes stored).
+      constexpr int kPerRow = kThreads / M;
+      static_assert(kThreads % M == 0 && (D / 4) % kPerRow == 0, "whole threads per row, whole float4s per thread");
+      // tid read again here: derived from the kernel's early tid, the row's
+      // addresses were computed before the KV loop and held through it (a
+      // spill at the 128-register caps).
+      const int t = late_thread_index();
+      const int r = t / kPerRow;
+      if (r < rows) {
+        float mx = kNegInf;
 #pragma unroll
-      for (int w = 0; w < WN; ++w) mx = fmaxf(mx, misc.row_m[w][r]);
-      float sum = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int w = 0; w < WN; ++w) mx = fmaxf(mx, misc.row_m[w][r]);
+        float weight[WN];
+        float sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < WN; ++w) {
-        const float mw = misc.row_m[w][r];
-        const float sc = mw == kNegInf ? 0.f : fast_exp2(mw - mx);  // empty slice: weight 0
-        sum += misc.row_d[w][r] * sc;
-        const float4 x = *reinterpret_cast<const float4*>(sO + (w * M + r) * Tr::kOStride + c);
-        acc.x += sc * x.x;
-        acc.y += sc * x.y;
-        acc.z += sc * x.z;
-        acc.w += sc * x.w;
-      }
-      const float inv = sum > 0.f ? p.v_scale / sum : 0.f;  // a fully masked row yields zeros
-      acc.x *= inv;
-      acc.y *= inv;
-      acc.z *= inv;
-      acc.w *= inv;
-      const int h = kvh * G + r % G;
-      const int slot = misc.ent_slot[r / G];
-      if (slot < 0) {
-        const int64_t off = int64_t(misc.ent_query[r / G]) * p.o_stride + h * D + c;
-        uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
-        *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) = packed;
-        if (p.lse_out && c == 0)
-          p.lse_out[int64_t(misc.ent_query[r / G]) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
-      } else {
-        const int64_t off = (int64_t(slot) * Hqo + h) * D + c;
-        *reinterpret_cast<float4*>(p.partial_o + off) = acc;
-        if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
+        for (int w = 0; w < WN; ++w) {
+          const float mw = misc.row_m[w][r];
+          weight[w] = mw == kNegInf ? 0.f : fast_exp2(mw - mx);  // empty slice: weight 0
+          sum += misc.row_d[w][r] * weight[w];
+        }
+        const float inv = sum > 0.f ? p.v_scale / sum : 0.f;  // a fully masked row yields zeros
+        const int e = r / G, h = kvh * G + r % G, slot = misc.ent_slot[e];
+        // The row's output: fp16/bf16 in out (slot -1) or an fp32 partial.
+        const bool direct = slot < 0;
+        uint8_t* const row_out =
+            direct ? reinterpret_cast<uint8_t*>(static_cast<T*>(p.out) + int64_t(misc.ent_query[e]) * p.o_stride + h * D)
+                   : reinterpret_cast<uint8_t*>(p.partial_o + (int64_t(slot) * Hqo + h) * D);
+#pragma unroll 1
+        for (int k = 0; k < D / 4 / kPerRow; ++k) {
+          const int c = (t % kPerRow + k * kPerRow) * 4;
+          float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+          for (int w = 0; w < WN; ++w) {
+            const float4 x = *reinterpret_cast<const float4*>(sO + (w * M + r) * Tr::kOStride + c);
+            acc.x += weight[w] * x.x;
+            acc.y += weight[w] * x.y;
+            acc.z += weight[w] * x.z;
+            acc.w += weight[w] * x.w;
+          }
+          acc.x *= inv;
+          acc.y *= inv;
+          acc.z *= inv;
+          acc.w *= inv;
+          if (direct)
+            *reinterpret_cast<uint2*>(row_out + c * sizeof(T)) = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
+          else
+            *reinterpret_cast<float4*>(row_out + c * sizeof(float)) = acc;
+        }
+        if (t % kPerRow == 0) {
+          const float lse = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
+          if (!direct)
+            p.partial_lse[int64_t(slot) * Hqo + h] = lse;
+          else if (p.lse_out)
+            p.lse_out[int64_t(misc.ent_query[e]) * Hqo + h] = lse;
+        }
       }
     }
     trace.mark(kTraceStored);
