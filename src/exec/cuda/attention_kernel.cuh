@@ -221,6 +221,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   static_assert(kFillStride >= 1 && Tr::kWarps % (N / 32) == 0, "whole filler warps");
   const int fill_pos = warp % kFillStride == (warp / kFillStride) % kFillStride ? (warp / kFillStride) * 32 + lane : -1;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
+  // Row r of a tile is head r % G of entry r / G (GQA packing).
+  const auto entry_of_row = [&](int r) { return int(p.group_divisor.divide(uint32_t(r))); };
   // K/V copies: thread tid copies chunk copy_c of rows copy_r0 + k * kCopyRows.
   constexpr int kKvChunks = Tr::kKvChunks;
   constexpr int kCopyRows = kThreads / kKvChunks, kCopyPasses = N / kCopyRows;
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // (binary search over the segment ends) and starts the load of the page id;
     // commit() writes the row, the segment and the mask flag into a slot.
     struct Lookup {
-      int seg = 255, tok = 0, page = 0;  // seg 255: past the end of the unit
+      int seg = 255, slot = 0, page = 0;  // seg 255: past the end of the unit; slot: the token's in its page
     };
     // early: a position of the first segment, before the records are in
     // shared memory (the record comes from the descriptor's registers; only
@@ -275,15 +277,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         }
         const SegDesc sg = early ? u.seg0 : misc.seg[lo];
         l.seg = lo;
-        l.tok = sg.begin + pos - sg.pos;
-        l.page = p.page_ids[sg.pbase + l.tok / ps];
+        const int tok = sg.begin + pos - sg.pos, page_index = int(p.page_divisor.divide(uint32_t(tok)));
+        l.slot = tok - page_index * ps;
+        l.page = p.page_ids[sg.pbase + page_index];
       }
       return l;
     };
     auto commit = [&](const Lookup& l, int sl) {
       if (fill_pos >= 0) {
         const bool valid = l.seg != 255;
-        misc.row[sl][fill_pos] = valid ? l.page * p.rows_per_page + l.tok % ps : -1;
+        misc.row[sl][fill_pos] = valid ? l.page * p.rows_per_page + l.slot : -1;
         misc.pos_seg[sl][fill_pos] = uint8_t(l.seg);
         const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
         const uint32_t b = __ballot_sync(0xffffffffu, need);
@@ -387,7 +390,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       for (int i = tid; i < M * kChunks; i += kThreads) {
         const int r = i / kChunks, c = i % kChunks;
         const T* src = q;
-        if (r < rows) src = q + int64_t(misc.ent_query[r / G]) * p.q_stride + (kvh * G + r % G) * D + c * 8;
+        if (r < rows) {
+          const int e = entry_of_row(r);
+          src = q + int64_t(misc.ent_query[e]) * p.q_stride + (kvh * G + r - e * G) * D + c * 8;
+        }
         cp_async_16_zfill(sQ + swz<Tr, M>(r, c), src, r < rows);
       }
       cp_async_commit();
@@ -415,7 +421,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = wm * 16 + (lane >> 2) + 8 * i;
-      rmask[i] = (masked && r < rows) ? misc.ent_mask[r / G] : ~0ull;
+      rmask[i] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
     }
 
     float o[D / 8][4];
@@ -697,7 +703,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if ((lane & 3) == 0 && r < rows) {
           const float sum = row_max[i] == kNegInf ? 0.f : d;
           const float lse = sum > 0.f ? (row_max[i] + fast_log2(sum)) * kLn2 : kNegInf;
-          const int e = r / G, h = kvh * G + r % G, slot = misc.ent_slot[e];
+          const int e = entry_of_row(r), h = kvh * G + r - e * G, slot = misc.ent_slot[e];
           int64_t off;
           if (slot < 0) {
             off = int64_t(misc.ent_query[e]) * p.o_stride + h * D;
@@ -747,19 +753,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         }
       }
     }
-    if constexpr (!kRowsOnce) {
-      // Several slices: each row is combined by kPerRow threads, which work
-      // out its weights, 1 / sum and output address once and then take every
-      // kPerRow-th float4 of it (the same arithmetic per element as one
-      // thread per float4, which redid the per-row work, two integer
-      // divisions by the group size among it, for every 16 bytes stored).
+    // Several slices, at least four warps: each row is combined by kPerRow
+    // threads, which work out its weights, 1 / sum and output address once
+    // and then take every kPerRow-th float4 of it; the same arithmetic per
+    // element as one thread per float4 (below), which redoes the per-row
+    // work, two integer divisions by the group size among it, for every 16
+    // bytes stored. The two-warp m16 n32 tile, at its 128-register cap,
+    // spilled in its prologue with this path and keeps the other.
+    constexpr bool kRowCombine = !kRowsOnce && kThreads >= 128;
+    if constexpr (kRowCombine) {
       constexpr int kPerRow = kThreads / M;
       static_assert(kThreads % M == 0 && (D / 4) % kPerRow == 0, "whole threads per row, whole float4s per thread");
-      // tid read again here: derived from the kernel's early tid, the row's
-      // addresses were computed before the KV loop and held through it (a
-      // spill at the 128-register caps).
-      const int t = late_thread_index();
-      const int r = t / kPerRow;
+      const int r = tid / kPerRow;
       if (r < rows) {
         float mx = kNegInf;
 #pragma unroll
@@ -773,7 +778,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
           sum += misc.row_d[w][r] * weight[w];
         }
         const float inv = sum > 0.f ? p.v_scale / sum : 0.f;  // a fully masked row yields zeros
-        const int e = r / G, h = kvh * G + r % G, slot = misc.ent_slot[e];
+        const int e = entry_of_row(r), h = kvh * G + r - e * G, slot = misc.ent_slot[e];
         // The row's output: fp16/bf16 in out (slot -1) or an fp32 partial.
         const bool direct = slot < 0;
         uint8_t* const row_out =
@@ -781,7 +786,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
                    : reinterpret_cast<uint8_t*>(p.partial_o + (int64_t(slot) * Hqo + h) * D);
 #pragma unroll 1
         for (int k = 0; k < D / 4 / kPerRow; ++k) {
-          const int c = (t % kPerRow + k * kPerRow) * 4;
+          const int c = (tid % kPerRow + k * kPerRow) * 4;
           float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
           for (int w = 0; w < WN; ++w) {
@@ -800,13 +805,50 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
           else
             *reinterpret_cast<float4*>(row_out + c * sizeof(float)) = acc;
         }
-        if (t % kPerRow == 0) {
+        if (tid % kPerRow == 0) {
           const float lse = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
           if (!direct)
             p.partial_lse[int64_t(slot) * Hqo + h] = lse;
           else if (p.lse_out)
             p.lse_out[int64_t(misc.ent_query[e]) * Hqo + h] = lse;
         }
+      }
+    }
+    for (int i = tid; !kRowsOnce && !kRowCombine && i < rows * (D / 4); i += kThreads) {
+      const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+      float mx = kNegInf;
+#pragma unroll
+      for (int w = 0; w < WN; ++w) mx = fmaxf(mx, misc.row_m[w][r]);
+      float sum = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < WN; ++w) {
+        const float mw = misc.row_m[w][r];
+        const float sc = mw == kNegInf ? 0.f : fast_exp2(mw - mx);  // empty slice: weight 0
+        sum += misc.row_d[w][r] * sc;
+        const float4 x = *reinterpret_cast<const float4*>(sO + (w * M + r) * Tr::kOStride + c);
+        acc.x += sc * x.x;
+        acc.y += sc * x.y;
+        acc.z += sc * x.z;
+        acc.w += sc * x.w;
+      }
+      const float inv = sum > 0.f ? p.v_scale / sum : 0.f;  // a fully masked row yields zeros
+      acc.x *= inv;
+      acc.y *= inv;
+      acc.z *= inv;
+      acc.w *= inv;
+      const int e = entry_of_row(r), h = kvh * G + r - e * G;
+      const int slot = misc.ent_slot[e];
+      if (slot < 0) {
+        const int64_t off = int64_t(misc.ent_query[e]) * p.o_stride + h * D + c;
+        uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
+        *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off) = packed;
+        if (p.lse_out && c == 0)
+          p.lse_out[int64_t(misc.ent_query[e]) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
+      } else {
+        const int64_t off = (int64_t(slot) * Hqo + h) * D + c;
+        *reinterpret_cast<float4*>(p.partial_o + off) = acc;
+        if (c == 0) p.partial_lse[int64_t(slot) * Hqo + h] = sum > 0.f ? (mx + fast_log2(sum)) * kLn2 : kNegInf;
       }
     }
     trace.mark(kTraceStored);

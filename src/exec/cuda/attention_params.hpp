@@ -14,6 +14,29 @@ namespace treeattn::cuda {
 // CTAs: kFirstTile and kLoopDone both mark the end of the chained wait.
 enum TracePoint : int { kTraceStart, kTraceFirstTile, kTraceLoopDone, kTraceStored, kTraceDone, kTracePoints };
 
+// Division by a divisor fixed for a launch (the page size, the group size)
+// without a divide instruction sequence, which the kernel would otherwise run
+// per position of every K/V tile and per row: for 1 <= d <= 65536 and every
+// 0 <= n < 2^31, n / d = (n * magic) >> shift with shift = 31 + ceil(log2 d)
+// and magic = ceil(2^shift / d) < 2^32 (the rounding error n * (magic -
+// 2^shift / d) / 2^shift stays below 1 / d, which cannot carry the quotient
+// past an integer). Token positions in a node's page list are below
+// kMaxPathTokens + a page; rows below 2^8.
+struct Divisor {
+  uint32_t magic = 1u << 31;
+  int32_t shift = 31;  // d = 1
+
+  static constexpr Divisor of(int32_t d) {
+    int32_t log2_ceil = 0;
+    while ((int64_t(1) << log2_ceil) < d) ++log2_ceil;
+    Divisor r;
+    r.shift = 31 + log2_ceil;
+    r.magic = uint32_t(((uint64_t(1) << r.shift) + uint64_t(d) - 1) / uint64_t(d));
+    return r;
+  }
+  constexpr uint32_t divide(uint32_t n) const { return uint32_t((uint64_t(n) * magic) >> shift); }
+};
+
 // A segment as the kernel reads it: unit positions [pos, end) are tokens
 // [begin, begin + end - pos) of a node whose pages start at page_ids[pbase].
 struct alignas(16) SegDesc {
@@ -75,6 +98,8 @@ struct AttnParams {
   int32_t num_kv_heads;
   int32_t group;      // num_qo_heads / num_kv_heads
   int32_t page_size;
+  Divisor page_divisor;   // of page_size
+  Divisor group_divisor;  // of group
   float scale_log2;   // softmax scale * k_scale * log2(e): scores are kept in log2 units
   float v_scale;      // the output's factor: V = stored V x v_scale (1 unless the pools are fp8)
   int32_t stages;     // K/V pipeline depth of this launch (AttnTraits::kMinStages..kMaxStages)

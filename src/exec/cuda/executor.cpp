@@ -301,6 +301,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   a.num_kv_heads = w.heads.num_kv_heads;
   a.group = w.heads.group_size();
   a.page_size = w.layout.page_size;
+  a.page_divisor = cuda::Divisor::of(a.page_size);
+  a.group_divisor = cuda::Divisor::of(a.group);
 
   cuda::MergeParams& mg = m.merge;
   mg.partial_o = a.partial_o;

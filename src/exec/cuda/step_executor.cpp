@@ -205,6 +205,8 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   a.num_kv_heads = heads.num_kv_heads;
   a.group = heads.group_size();
   a.page_size = page_size;
+  a.page_divisor = cuda::Divisor::of(page_size);
+  a.group_divisor = cuda::Divisor::of(a.group);
 
   cuda::MergeParams& mg = m.merge;
   mg.partial_o = a.partial_o;

@@ -36,13 +36,4 @@ __device__ __forceinline__ uint64_t warp_or(uint64_t x) {
   return x;
 }
 
-// threadIdx.x read where it is called (asm volatile: not hoisted, not merged
-// with an earlier read), so that values derived from it are computed there
-// instead of early and held in registers across a loop.
-__device__ __forceinline__ int late_thread_index() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-  return t;
-}
-
 }  // namespace treeattn::cuda
