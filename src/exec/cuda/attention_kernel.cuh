@@ -170,6 +170,17 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   else
     return uint32_t(r * Tr::kRowBytes + ((c ^ (r & 7)) << 4));
 }
+// mma.sync tiles: the shared address of chunk 2 kk + h of a row, from that of
+// chunk h (k-step 0) at `row_h`, in a tile whose base is a multiple of the
+// row bytes. The swizzle XORs the chunk with r % 8 and 2 kk leaves bit 0 to
+// h, so (2 kk + h) ^ (r % 8) = 2 kk ^ (h ^ r % 8): the offset moves by an XOR
+// with kk << 5, below the row bytes (kk < D / 16, rows 2 D bytes apart).
+template <class Tr>
+__device__ __forceinline__ uint32_t kstep_addr(uint32_t row_h, int kk) {
+  static_assert(!Tr::kWgmma && (Tr::kRowBytes & (Tr::kRowBytes - 1)) == 0 && (Tr::D / 16 - 1) * 32 < Tr::kRowBytes,
+                "whole-row layout, rows a power of two bytes, k-steps within a row");
+  return row_h ^ uint32_t(kk << 5);
+}
 
 // Byte offset of 16-byte chunk c of token row r in an fp8 stage of the
 // mma.sync tiles (kFp8InRegisters): rows as stored, the chunk index XORed with
@@ -532,15 +543,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
           }
         }
       } else {
+        const uint32_t q_row = smem_addr(sQ) + swz<Tr, M>(wm * 16 + (lane & 15), lane >> 4);
+        uint32_t k_row[WT / 16];
+#pragma unroll
+        for (int n2 = 0; n2 < WT / 16; ++n2)
+          k_row[n2] = smem_addr(Ks) + swz<Tr, N>(wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           uint32_t a[4];
-          ldmatrix_x4(a, sQ + swz<Tr, M>(wm * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+          ldmatrix_x4(a, kstep_addr<Tr>(q_row, kk));
 #pragma unroll
           for (int n2 = 0; n2 < WT / 16; ++n2) {
             uint32_t b[4];
-            const int r = wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7);
-            ldmatrix_x4(b, Ks + swz<Tr, N>(r, 2 * kk + ((lane >> 3) & 1)));
+            ldmatrix_x4(b, kstep_addr<Tr>(k_row[n2], kk));
             MmaT::run(s[2 * n2], a, b[0], b[1]);
             MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
           }
@@ -656,10 +671,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
               }
             }
           } else {
+            const uint32_t v_row = smem_addr(Vs) + swz<Tr, N>(r, lane >> 4);
 #pragma unroll
             for (int d2 = 0; d2 < D / 16; ++d2) {
               uint32_t b[4];
-              ldmatrix_x4_trans(b, Vs + swz<Tr, N>(r, 2 * d2 + (lane >> 4)));
+              ldmatrix_x4_trans(b, kstep_addr<Tr>(v_row, d2));
               MmaT::run(o[2 * d2], a, b[0], b[1]);
               MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
             }
