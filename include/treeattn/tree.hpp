@@ -39,6 +39,9 @@ struct Tree {
 
 // Derived, read-only views of a validated tree, computed once.
 struct TreeIndex {
+  // Node v's parent and token count, as in the tree, dense: loops over many
+  // nodes read these rather than Node, whose page vector makes it 40 bytes.
+  std::vector<int32_t> parent, tokens;
   std::vector<int32_t> roots;
   std::vector<int32_t> child_offset;  // CSR over nodes: children of v are
   std::vector<int32_t> children;      // children[child_offset[v] .. child_offset[v+1])

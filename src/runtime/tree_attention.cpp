@@ -389,6 +389,7 @@ struct TreeAttention::Impl {
     for (const Growth& g : grown) {
       Node& a = w.tree.nodes[size_t(g.node)];
       validate_scratch.index.path_tokens[size_t(g.node)] += g.to - g.from;
+      validate_scratch.index.tokens[size_t(g.node)] = g.to;
       a.num_tokens = g.to;
       a.pages.insert(a.pages.end(), t.page_ids.begin() + t.page_offsets[size_t(g.node)] + int32_t(a.pages.size()),
                      t.page_ids.begin() + t.page_offsets[size_t(g.node) + 1]);
@@ -399,6 +400,7 @@ struct TreeAttention::Impl {
       for (const Growth& g : grown) {
         Node& a = w.tree.nodes[size_t(g.node)];
         validate_scratch.index.path_tokens[size_t(g.node)] -= g.to - g.from;
+        validate_scratch.index.tokens[size_t(g.node)] = g.from;
         a.num_tokens = g.from;
         a.pages.resize(size_t((int64_t(a.first_slot) + a.num_tokens + ps - 1) / ps));
       }

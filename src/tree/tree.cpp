@@ -26,9 +26,13 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
   const int32_t n = static_cast<int32_t>(tree.nodes.size());
   TreeIndex& ix = *this;
   ix.roots.clear();
+  ix.parent.resize(size_t(n));
+  ix.tokens.resize(size_t(n));
   ix.child_offset.assign(n + 1, 0);
   for (int32_t v = 0; v < n; ++v) {
-    int32_t p = tree.nodes[v].parent;
+    const int32_t p = tree.nodes[v].parent;
+    ix.parent[v] = p;
+    ix.tokens[v] = tree.nodes[v].num_tokens;
     if (p == -1) {
       ix.roots.push_back(v);
     } else if (p < 0 || p >= n) {
@@ -46,34 +50,36 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
   std::vector<int32_t>& fill = ix.depth;
   fill.assign(ix.child_offset.begin(), ix.child_offset.end() - 1);
   for (int32_t v = 0; v < n; ++v)
-    if (tree.nodes[v].parent >= 0) ix.children[fill[tree.nodes[v].parent]++] = v;
+    if (ix.parent[v] >= 0) ix.children[fill[ix.parent[v]]++] = v;
 
-  // BFS from the roots; nodes never reached lie on a cycle.
+  // BFS from the roots; nodes never reached lie on a cycle. Each node's
+  // children, in one block, follow those of the nodes before it (copied in
+  // a plain loop: most blocks hold a few nodes, where a memmove call costs
+  // more than the copy).
   ix.depth.assign(n, -1);
-  ix.path_tokens.assign(n, 0);
-  ix.bfs_order.clear();
-  for (int32_t r : ix.roots) {
-    ix.depth[r] = 0;
-    ix.path_tokens[r] = tree.nodes[r].num_tokens;
-    ix.bfs_order.push_back(r);
-  }
-  // Each node's children, in one block, follow those of the nodes before it;
-  // depths and path tokens then in one flat pass (parents come first).
+  ix.path_tokens.resize(size_t(n));
   ix.bfs_order.resize(size_t(n));
-  size_t placed = ix.roots.size();
+  size_t placed = 0;
+  for (int32_t r : ix.roots) ix.bfs_order[placed++] = r;
   for (size_t i = 0; i < placed; ++i) {
-    const int32_t v = ix.bfs_order[i];
-    std::copy(ix.children.begin() + ix.child_offset[v], ix.children.begin() + ix.child_offset[v + 1],
-              ix.bfs_order.begin() + placed);
-    placed += size_t(ix.child_offset[v + 1] - ix.child_offset[v]);
+    const int32_t v = ix.bfs_order[i], first = ix.child_offset[v], count = ix.child_offset[v + 1] - first;
+    const int32_t* const from = ix.children.data() + first;
+    int32_t* const to = ix.bfs_order.data() + placed;
+    for (int32_t k = 0; k < count; ++k) to[k] = from[k];
+    placed += size_t(count);
   }
   ix.bfs_order.resize(placed);
-  for (size_t i = ix.roots.size(); i < placed; ++i) {
-    const int32_t c = ix.bfs_order[i], v = tree.nodes[c].parent;
-    ix.depth[c] = ix.depth[v] + 1;
-    ix.path_tokens[c] = ix.path_tokens[v] + tree.nodes[c].num_tokens;
+  // Depths and path tokens, parents first.
+  for (const int32_t r : ix.roots) {
+    ix.depth[r] = 0;
+    ix.path_tokens[r] = ix.tokens[r];
   }
-  if (static_cast<int32_t>(ix.bfs_order.size()) != n) {
+  for (size_t i = ix.roots.size(); i < placed; ++i) {
+    const int32_t c = ix.bfs_order[i], v = ix.parent[c];
+    ix.depth[c] = ix.depth[v] + 1;
+    ix.path_tokens[c] = ix.path_tokens[v] + ix.tokens[c];
+  }
+  if (static_cast<int32_t>(placed) != n) {
     for (int32_t v = 0; v < n; ++v)
       if (ix.depth[v] < 0)
         throw Error(node_field(v, "parent") + " = " + std::to_string(tree.nodes[v].parent) +
@@ -88,8 +94,10 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
                   " is out of range [0, " + std::to_string(n) + ")");
     ++ix.subtree_queries[q];
   }
-  for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it)
-    if (int32_t p = tree.nodes[*it].parent; p >= 0) ix.subtree_queries[p] += ix.subtree_queries[*it];
+  for (size_t i = placed; i-- > ix.roots.size();) {
+    const int32_t v = ix.bfs_order[i], p = ix.parent[v];
+    ix.subtree_queries[p] += ix.subtree_queries[v];
+  }
 }
 
 std::vector<int32_t> Workload::path(int32_t node) const {

@@ -423,7 +423,7 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
                     PlanScratch& scratch, Plan& out) {
   bool shared = false;
   for (size_t v = 0; v < w.tree.nodes.size() && !shared; ++v)
-    shared = w.tree.nodes[v].num_tokens > 0 && ix.subtree_queries[v] > 1;
+    shared = ix.tokens[v] > 0 && ix.subtree_queries[v] > 1;
   if (!shared) {
     plan_per_query_reusing(w, ix, opt, scratch, out);
     out.planner = "auto";

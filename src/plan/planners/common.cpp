@@ -204,7 +204,7 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   // and pushed to its parent. Selects instead of branches (which nodes have
   // queries is data); a node without queries below it gets zeros.
   for (auto it = ix.bfs_order.rbegin(); it != ix.bfs_order.rend(); ++it) {
-    const int32_t v = *it, own = w.tree.nodes[v].num_tokens, p = w.tree.nodes[v].parent;
+    const int32_t v = *it, own = ix.tokens[v], p = ix.parent[v];
     const bool here = ix.subtree_queries[v] > 0;
     tok[v] = here ? tok[v] + own : 0;
     segs[v] = here ? segs[v] + (own > 0 ? 1 : 0) : 0;
@@ -267,8 +267,8 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     for (const int32_t v : roots) {
       for (const int32_t q : sub[v]) {
         path.clear();  // q's non-empty nodes from v down
-        for (int32_t x = w.query_nodes[q];; x = w.tree.nodes[x].parent) {
-          if (w.tree.nodes[x].num_tokens > 0) path.push_back(x);
+        for (int32_t x = w.query_nodes[q];; x = ix.parent[x]) {
+          if (ix.tokens[x] > 0) path.push_back(x);
           if (x == v) break;
         }
         if (path.empty()) continue;  // nothing of q's path is here
@@ -286,7 +286,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
           if (opened_in[x] != open) {
             opened_in[x] = open;
             position[x] = int32_t(units.open_segs().size());
-            units.add_segment({x, 0, w.tree.nodes[x].num_tokens});
+            units.add_segment({x, 0, ix.tokens[x]});
           }
           mask |= 1ull << position[x];
         }
@@ -317,7 +317,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   roots.resize(size_t(n));
   size_t highest = 0;  // compact subtrees whose parent's is not, in BFS order
   for (const int32_t v : ix.bfs_order) {
-    const int32_t p = w.tree.nodes[v].parent;
+    const int32_t p = ix.parent[v];
     roots[highest] = v;
     highest += is_compact[v] && !(p >= 0 && is_compact[p]);
   }
@@ -349,7 +349,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   }
   for (const int32_t v : best_roots) covered[v] = 1;
   for (const int32_t v : ix.bfs_order) {
-    const int32_t p = w.tree.nodes[v].parent;
+    const int32_t p = ix.parent[v];
     covered[v] |= p >= 0 ? covered[p] : 0;
   }
 }

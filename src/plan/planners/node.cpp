@@ -67,7 +67,7 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& 
   size_t count = 0;
   for (const int32_t v : ix.bfs_order) {
     f.planned[count] = v;
-    count += (w.tree.nodes[v].num_tokens != 0) & (ix.subtree_queries[v] > 0) & !covered[v];
+    count += (ix.tokens[v] != 0) & (ix.subtree_queries[v] > 0) & !covered[v];
   }
   f.planned.resize(count);
   if (max_tokens <= 0) return;
@@ -77,19 +77,19 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& 
   int64_t saved = 0;
   size_t folds = 0;
   for (const int32_t v : f.planned) {
-    const int32_t own = w.tree.nodes[v].num_tokens;
+    const int32_t own = ix.tokens[v];
     // v's prefix: the folded ancestors directly above it (parents come first
     // in BFS order, so theirs are final).
-    const int32_t p = w.tree.nodes[v].parent;
+    const int32_t p = ix.parent[v];
     const bool under_fold = p >= 0 && f.folded[p];
     f.chain[v] = under_fold ? f.chain[p] + 1 : 0;
-    f.chain_tokens[v] = under_fold ? f.chain_tokens[p] + w.tree.nodes[p].num_tokens : 0;
+    f.chain_tokens[v] = under_fold ? f.chain_tokens[p] + ix.tokens[p] : 0;
     const int64_t tokens = own + f.chain_tokens[v];
     int64_t below = 0, child_tiles = 0;
     bool plain_children = true;  // every child with queries is planned as a node here
     for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {  // children without queries add 0
       const int32_t c = ix.children[k];
-      plain_children &= (ix.subtree_queries[c] == 0) | ((w.tree.nodes[c].num_tokens > 0) & !covered[c]);
+      plain_children &= (ix.subtree_queries[c] == 0) | ((ix.tokens[c] > 0) & !covered[c]);
       below += ix.subtree_queries[c];
       child_tiles += tiles(c);
     }
@@ -112,8 +112,8 @@ void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& 
 }
 
 // Tokens of v's folded ancestors that open its first piece.
-int64_t prefix_tokens(const Workload& w, const planning::FoldPlan& fold, int32_t v) {
-  const int32_t p = w.tree.nodes[v].parent;
+int64_t prefix_tokens(const TreeIndex& ix, const planning::FoldPlan& fold, int32_t v) {
+  const int32_t p = ix.parent[v];
   return p >= 0 && fold.folded[p] ? fold.chain_tokens[v] : 0;
 }
 
@@ -139,7 +139,7 @@ void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, 
   jobs.clear();
   for (size_t u = 0; u < c.compact.size(); ++u) jobs.emplace_back(c.compact.tokens(u), 1);
   for (const int32_t v : c.fold.planned)
-    jobs.emplace_back(w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v), tiles[m.sub[v].size()]);
+    jobs.emplace_back(ix.tokens[v] + prefix_tokens(ix, c.fold, v), tiles[m.sub[v].size()]);
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
   const int64_t scale = planning::integer_option(opt, "node", "split_scale", 1, 1);
   c.piece = forced > 0 ? forced : scale * planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
@@ -147,24 +147,24 @@ void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, 
 
 // Appends the units of c's nodes to `units`: one per KV piece and Q tile of
 // each node, a folded node's segment opening its children's first pieces.
-void add_node_units(const Workload& w, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
+void add_node_units(const TreeIndex& ix, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
                     planning::ProtoUnits& units) {
   const int32_t per_tile = c.per_tile;
   const planning::FoldPlan& fold = c.fold;
   // The segments of v's folded ancestors, root-most first, into `prefix`.
   std::array<Segment, kMaxFoldedSegments> prefix;
   const auto prefix_of = [&](int32_t v) {
-    const int32_t p = w.tree.nodes[v].parent;
+    const int32_t p = ix.parent[v];
     if (p < 0 || !fold.folded[p]) return size_t(0);
     const size_t k = size_t(fold.chain[v]);
     int32_t x = p;
-    for (size_t i = k; i-- > 0; x = w.tree.nodes[x].parent) prefix[i] = {x, 0, w.tree.nodes[x].num_tokens};
+    for (size_t i = k; i-- > 0; x = ix.parent[x]) prefix[i] = {x, 0, ix.tokens[x]};
     return k;
   };
   for (const int32_t v : fold.planned) {
     const auto queries = sub[v];
     // v cut into k pieces whose sizes differ by at most one token.
-    const int32_t tokens = w.tree.nodes[v].num_tokens, k = piece_count(tokens, c.piece);
+    const int32_t tokens = ix.tokens[v], k = piece_count(tokens, c.piece);
     const int32_t size = tokens / k, longer = tokens % k;  // the first `longer` pieces have one token more
     const size_t nprefix = prefix_of(v);
     for (size_t q0 = 0; q0 < queries.size(); q0 += per_tile) {
@@ -197,7 +197,7 @@ int64_t longest_unit(const planning::ProtoUnits& units) {
 struct UnitBytes {
   int64_t kv = 0, partials = 0;
 };
-UnitBytes candidate_bytes(const Workload& w, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
+UnitBytes candidate_bytes(const Workload& w, const TreeIndex& ix, const planning::SubtreeQueries& sub, const planning::NodeCandidate& c,
                           const std::vector<int32_t>& query_tiles, std::vector<int32_t>& per_query,
                           std::vector<int32_t>& diff) {
   const size_t nq = w.query_nodes.size();
@@ -210,8 +210,8 @@ UnitBytes candidate_bytes(const Workload& w, const planning::SubtreeQueries& sub
   // A node's k units per query, added over its range of sub.queries.
   diff.assign(nq + 1, 0);
   for (const int32_t v : c.fold.planned) {
-    const int32_t k = piece_count(w.tree.nodes[v].num_tokens, c.piece);
-    tokens += int64_t(query_tiles[sub[v].size()]) * (w.tree.nodes[v].num_tokens + prefix_tokens(w, c.fold, v));
+    const int32_t k = piece_count(ix.tokens[v], c.piece);
+    tokens += int64_t(query_tiles[sub[v].size()]) * (ix.tokens[v] + prefix_tokens(ix, c.fold, v));
     diff[size_t(sub.begin[v])] += k;
     diff[size_t(sub.end[v])] -= k;
   }
@@ -269,7 +269,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   };
   const auto build = [&](const planning::NodeCandidate& c, planning::ProtoUnits& packed) {
     raw = c.compact;
-    add_node_units(w, m.sub, c, raw);
+    add_node_units(ix, m.sub, c, raw);
     planning::pack_short_units(raw, pack, w, opt, packed, m.pack);
   };
   size_t compact = compact_units(a, flat, kShortLeafTokens);
@@ -282,8 +282,8 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
     const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
       plan_nodes(w, ix, opt, per_tile, m, b);
-      const UnitBytes x = candidate_bytes(w, m.sub, a, m.query_tiles, m.units_of_query, m.query_diff),
-                      y = candidate_bytes(w, m.sub, b, m.query_tiles, m.units_of_query, m.query_diff);
+      const UnitBytes x = candidate_bytes(w, ix, m.sub, a, m.query_tiles, m.units_of_query, m.query_diff),
+                      y = candidate_bytes(w, ix, m.sub, b, m.query_tiles, m.units_of_query, m.query_diff);
       if ((y.kv - x.kv) * 2 <= kMaxRereadPerSlotByte * (x.partials - y.partials)) {
         taken = &b;
         compact = long_compact;
