@@ -40,18 +40,11 @@ def disassemble(name, nvdisasm):
     return sass.splitlines(), usage
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kernel", help="instantiation file name without .cu, e.g. attn_fp16_d128_m128")
-    ap.add_argument("--top", type=int, default=25, help="source lines to list")
-    ap.add_argument("--nvdisasm", default=os.environ.get("NVDISASM") or shutil.which("nvdisasm"))
-    a = ap.parse_args()
-    if not a.nvdisasm:
-        sys.exit("sass_loop: nvdisasm not found: pip install nvidia-cuda-nvdisasm and pass --nvdisasm "
-                 "<site-packages>/nvidia/cu13/bin/nvdisasm (or set NVDISASM)")
-    lines, usage = disassemble(a.kernel, a.nvdisasm)
+def parse(lines):
+    """An `nvdisasm -c -g` listing as (instructions, labels): (address, opcode,
+    (file, line) or None, text) per instruction, and each label's address."""
     at = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
-    labels, insts = {}, []  # label -> address; (address, opcode, source line, text)
+    labels, insts = {}, []
     src, pending = None, []
     for l in lines:
         m = re.match(r"(\.L_x_\d+):", l)
@@ -69,6 +62,12 @@ def main():
                 labels[p] = addr
             pending = []
             insts.append((addr, m.group(2), src, l))
+    return insts, labels
+
+
+def find_loop(insts, labels):
+    """(first, last) address of the K/V loop of parsed instructions: the shortest
+    backward branch that spans every HGMMA (or every HMMA for the mma.sync tiles)."""
     mma = [i for i in insts if i[1].startswith("HGMMA")] or [i for i in insts if i[1].startswith("HMMA")]
     if not mma:
         sys.exit("sass_loop: no HGMMA or HMMA instruction found")
@@ -82,6 +81,21 @@ def main():
                 loop = (start, addr)
     if loop is None:
         sys.exit("sass_loop: no backward branch spans the MMAs")
+    return loop
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kernel", help="instantiation file name without .cu, e.g. attn_fp16_d128_m128")
+    ap.add_argument("--top", type=int, default=25, help="source lines to list")
+    ap.add_argument("--nvdisasm", default=os.environ.get("NVDISASM") or shutil.which("nvdisasm"))
+    a = ap.parse_args()
+    if not a.nvdisasm:
+        sys.exit("sass_loop: nvdisasm not found: pip install nvidia-cuda-nvdisasm and pass --nvdisasm "
+                 "<site-packages>/nvidia/cu13/bin/nvdisasm (or set NVDISASM)")
+    lines, usage = disassemble(a.kernel, a.nvdisasm)
+    insts, labels = parse(lines)
+    loop = find_loop(insts, labels)
     body = [i for i in insts if loop[0] <= i[0] <= loop[1]]
     print(f"{a.kernel}: {'; '.join(usage)}")
     print(f"K/V loop {loop[0]:#x}..{loop[1]:#x}: {len(body)} instructions "

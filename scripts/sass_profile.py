@@ -19,7 +19,6 @@ import collections
 import csv
 import gzip
 import os
-import re
 import shutil
 import sys
 
@@ -38,33 +37,8 @@ def main():
     if not a.nvdisasm:
         sys.exit("sass_profile: nvdisasm not found (see scripts/sass_loop.py)")
     lines, usage = sass_loop.disassemble(a.kernel, a.nvdisasm)
-    at = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)")
-    insts, labels, pending, src = [], {}, [], None
-    for l in lines:
-        m = re.match(r"(\.L_x_\d+):", l)
-        if m:
-            pending.append(m.group(1))
-            continue
-        m = re.search(r'File "([^"]+)", line (\d+)', l)
-        if m:
-            src = f"{os.path.basename(m.group(1))}:{m.group(2)}"
-            continue
-        m = at.match(l)
-        if m:
-            addr = int(m.group(1), 16)
-            for p in pending:
-                labels[p] = addr
-            pending = []
-            insts.append((addr, m.group(2), src, l))
-    mma = [i for i in insts if i[1].startswith(("HGMMA", "HMMA"))]
-    first, last = mma[0][0], mma[-1][0]
-    loop = None
-    for addr, op, _, text in insts:
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", text)
-        if m and op.startswith("BRA") and labels.get(m.group(1), 1 << 62) <= first and addr >= last:
-            start = labels[m.group(1)]
-            if loop is None or addr - start < loop[1] - loop[0]:
-                loop = (start, addr)
+    insts, labels = sass_loop.parse(lines)
+    loop = sass_loop.find_loop(insts, labels)
     opener = gzip.open if a.csv.endswith(".gz") else open
     rows = list(csv.reader(opener(a.csv, "rt", errors="replace")))
     head = next(i for i, r in enumerate(rows) if "Instructions Executed" in r)
@@ -78,7 +52,7 @@ def main():
         op = text[1] if text and text[0].startswith("@") else (text[0] if text else "?")
         data.append((int(r[0], 16), op, float(r[ie] or 0), float(r[ist] or 0)))
     base = data[0][0]
-    local = {addr: (op, s) for addr, op, s, _ in insts}
+    local = {addr: (op, f"{s[0]}:{s[1]}" if s else None) for addr, op, s, _ in insts}
     same = sum(local.get(addr - base, ("?",))[0] == op for addr, op, _, _ in data)
     print(f"{a.kernel}: {usage[0] if usage else ''}")
     print(f"opcodes matching the local disassembly: {same}/{len(data)}"
