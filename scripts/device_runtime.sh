@@ -30,7 +30,7 @@ stamp "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); c
 if has build; then
   stamp "build (Release, sm_90a, Python extension for $($PY --version))"
   if cmake -S "$ROOT" -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-      -DTREEATTN_PYTHON=ON -DPython_EXECUTABLE="$PY" >"$OUT/build.log" 2>&1 &&
+      -DTREEATTN_PYTHON=ON -DTREEATTN_TESTS=ON -DTREEATTN_BENCHMARKS=ON -DPython_EXECUTABLE="$PY" >"$OUT/build.log" 2>&1 &&
      cmake --build "$BUILD" -j16 --target treeattn_cli treeattn_gpu_tests _treeattn >>"$OUT/build.log" 2>&1; then
     STATUS[build]=ok
     # The planning benchmark exists where Google Benchmark is installed.
