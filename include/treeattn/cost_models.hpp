@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "treeattn/planner.hpp"
@@ -290,6 +291,11 @@ std::vector<double> nonnegative_least_squares(const std::vector<double>& a, size
 // (smaller_tiles, wider_units) = (steps[i / n], steps[i % n]) for pair i.
 inline constexpr std::array<double, 7> kShapeMarginSteps = {0, 0.025, 0.05, 0.075, 0.10, 0.15, 0.20};
 inline constexpr size_t kShapeMarginPairs = kShapeMarginSteps.size() * kShapeMarginSteps.size();
+// Pair `pair` as (smaller_tiles, wider_units) (Error past kShapeMarginPairs),
+// and the index of a pair of steps (kShapeMarginPairs where either margin is
+// not a step).
+std::pair<double, double> shape_margin_pair(size_t pair);
+size_t shape_margin_index(double smaller_tiles, double wider_units);
 struct ShapeMargins {
   double smaller_tiles = 0, wider_units = 0;
   int hits = 0;          // configs within kAutoCostHitSlack of min(per-query, node)

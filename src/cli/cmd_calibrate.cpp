@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "bench/suite.hpp"
 #include "cli/commands.hpp"
@@ -239,15 +240,6 @@ AutoCostSamples measure_auto_cost_samples(const CommonOptions& common, const Aut
   return out;
 }
 
-// The pair (smaller_tiles, wider_units) among the pairs of kShapeMarginSteps
-// (choose_shape_margins' order); both are steps here.
-size_t shape_pair(double smaller_tiles, double wider_units) {
-  const auto step = [](double x) {
-    return size_t(std::find(kShapeMarginSteps.begin(), kShapeMarginSteps.end(), x) - kShapeMarginSteps.begin());
-  };
-  return step(smaller_tiles) * kShapeMarginSteps.size() + step(wider_units);
-}
-
 // A plan's arrays as bytes: equal keys, the same plan.
 std::string plan_key(const Plan& p) {
   std::string key;
@@ -282,8 +274,7 @@ void measure_shape_margins(const CommonOptions& common, const CalibrationConfigs
     samples[i].shape_us.assign(kShapeMarginPairs, 0);
     for (size_t pair = 0; pair < kShapeMarginPairs; ++pair) {
       AutoCostModel with = m;
-      with.smaller_tiles_margin = kShapeMarginSteps[pair / kShapeMarginSteps.size()];
-      with.wider_units_margin = kShapeMarginSteps[pair % kShapeMarginSteps.size()];  // shape_pair(...) == pair
+      std::tie(with.smaller_tiles_margin, with.wider_units_margin) = shape_margin_pair(pair);
       const Plan p = plan_auto_with(w, opt, with);
       std::string key = plan_key(p);
       auto it = std::find_if(timed.begin(), timed.end(), [&](const auto& t) { return t.first == key; });
@@ -372,9 +363,9 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     }
   if (shape_runs) {
     const AutoCostModel defaults;
-    const ShapeMargins chosen = score_shape_margins(data.samples, shape_pair(m.smaller_tiles_margin, m.wider_units_margin));
+    const ShapeMargins chosen = score_shape_margins(data.samples, shape_margin_index(m.smaller_tiles_margin, m.wider_units_margin));
     const ShapeMargins old =
-        score_shape_margins(data.samples, shape_pair(defaults.smaller_tiles_margin, defaults.wider_units_margin));
+        score_shape_margins(data.samples, shape_margin_index(defaults.smaller_tiles_margin, defaults.wider_units_margin));
     std::printf("shape margins %.3f (smaller tiles), %.3f (wider units)%s: auto's plans within 3 %% of min(per-query, "
                 "node) on %d/%d, geomean %.4fx; the defaults (%.2f, %.2f): %d/%d, %.4fx\n",
                 chosen.smaller_tiles, chosen.wider_units,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "tree/json_util.hpp"
 #include "treeattn/cost_models.hpp"
@@ -218,13 +219,24 @@ void check_shape_runs(const std::vector<AutoCostSample>& samples) {
 }
 }  // namespace
 
-ShapeMargins score_shape_margins(const std::vector<AutoCostSample>& samples, size_t pair) {
-  check_shape_runs(samples);
+std::pair<double, double> shape_margin_pair(size_t pair) {
   if (pair >= kShapeMarginPairs)
     throw Error("shape margins: pair " + std::to_string(pair) + " is out of range [0, " + std::to_string(kShapeMarginPairs) + ")");
+  return {kShapeMarginSteps[pair / kShapeMarginSteps.size()], kShapeMarginSteps[pair % kShapeMarginSteps.size()]};
+}
+
+size_t shape_margin_index(double smaller_tiles, double wider_units) {
+  const auto step = [](double x) {
+    return size_t(std::find(kShapeMarginSteps.begin(), kShapeMarginSteps.end(), x) - kShapeMarginSteps.begin());
+  };
+  const size_t a = step(smaller_tiles), b = step(wider_units), n = kShapeMarginSteps.size();
+  return a < n && b < n ? a * n + b : kShapeMarginPairs;
+}
+
+ShapeMargins score_shape_margins(const std::vector<AutoCostSample>& samples, size_t pair) {
+  check_shape_runs(samples);
   ShapeMargins r;
-  r.smaller_tiles = kShapeMarginSteps[pair / kShapeMarginSteps.size()];
-  r.wider_units = kShapeMarginSteps[pair % kShapeMarginSteps.size()];
+  std::tie(r.smaller_tiles, r.wider_units) = shape_margin_pair(pair);  // throws on a pair out of range
   double log_sum = 0;
   for (const AutoCostSample& s : samples) {
     const double best = std::min(s.per_query_us, s.node_us), t = s.shape_us[pair];

@@ -141,14 +141,6 @@ TEST(AutoCostFit, MarginIsTheSmallestWithTheMostHits) {
   }
 }
 
-// Pair index of (smaller_tiles, wider_units) among kShapeMarginSteps' pairs.
-size_t pair_of(double smaller_tiles, double wider_units) {
-  const auto step = [](double x) {
-    return size_t(std::find(kShapeMarginSteps.begin(), kShapeMarginSteps.end(), x) - kShapeMarginSteps.begin());
-  };
-  return step(smaller_tiles) * kShapeMarginSteps.size() + step(wider_units);
-}
-
 TEST(AutoCostFit, ShapeMarginsAreThePairWithTheMostHitsThenTheLowestTime) {
   // Every pair runs within the slack of the best plan except where noted.
   std::vector<AutoCostSample> samples = model_samples({1, 2, 0.5, 0, 1, 0.5, 0.2, 0, 0, 0.3}, 6, 3);
@@ -157,8 +149,7 @@ TEST(AutoCostFit, ShapeMarginsAreThePairWithTheMostHitsThenTheLowestTime) {
   // a wider-units margin of 0.2 on one: the most hits are at 0.05.. for
   // tiles and below 0.2 for widths.
   for (size_t pair = 0; pair < kShapeMarginPairs; ++pair) {
-    const double tiles = kShapeMarginSteps[pair / kShapeMarginSteps.size()];
-    const double wide = kShapeMarginSteps[pair % kShapeMarginSteps.size()];
+    const auto [tiles, wide] = shape_margin_pair(pair);
     if (tiles < 0.05) samples[0].shape_us[pair] *= 1.10, samples[1].shape_us[pair] *= 1.10;
     if (wide >= 0.2) samples[2].shape_us[pair] *= 1.10;
     // Within the slack, a pair 2 % faster on one sample: the lower geomean.
@@ -169,15 +160,20 @@ TEST(AutoCostFit, ShapeMarginsAreThePairWithTheMostHitsThenTheLowestTime) {
   EXPECT_EQ(m.wider_units, 0.025);
   EXPECT_EQ(m.hits, 6);
   EXPECT_LT(m.geomean, 1.0);
-  const ShapeMargins worst = score_shape_margins(samples, pair_of(0, 0.2));
+  const ShapeMargins worst = score_shape_margins(samples, shape_margin_index(0, 0.2));
   EXPECT_EQ(worst.hits, 3);
   EXPECT_GT(worst.geomean, 1.0);
   // Without the faster pair every pair of the most hits ties: the one nearest
   // the defaults (0.10, 0.05) wins.
-  samples[3].shape_us[pair_of(0.15, 0.025)] /= 0.98;
+  samples[3].shape_us[shape_margin_index(0.15, 0.025)] /= 0.98;
   const ShapeMargins tie = choose_shape_margins(samples);
   EXPECT_EQ(tie.smaller_tiles, AutoCostModel{}.smaller_tiles_margin);
   EXPECT_EQ(tie.wider_units, AutoCostModel{}.wider_units_margin);
+  // The pair index and the margins map both ways; a margin off the steps has no index.
+  for (size_t pair = 0; pair < kShapeMarginPairs; ++pair)
+    EXPECT_EQ(shape_margin_index(shape_margin_pair(pair).first, shape_margin_pair(pair).second), pair);
+  EXPECT_EQ(shape_margin_index(0.12, 0.05), kShapeMarginPairs);
+  EXPECT_THROW(score_shape_margins(samples, kShapeMarginPairs), Error);
   // Every sample needs one time per pair.
   samples[4].shape_us.pop_back();
   const std::string e = test_support::error_text([&] { choose_shape_margins(samples); });
