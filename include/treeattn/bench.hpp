@@ -55,6 +55,9 @@ struct GpuTiming {
   int units = 0, slots = 0, launches = 0;
   std::string launch_info;      // CudaExecutor::describe()
   std::string trace;            // CudaExecutor::trace_report() of the last timed run (BenchOptions::trace)
+  // Every timed run is held on the GPU until the host has enqueued all of it,
+  // so that no time is the host's; runs whose hold ran out (after 1 s) instead.
+  int host_gate_timeouts = 0;
 };
 
 // True when the library has CUDA and a device is visible.

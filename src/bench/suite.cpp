@@ -181,4 +181,35 @@ std::string markdown_report(const nlohmann::json& records, const std::string& ti
   return md.str();
 }
 
+size_t completed_configs(const nlohmann::json& doc, const SuiteRunKey& key, const std::vector<HeadConfig>& heads,
+                         const std::function<std::string(size_t)>& workload_name,
+                         const std::vector<std::string>& planners) {
+  const auto same = [&](const char* field, const std::string& want) {
+    const std::string have = doc.contains(field) && doc[field].is_string() ? doc[field].get<std::string>() : "(none)";
+    if (have != want)
+      throw Error(std::string("bench --suite --resume: results.json's ") + field + " is '" + have + "', this run's '" +
+                  want + "'");
+  };
+  same("suite", key.suite);
+  same("commit", key.commit);
+  same("device", key.device);
+  same("command", key.command);
+  if (!doc.contains("records") || !doc["records"].is_array())
+    throw Error("bench --suite --resume: results.json has no records array");
+  const nlohmann::json& records = doc["records"];
+  const auto matches = [&](const nlohmann::json& r, size_t config, const std::string& name, const std::string& planner) {
+    return r.is_object() && r.value("workload", "") == name && r.value("planner", "") == planner &&
+           r.value("num_qo_heads", -1) == heads[config].num_qo_heads &&
+           r.value("num_kv_heads", -1) == heads[config].num_kv_heads;
+  };
+  size_t done = 0;
+  if (planners.empty()) return done;
+  for (; done < heads.size() && (done + 1) * planners.size() <= records.size(); ++done) {
+    const std::string name = workload_name(done);
+    for (size_t k = 0; k < planners.size(); ++k)
+      if (!matches(records[done * planners.size() + k], done, name, planners[k])) return done;
+  }
+  return done;
+}
+
 }  // namespace treeattn::bench

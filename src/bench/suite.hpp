@@ -3,6 +3,7 @@
 // reports (markdown tables, geometric means) made from their JSON records.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -41,5 +42,20 @@ std::vector<std::string> builtin_suites();
 // per-config table of µs, fraction of the unique-KV floor and speedup over
 // per-query, then geometric means per planner and per head config.
 std::string markdown_report(const nlohmann::json& records, const std::string& title);
+
+// A suite run resumed (`bench --suite --resume`) goes on from the results
+// document an earlier run of the same suite, commit, device and command left
+// (it is rewritten after every config, so a run cut short leaves the configs
+// it finished, in order). Returns how many leading configs the document holds
+// in full: for config i the records of `planners`, in that order, of workload
+// workload_name(i) at heads[i]. Records past those (a config cut off midway)
+// are not counted. A document of another run is an Error naming the field and
+// both values.
+struct SuiteRunKey {
+  std::string suite, commit, device, command;
+};
+size_t completed_configs(const nlohmann::json& doc, const SuiteRunKey& key, const std::vector<HeadConfig>& heads,
+                         const std::function<std::string(size_t)>& workload_name,
+                         const std::vector<std::string>& planners);
 
 }  // namespace treeattn::bench

@@ -46,6 +46,9 @@ void add_bench_command(CLI::App& app) {
                   "results.json, report.md and plots under bench/results/<device>/<suite>/");
   cmd->add_flag("--quick", suite->quick, "with --suite: only its representative subset ('+' lines, quick_heads)");
   cmd->add_option("--out", suite->out_dir, "with --suite: output directory");
+  cmd->add_flag("--resume", suite->resume,
+                "with --suite: keep the configs that the output directory's results.json (a run of the same suite, "
+                "commit, device and command cut short) finished, and time the rest");
   auto report = std::make_shared<std::string>();
   cmd->add_option("--report", *report,
                   "no timing: rewrite report.md and the plots of DIR/results.json (a suite's output directory)");
@@ -54,6 +57,7 @@ void add_bench_command(CLI::App& app) {
       std::printf("%s", write_report(*report).c_str());
       return;
     }
+    if (suite->resume && suite->suite.empty()) throw Error("--resume: needs --suite");
     if (b->iters < 50) throw Error("iters: " + std::to_string(b->iters) + " must be at least 50");
     if (b->warmup < 0) throw Error("warmup: " + std::to_string(b->warmup) + " must not be negative");
     if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");

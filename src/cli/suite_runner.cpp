@@ -129,9 +129,31 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
                               std::to_string(b.verify_queries);
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json records = nlohmann::json::array();
+  size_t first = 0;          // configs before it are kept from the run resumed
+  double earlier_minutes = 0;
+  if (run.resume && fs::exists(out / "results.json")) {
+    const fs::path path = out / "results.json";
+    const nlohmann::json doc =
+        detail::parse_json(detail::read_text_file(path.string(), "bench --suite --resume"), path.string());
+    std::vector<HeadConfig> heads;
+    for (const auto& c : configs) heads.push_back(c.second);
+    const auto workload_name = [&](size_t i) {
+      CommonOptions c = o;
+      c.heads = std::to_string(configs[i].second.num_qo_heads) + "/" + std::to_string(configs[i].second.num_kv_heads);
+      c.workloads = {configs[i].first};
+      return load_workloads(c, {}).front().name;
+    };
+    first = bench::completed_configs(doc, {suite.name, commit, device, command}, heads, workload_name, names);
+    for (size_t k = 0; k < first * names.size(); ++k) records.push_back(doc["records"][k]);
+    earlier_minutes = doc.value("minutes", 0.0);
+    std::printf("resuming %s: %zu of %zu configs done\n", path.string().c_str(), first, configs.size());
+  } else if (run.resume) {
+    std::printf("nothing to resume in %s: starting afresh\n", out.string().c_str());
+  }
   // Rewritten after every config, so a run cut short still leaves its records.
   const auto write_results = [&] {
-    const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60;
+    const double minutes =
+        earlier_minutes + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / 60;
     const nlohmann::json doc = {{"suite", suite.name}, {"description", suite.description}, {"device", device},
                                 {"commit", commit},    {"date", utc_now()},                {"command", command},
                                 {"bandwidth_gbps", bw}, {"minutes", minutes},              {"records", records}};
@@ -141,7 +163,7 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
               suite.name.c_str(), run.quick ? " --quick" : "", device.c_str(), commit.c_str(), configs.size(),
               names.size(), bw);
   bool ok = true;
-  for (size_t i = 0; i < configs.size(); ++i) {
+  for (size_t i = first; i < configs.size(); ++i) {
     const auto& [spec, heads] = configs[i];
     o.heads = std::to_string(heads.num_qo_heads) + "/" + std::to_string(heads.num_kv_heads);
     o.workloads = {spec};

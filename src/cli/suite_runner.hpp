@@ -23,6 +23,7 @@ struct SuiteRun {
   bool quick = false;        // the '+' entries at quick_heads only
   std::string out_dir;       // default: <source>/bench/results/<device>/<suite>
   std::vector<std::string> planners;  // --planner; empty: all
+  bool resume = false;       // go on from out_dir's results.json (bench::completed_configs)
 };
 
 // (Re)writes report.md and the plots of DIR/results.json; returns the markdown.

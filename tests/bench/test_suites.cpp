@@ -64,3 +64,55 @@ TEST(Suites, ReportGeomeans) {
   EXPECT_NE(md.find("| node | 44.7% | 6.00x |"), std::string::npos) << md;
   EXPECT_NE(md.find("| `a @32/8` | 100.0 · 10% · 1.00x | 25.0 · 40% · 4.00x |"), std::string::npos) << md;
 }
+
+// A resumed suite run keeps the leading configs whose records are all there,
+// in planner order, and refuses a document of another run by name.
+TEST(Suites, ResumeKeepsTheConfigsFinishedInFull) {
+  const bench::SuiteRunKey key{"mine", "abc1234", "GPU X", "treeattn bench --suite mine --verify 2"};
+  const std::vector<HeadConfig> heads = {{32, 8}, {32, 8}, {16, 1}};
+  const std::vector<std::string> planners = {"per-query", "auto"};
+  const std::vector<std::string> workloads = {"a", "b", "a"};  // a @32/8, b @32/8, a @16/1
+  const auto name = [&](size_t i) { return workloads[i]; };
+  auto rec = [](const char* wl, const char* pl, int hq, int hkv) {
+    return nlohmann::json{{"workload", wl}, {"planner", pl}, {"num_qo_heads", hq}, {"num_kv_heads", hkv}};
+  };
+  nlohmann::json doc = {{"suite", key.suite}, {"commit", key.commit}, {"device", key.device},
+                        {"command", key.command}, {"records", nlohmann::json::array()}};
+  auto& r = doc["records"];
+  EXPECT_EQ(bench::completed_configs(doc, key, heads, name, planners), 0u);
+  r.push_back(rec("a", "per-query", 32, 8));
+  EXPECT_EQ(bench::completed_configs(doc, key, heads, name, planners), 0u);  // cut off midway
+  r.push_back(rec("a", "auto", 32, 8));
+  r.push_back(rec("b", "per-query", 32, 8));
+  r.push_back(rec("b", "auto", 32, 8));
+  r.push_back(rec("a", "per-query", 16, 1));
+  EXPECT_EQ(bench::completed_configs(doc, key, heads, name, planners), 2u);
+  r.push_back(rec("a", "auto", 16, 1));
+  EXPECT_EQ(bench::completed_configs(doc, key, heads, name, planners), 3u);
+  // A record of another planner order, workload or head config ends the prefix there.
+  nlohmann::json swapped = doc;
+  swapped["records"][2]["planner"] = "auto";
+  swapped["records"][3]["planner"] = "per-query";
+  EXPECT_EQ(bench::completed_configs(swapped, key, heads, name, planners), 1u);
+  nlohmann::json other_heads = doc;
+  other_heads["records"][5]["num_kv_heads"] = 8;
+  EXPECT_EQ(bench::completed_configs(other_heads, key, heads, name, planners), 2u);
+  nlohmann::json other_workload = doc;
+  other_workload["records"][0]["workload"] = "b";
+  EXPECT_EQ(bench::completed_configs(other_workload, key, heads, name, planners), 0u);
+  // Another run's document is refused, naming the field and both values.
+  for (const char* field : {"suite", "commit", "device", "command"}) {
+    nlohmann::json other = doc;
+    other[field] = "other";
+    try {
+      bench::completed_configs(other, key, heads, name, planners);
+      ADD_FAILURE() << field;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("results.json's ") + field + " is 'other'"), std::string::npos)
+          << e.what();
+    }
+  }
+  nlohmann::json no_records = doc;
+  no_records.erase("records");
+  EXPECT_THROW(bench::completed_configs(no_records, key, heads, name, planners), Error);
+}

@@ -175,6 +175,7 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
 
   expect_error("calibrate --auto --from-samples /nonexistent/samples.json", "/nonexistent/samples.json");
   expect_error("calibrate --suite fasttree", "need --auto");
+  expect_error("bench -w fasttree:N=1,4:C=128,32 --resume", "--resume: needs --suite");
   expect_error("calibrate --auto --pat-tiles", "pick one");
   expect_error("calibrate --auto --from-samples " + samples + " --out /nonexistent/dir/table.json",
                "calibrate --auto --out: cannot write '/nonexistent/dir/table.json'");

@@ -1,6 +1,7 @@
 // GPU tests of bench's roofline (bench.hpp): the tensor-core rate measured in
-// the process, the compute floor it gives, and that no plan runs faster than
-// the roofline (which would mean a floor that is not one).
+// the process, the compute floor it gives, that no plan runs faster than the
+// roofline (which would mean a floor that is not one), and that the timed runs
+// are held for the host and released by it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -47,6 +48,25 @@ TEST(BenchRoofline, NoPlanBeatsTheRoofline) {
       EXPECT_EQ(t.roofline_us, std::max(t.floor_us, t.compute_floor_us));
       EXPECT_GE(t.us, t.roofline_us) << planner << " at " << heads.num_qo_heads << "/" << heads.num_kv_heads;
     }
+  }
+}
+
+// Every timed run (eager, graph replay, the read-only bound; flushed or not)
+// is released by the host once enqueued, never by the hold's timeout.
+TEST(BenchRoofline, TimedRunsAreReleasedByTheHost) {
+  WorkloadParams p;
+  p.heads = HeadConfig{32, 8, 128};
+  const Workload w = fewshot_workload(1000, 16, 16, p);
+  GpuBench bench(w);
+  for (const bool flush : {true, false}) {
+    BenchOptions o;
+    o.flush_l2 = flush;
+    o.verify_queries = 0;
+    const GpuTiming t = bench.time(make_plan("auto", w), o);
+    EXPECT_EQ(t.host_gate_timeouts, 0) << "flush " << flush;
+    EXPECT_GT(t.us, 0.0);
+    EXPECT_GT(t.us_graph, 0.0);
+    if (flush) EXPECT_GT(t.read_us, 0.0);  // measured with the first flushed run
   }
 }
 

@@ -121,6 +121,58 @@ double median(std::vector<double> v) {
   return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
+// Spins until the host sets flag[0], at most max_ns (then counts a timeout in
+// flag[1] and returns, so that a host that never releases cannot hang the GPU).
+__global__ void wait_for_host_kernel(const volatile int* flag, int* timeouts, uint64_t max_ns) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  while (flag[0] == 0) {
+    __nanosleep(200);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start > max_ns) {
+      atomicAdd(timeouts, 1);
+      return;
+    }
+  }
+}
+
+// Holds a stream until the host has enqueued the whole of a timed run, as
+// nvbench's blocking kernel does: the flush, the start event, the run's
+// launches and the stop event then follow one another on the GPU with no
+// wait for the host, so the time between the events is the GPU's alone. A
+// run's host enqueue (its launches' driver calls) is otherwise timed wherever
+// it outlasts what is ahead of it on the stream: always with --no-flush, and
+// with the flush when the host is slow or busy.
+class HostGate {
+ public:
+  HostGate() {
+    check_cuda(cudaHostAlloc(reinterpret_cast<void**>(&host_), 2 * sizeof(int), cudaHostAllocMapped),
+               "bench: host gate");
+    host_[0] = host_[1] = 0;
+    check_cuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev_), host_, 0), "bench: host gate pointer");
+  }
+  ~HostGate() { cudaFreeHost(host_); }
+  HostGate(const HostGate&) = delete;
+  HostGate& operator=(const HostGate&) = delete;
+  // Enqueues the wait; the stream's earlier work must be done (the timer
+  // synchronises on each run's stop event), so no earlier wait reads the flag.
+  void hold(cudaStream_t s) {
+    __atomic_store_n(&host_[0], 0, __ATOMIC_SEQ_CST);
+    wait_for_host_kernel<<<1, 1, 0, s>>>(dev_, dev_ + 1, kMaxWaitNs);
+    check_cuda(cudaGetLastError(), "bench: host gate");
+  }
+  void release() { __atomic_store_n(&host_[0], 1, __ATOMIC_SEQ_CST); }
+  // The waits that ran out since the last call (the host took over kMaxWaitNs
+  // to enqueue a run, whose time then includes part of that); the stream must
+  // be idle.
+  int take_timeouts() { return __atomic_exchange_n(&host_[1], 0, __ATOMIC_SEQ_CST); }
+
+ private:
+  static constexpr uint64_t kMaxWaitNs = 1000000000;  // 1 s
+  int* host_ = nullptr;
+  int* dev_ = nullptr;
+};
+
 // Event pair around one enqueue, elapsed in microseconds.
 struct EventTimer {
   cudaEvent_t a = nullptr, b = nullptr;
@@ -132,11 +184,14 @@ struct EventTimer {
     cudaEventDestroy(a);
     cudaEventDestroy(b);
   }
+  // gate: held before the caller's earlier enqueues (the flush), released
+  // once the stop event is enqueued.
   template <class F>
-  double time_us(cudaStream_t s, F&& f) {
+  double time_us(cudaStream_t s, F&& f, HostGate* gate = nullptr) {
     check_cuda(cudaEventRecord(a, s), "cudaEventRecord");
     f();
     check_cuda(cudaEventRecord(b, s), "cudaEventRecord");
+    if (gate) gate->release();
     check_cuda(cudaEventSynchronize(b), "cudaEventSynchronize");
     float ms = 0;
     check_cuda(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
@@ -216,6 +271,7 @@ struct GpuBench::Impl {
   const Workload& w;
   DeviceTensors d;
   DeviceBuffer flush;
+  HostGate gate;
   cudaStream_t stream = nullptr;
   double read_us = 0;  // GpuTiming::read_us, measured with the first timed plan
   ~Impl() {
@@ -225,7 +281,7 @@ struct GpuBench::Impl {
 
 GpuBench::GpuBench(const Workload& w, uint64_t seed) {
   if (!gpu_available()) throw Error("bench: no CUDA device");
-  impl_.reset(new Impl{w, {}, {}, nullptr});
+  impl_.reset(new Impl{w});
   Impl& m = *impl_;
   const size_t es = dtype_size(w.layout.dtype);
   if (es != 2) throw Error("bench: dtype " + std::string(to_string(w.layout.dtype)) + " has no GPU kernels");
@@ -371,7 +427,9 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
 
   EventTimer t;
   int* sink = reinterpret_cast<int*>(m.flush.as<uint8_t>() + m.flush.size() - 16);  // the flush buffer's last 16 bytes
+  // Each timed run: the host gate, the flush, then the run between the events.
   auto flush = [&] {
+    m.gate.hold(m.stream);
     if (!o.flush_l2) return;
     read_once_kernel<<<264, 512, 0, m.stream>>>(m.flush.as<int4>(), int64_t(m.flush.size() - 16) / 16, nullptr, 0, sink);
     check_cuda(cudaGetLastError(), "bench: L2 flush");
@@ -379,7 +437,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   std::vector<double> us;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     flush();
-    const double x = t.time_us(m.stream, [&] { ex.run(args, m.stream); });
+    const double x = t.time_us(m.stream, [&] { ex.run(args, m.stream); }, &m.gate);
     if (i >= o.warmup) us.push_back(x);
   }
   r.us = median(us);
@@ -400,7 +458,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
         const double x = t.time_us(m.stream, [&] {
           read_once_kernel<<<sms * per_sm, 256, 0, m.stream>>>(m.d.k.as<int4>(), half, m.d.v.as<int4>(), half, sink);
           check_cuda(cudaGetLastError(), "bench: read-once kernel");
-        });
+        }, &m.gate);
         if (i >= o.warmup) rus.push_back(x);
       }
       best = std::min(best, median(rus));
@@ -420,7 +478,8 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     std::vector<double> gus;
     for (int i = 0; i < o.warmup + o.iters; ++i) {
       flush();
-      const double x = t.time_us(m.stream, [&] { check_cuda(cudaGraphLaunch(exec, m.stream), "bench: graph launch"); });
+      const double x =
+          t.time_us(m.stream, [&] { check_cuda(cudaGraphLaunch(exec, m.stream), "bench: graph launch"); }, &m.gate);
       if (i >= o.warmup) gus.push_back(x);
     }
     r.us_graph = median(gus);
@@ -428,6 +487,10 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     cudaGraphDestroy(graph);
   }
   check_cuda(cudaStreamSynchronize(m.stream), "bench: timing");
+  r.host_gate_timeouts = m.gate.take_timeouts();
+  if (r.host_gate_timeouts > 0)
+    std::fprintf(stderr, "bench: %d timed runs waited over 1 s for the host to enqueue them; their times include part of it\n",
+                 r.host_gate_timeouts);
   if (o.trace) r.trace = ex.trace_report();
   return r;
 }
