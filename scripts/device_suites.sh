@@ -2,7 +2,8 @@
 # One device call for the benchmark suites: build (via device_check.sh's build
 # step), then `treeattn bench --suite` for each suite named in SUITES (default
 # all four; QUICK=1 for the --quick subsets) and the demo, after measuring
-# forge's cost table (CALIBRATE=0 skips it). Reports land under
+# forge's cost table (CALIBRATE=0 skips it; RESUME=1 keeps the configs that a
+# run of the same commit cut short finished). Reports land under
 # bench/results/<device>/<suite>/ and, packed as one archive, in $OUT.
 # Usage: TREEATTN_COMMIT=$(git rev-parse --short=12 HEAD) scripts/device_suites.sh
 set -uo pipefail
@@ -15,13 +16,14 @@ mkdir -p "$OUT" "$LOGS"
 STEPS=build OUT="$LOGS" BUILD="$BUILD" bash "$ROOT/scripts/device_check.sh" >"$LOGS/suites_build.log" 2>&1
 [ -x "$BUILD/treeattn" ] || { tail -30 "$LOGS/suites_build.log"; exit 1; }
 quick=""; [ "${QUICK:-0}" = 1 ] && quick="--quick"
+resume=""; [ "${RESUME:-0}" = 1 ] && resume="--resume"  # go on from a run of the same commit cut short
 if [ "${CALIBRATE:-1}" = 1 ]; then  # forge's cost table first, so the suites' forge plans use it
   echo "== calibrate"
   "$BUILD/treeattn" calibrate --heads 32/8 --out "$ROOT/data/forge_cost_h100.json" 2>&1 | tee "$LOGS/calibrate.log" | head -9
 fi
 for s in $SUITES; do
   echo "== suite $s $quick"
-  timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick --verify ${VERIFY:-2} 2>"$LOGS/suite_$s.progress" |
+  timeout "${SUITE_TIMEOUT:-280}" "$BUILD/treeattn" bench --suite "$s" $quick $resume --verify ${VERIFY:-2} 2>"$LOGS/suite_$s.progress" |
     tee "$LOGS/suite_$s.log" | grep -A12 "^## Geometric means"
 done
 echo "== demo"
