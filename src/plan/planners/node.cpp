@@ -260,17 +260,19 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   // plan_nodes plans the nodes they leave. build adds those nodes' units to
   // the compact subtrees' and packs the short units: only for the candidate
   // taken (candidate_bytes compares them unbuilt).
-  planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
   planning::NodeCandidate &a = m.candidates[0], &b = m.candidates[1];
   const auto compact_units = [&](planning::NodeCandidate& c, int64_t flat_tokens, int64_t leaf_tokens) {
     planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, c.covered,
                                     c.compact, c.summary, m.compact);
     return c.compact.size();
   };
-  const auto build = [&](const planning::NodeCandidate& c, planning::ProtoUnits& packed) {
+  // build's units are c's compact subtrees' and its nodes' in `raw`, or,
+  // where short ones pack, those packed in `packed`: it returns which.
+  const auto build = [&](const planning::NodeCandidate& c, planning::ProtoUnits& raw,
+                         planning::ProtoUnits& packed) -> const planning::ProtoUnits& {
     raw = c.compact;
     add_node_units(ix, m.sub, c, raw);
-    planning::pack_short_units(raw, pack, w, opt, packed, m.pack);
+    return planning::pack_short_units(raw, pack, w, opt, packed, m.pack) ? packed : raw;
   };
   size_t compact = compact_units(a, flat, kShortLeafTokens);
   plan_nodes(w, ix, opt, per_tile, m, a);
@@ -290,24 +292,24 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
       }
     }
   }
-  build(*taken, units);
+  const planning::ProtoUnits* units = &build(*taken, m.raw, m.units);
   // Units too few to fill the resident CTA slots run as long as the longest
   // one: where a compact subtree's unit is over kMaxCompactStretch / 2 times
   // the longest unit of the plan without compact subtrees (whose pieces run
   // side by side, then merge), that plan is taken.
-  if (compact > 0 && !planning::fills_slots(units.size(), w, opt)) {
+  if (compact > 0 && !planning::fills_slots(units->size(), w, opt)) {
     planning::NodeCandidate& nodes_only = taken == &a ? b : a;
     compact_units(nodes_only, 0, 0);
     plan_nodes(w, ix, opt, per_tile, m, nodes_only);
-    build(nodes_only, alternative);
-    if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) {
-      std::swap(units, alternative);
+    const planning::ProtoUnits& alternative = build(nodes_only, m.raw_alternative, m.alternative);
+    if (2 * longest_unit(*units) > kMaxCompactStretch * longest_unit(alternative)) {
+      units = &alternative;
       compact = 0;
     }
   }
   m.compact_units = compact > 0 ? taken->summary : planning::CompactUnitsSummary{};
   PlanBuilder builder(w, "node", std::move(out));
-  units.emit(builder);
+  units->emit(builder);
   out = builder.finish();
 }
 

@@ -162,13 +162,14 @@ struct DownPaths {
 // 4 four-row leaves at 32/8 were slower (C=256,32 37.6 -> 38.4 us, C=256,64
 // 52.5 -> 56.1 us), and so were 32- and 64-row packs. Packs stay small
 // enough that the units x kv heads still fill the resident CTA slots; units
-// that share a query are not packed. `out`: the units, packed.
+// that share a query are not packed. Returns whether any are: `out` then
+// holds the units, packed; else it is left as it was and `units` stand.
 // pack: memory for the pack being filled.
 struct PackScratch {
   ProtoUnits pack;
   std::vector<int32_t> queries;  // the pack's, sorted
 };
-void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
+bool pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
                       ProtoUnits& out, PackScratch& pack);
 // Units for a tree's compact subtrees: the highest subtrees (of more than one
 // node with queries) in which every query's path is at most `max_tokens`
@@ -236,7 +237,7 @@ struct NodeCandidate {
 struct PlanScratch::Buffers {
   planning::SubtreeQueries sub;
   planning::DownPaths down;
-  planning::ProtoUnits raw, units, alternative;
+  planning::ProtoUnits raw, units, raw_alternative, alternative;  // node: a plan's units, unpacked and packed
   planning::CompactScratch compact;
   planning::PackScratch pack;
   planning::NodeCandidate candidates[2];
