@@ -219,6 +219,17 @@ struct FoldPlan {
   std::vector<int32_t> planned;
 };
 
+// What node's folds need of a tree, the same for each candidate: the nodes
+// with tokens and queries below them, in BFS order (a candidate plans those
+// it does not cover), and whether each may be folded where none of its
+// children is covered and its prefix is short enough: it has no queries of
+// its own, every child with queries has tokens, and re-reading it per extra
+// Q tile of its children costs fewer bytes than its queries' partial slots.
+struct FoldCandidates {
+  std::vector<int32_t> with_queries;
+  std::vector<char> foldable;
+};
+
 // One way node may plan a tree (plan_node): the units of its compact
 // subtrees and the nodes they cover, then the folds and the KV piece length
 // of the nodes left.
@@ -241,6 +252,7 @@ struct PlanScratch::Buffers {
   planning::CompactScratch compact;
   planning::PackScratch pack;
   planning::NodeCandidate candidates[2];
+  planning::FoldCandidates fold_candidates;
   std::vector<std::pair<int64_t, int64_t>> jobs;
   std::vector<int64_t> piece_lengths, slot_loads;
   std::vector<int32_t> units_of_query, query_diff, path;
