@@ -135,10 +135,10 @@ bool pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
   constexpr int kPackRows = 16;      // the decode tile (32- and 64-row packs measured slower)
   constexpr int kMinPerPack = 8;     // packs of 4 measured slower, of 16 faster
   const int64_t G = w.heads.group_size();
+  // Each unit has a query: where one query's rows are too many, none packs.
+  if (max_tokens <= 0 || kMinPerPack * G > kPackRows) return false;
   const auto rows = [&](size_t u) { return int64_t(units.queries(u).size()) * G; };
-  const auto packable = [&](size_t u) {
-    return max_tokens > 0 && units.tokens(u) <= max_tokens && kMinPerPack * rows(u) <= kPackRows;
-  };
+  const auto packable = [&](size_t u) { return kMinPerPack * rows(u) <= kPackRows && units.tokens(u) <= max_tokens; };
   int64_t candidates = 0, candidate_rows = 0;
   for (size_t u = 0; u < units.size(); ++u)
     if (packable(u)) ++candidates, candidate_rows += rows(u);
