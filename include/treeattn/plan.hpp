@@ -122,6 +122,9 @@ class PlanBuilder {
  private:
   // Ends the unit that runs from the last unit's end to these ends.
   void close_unit(int32_t seg_end, int32_t entry_end, int tile);
+  // Unit u, its offsets set: its masks made explicit (~0: every segment),
+  // whether it is masked, and its tile (tile < 0: the smallest for its rows).
+  void settle_unit(size_t u, int tile);
 
   const Workload& w_;
   Plan plan_;

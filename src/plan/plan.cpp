@@ -1,6 +1,7 @@
 // Tile table lookups, the PlanBuilder (slot and merge-list derivation shared
 // by every planner) and the plan summary.
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -96,37 +97,51 @@ void PlanBuilder::add_units(std::span<const Segment> segs, std::span<const int32
   plan_.entry_query.insert(plan_.entry_query.end(), queries.begin(), queries.end());
   plan_.entry_mask.insert(plan_.entry_mask.end(), masks.begin(), masks.end());
   plan_.entry_slot.resize(plan_.entry_query.size(), -1);
-  for (size_t i = 0; i < seg_end.size(); ++i) close_unit(s0 + seg_end[i], e0 + query_end[i], -1);
+  const size_t u0 = plan_.unit_tile.size(), n = seg_end.size();
+  plan_.unit_segment_offset.resize(u0 + 1 + n);
+  plan_.unit_query_offset.resize(u0 + 1 + n);
+  plan_.unit_tile.resize(u0 + n);
+  plan_.unit_masked.resize(u0 + n);
+  for (size_t i = 0; i < n; ++i) {
+    plan_.unit_segment_offset[u0 + 1 + i] = s0 + seg_end[i];
+    plan_.unit_query_offset[u0 + 1 + i] = e0 + query_end[i];
+  }
+  for (size_t u = u0; u < u0 + n; ++u) settle_unit(u, -1);
 }
 
 void PlanBuilder::close_unit(int32_t seg_end, int32_t entry_end, int tile) {
-  const int32_t seg_begin = plan_.unit_segment_offset.back();
-  const int32_t nseg = seg_end - seg_begin;
-  const int32_t q_begin = plan_.unit_query_offset.back();
-  const int32_t nq = entry_end - q_begin;
-  const uint64_t full = full_mask(std::min(nseg, kMaxSegmentsPerUnit));
-  bool masked = false;
-  for (int32_t e = q_begin; e < entry_end; ++e) {
-    if (plan_.entry_mask[e] == ~0ull) plan_.entry_mask[e] = full;
-    masked |= plan_.entry_mask[e] != full;
-  }
-  const int rows = nq * w_.heads.group_size();
-  if (tile < 0) tile = smallest_tile_for_rows(std::max(rows, 1));
   plan_.unit_segment_offset.push_back(seg_end);
   plan_.unit_query_offset.push_back(entry_end);
-  plan_.unit_tile.push_back(static_cast<uint8_t>(tile));
-  plan_.unit_masked.push_back(masked ? 1 : 0);
+  plan_.unit_tile.push_back(0);
+  plan_.unit_masked.push_back(0);
+  settle_unit(plan_.unit_tile.size() - 1, tile);
+}
+
+void PlanBuilder::settle_unit(size_t u, int tile) {
+  const int32_t seg_begin = plan_.unit_segment_offset[u], seg_end = plan_.unit_segment_offset[u + 1];
+  const int32_t q_begin = plan_.unit_query_offset[u], entry_end = plan_.unit_query_offset[u + 1];
+  const uint64_t full = full_mask(std::min(seg_end - seg_begin, kMaxSegmentsPerUnit));
+  uint64_t* const mask = plan_.entry_mask.data();
+  bool masked = false;
+  for (int32_t e = q_begin; e < entry_end; ++e) {
+    if (mask[e] == ~0ull) mask[e] = full;
+    masked |= mask[e] != full;
+  }
+  const int rows = (entry_end - q_begin) * w_.heads.group_size();
+  plan_.unit_tile[u] = static_cast<uint8_t>(tile < 0 ? smallest_tile_for_rows(std::max(rows, 1)) : tile);
+  plan_.unit_masked[u] = masked ? 1 : 0;
 }
 
 Plan PlanBuilder::finish() {
   if (open_) throw Error("PlanBuilder: finish with an open unit");
   const int32_t nq = w_.num_queries();
   // off[q + 1] first counts q's entries, then becomes the CSR end of q's
-  // merge list: no memory beyond the plan's own arrays.
+  // merge list: no memory beyond the plan's own arrays. Meanwhile an entry's
+  // slot holds its rank among its query's entries.
   std::vector<int32_t>& off = plan_.query_slot_offset;
   off.assign(size_t(nq) + 1, 0);
-  for (int32_t q : plan_.entry_query)
-    if (q >= 0 && q < nq) ++off[size_t(q) + 1];
+  for (size_t e = 0; e < plan_.entry_query.size(); ++e)
+    if (const int32_t q = plan_.entry_query[e]; q >= 0 && q < nq) plan_.entry_slot[e] = off[size_t(q) + 1]++;
 
   // A query whose whole path is empty still needs a unit to write its zeros;
   // such queries go to units in id order, per_unit to a unit.
@@ -146,21 +161,21 @@ Plan PlanBuilder::finish() {
   if (in_unit > 0) end_unit();
 
   // Only queries covered by more than one unit get partial slots; slots of a
-  // query are consecutive, so its merge list is a range, and slot s is
-  // query_slots[s] = s.
+  // query are consecutive, in the order of its entries (their ranks), so its
+  // merge list is a range, and slot s is query_slots[s] = s.
   for (int32_t q = 0; q < nq; ++q) {
     const int32_t count = off[size_t(q) + 1];
     off[size_t(q) + 1] = off[q] + (count > 1 ? count : 0);
   }
   plan_.num_slots = off[nq];
-  // While slots are handed out, query_slots[off[q]] counts those q has got.
-  plan_.query_slots.assign(size_t(plan_.num_slots), 0);
   for (size_t e = 0; e < plan_.entry_query.size(); ++e) {
     const int32_t q = plan_.entry_query[e];
-    if (q < 0 || q >= nq || off[size_t(q) + 1] == off[q]) continue;
-    plan_.entry_slot[e] = off[q] + plan_.query_slots[size_t(off[q])]++;
+    if (q < 0 || q >= nq) continue;
+    // Selected without a branch: which queries have slots is data.
+    plan_.entry_slot[e] = off[size_t(q) + 1] != off[q] ? off[q] + plan_.entry_slot[e] : -1;
   }
-  for (int32_t s = 0; s < plan_.num_slots; ++s) plan_.query_slots[size_t(s)] = s;
+  plan_.query_slots.resize(size_t(plan_.num_slots));
+  std::iota(plan_.query_slots.begin(), plan_.query_slots.end(), 0);
   return std::move(plan_);
 }
 

@@ -130,16 +130,15 @@ void ProtoUnits::append(const ProtoUnits& from, size_t i) {
   close();
 }
 
-void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
+bool pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
                       ProtoUnits& out, PackScratch& scratch) {
   constexpr int kPackRows = 16;      // the decode tile (32- and 64-row packs measured slower)
   constexpr int kMinPerPack = 8;     // packs of 4 measured slower, of 16 faster
   const int64_t G = w.heads.group_size();
+  // Each unit has a query: where one query's rows are too many, none packs.
+  if (max_tokens <= 0 || kMinPerPack * G > kPackRows) return false;
   const auto rows = [&](size_t u) { return int64_t(units.queries(u).size()) * G; };
-  const auto packable = [&](size_t u) {
-    return max_tokens > 0 && units.tokens(u) <= max_tokens && kMinPerPack * rows(u) <= kPackRows;
-  };
-  out.clear();
+  const auto packable = [&](size_t u) { return kMinPerPack * rows(u) <= kPackRows && units.tokens(u) <= max_tokens; };
   int64_t candidates = 0, candidate_rows = 0;
   for (size_t u = 0; u < units.size(); ++u)
     if (packable(u)) ++candidates, candidate_rows += rows(u);
@@ -147,10 +146,8 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
   const int64_t others = int64_t(units.size()) - candidates;
   const int64_t fill = ceil_div(opt.target_ctas(w.heads), w.heads.num_kv_heads) - others;
   const int64_t packs = std::max(ceil_div(candidate_rows, kPackRows), fill);
-  if (candidates < 2 || packs >= candidates) {
-    out = units;
-    return;
-  }
+  if (candidates < 2 || packs >= candidates) return false;
+  out.clear();
   const int64_t row_budget = std::min<int64_t>(kPackRows, ceil_div(candidate_rows, packs));
 
   // The pack being filled is `pack`'s open unit; units that are not packed
@@ -190,6 +187,7 @@ void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workloa
     pack_rows += rows(u);
   }
   flush();
+  return true;
 }
 
 void DownPaths::build(const Workload& w, const TreeIndex& ix) {

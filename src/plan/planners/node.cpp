@@ -53,53 +53,77 @@ constexpr int64_t kMaxCompactStretch = 5;
 // unit and read back by the merge.
 int64_t slot_bytes(const Workload& w) { return 2 * int64_t(w.heads.num_qo_heads) * (w.heads.head_dim + 1) * 4; }
 
+// A tree's fold candidates (planning::FoldCandidates) into f.
+void find_fold_candidates(const Workload& w, const TreeIndex& ix, const std::vector<int32_t>& query_tiles,
+                          planning::FoldCandidates& f) {
+  const size_t n = w.tree.nodes.size();
+  // Selected without a branch: which nodes have tokens and queries is data.
+  f.with_queries.resize(n);
+  size_t count = 0;
+  for (const int32_t v : ix.bfs_order) {
+    f.with_queries[count] = v;
+    count += (ix.tokens[v] != 0) & (ix.subtree_queries[v] > 0);
+  }
+  f.with_queries.resize(count);
+  // Q tiles of a node's subtree queries (sub[v].size() = ix.subtree_queries[v]).
+  const auto tiles = [&](int32_t v) { return int64_t(query_tiles[size_t(ix.subtree_queries[v])]); };
+  const int64_t slot = slot_bytes(w), kv_token = w.kv_bytes_per_token();
+  f.foldable.assign(n, 0);
+  for (const int32_t v : f.with_queries) {
+    int64_t below = 0, child_tiles = 0;
+    bool children_with_tokens = true;  // every child with queries has tokens
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {  // children without queries add 0
+      const int32_t c = ix.children[k];
+      children_with_tokens &= (ix.subtree_queries[c] == 0) | (ix.tokens[c] > 0);
+      below += ix.subtree_queries[c];
+      child_tiles += tiles(c);
+    }
+    const int64_t reread = (child_tiles - tiles(v)) * ix.tokens[v] * kv_token;
+    f.foldable[v] = char(children_with_tokens & (below == ix.subtree_queries[v]) & (reread < below * slot));
+  }
+}
+
 // The folds (planning::FoldPlan) into f, and the nodes planned as nodes
 // (uncovered, with tokens and queries, not folded) into f.planned.
-void fold_plan(const Workload& w, const TreeIndex& ix, const std::vector<char>& covered,
-               const std::vector<int32_t>& query_tiles, int64_t max_tokens, planning::FoldPlan& f) {
+void fold_plan(const Workload& w, const TreeIndex& ix, const planning::FoldCandidates& candidates,
+               const std::vector<char>& covered, int64_t max_tokens, planning::FoldPlan& f) {
   const size_t n = w.tree.nodes.size();
   f.folded.assign(n, 0);
   f.chain.resize(n);
   f.chain_tokens.resize(n);
-  // The nodes that may be planned as nodes: uncovered, with tokens and
-  // queries (selected without a branch: which are is data).
-  f.planned.resize(n);
+  // The nodes that may be planned as nodes: those with tokens and queries
+  // that are not covered.
+  f.planned.resize(candidates.with_queries.size());
   size_t count = 0;
-  for (const int32_t v : ix.bfs_order) {
+  for (const int32_t v : candidates.with_queries) {
     f.planned[count] = v;
-    count += (ix.tokens[v] != 0) & (ix.subtree_queries[v] > 0) & !covered[v];
+    count += !covered[v];
   }
   f.planned.resize(count);
   if (max_tokens <= 0) return;
-  // Q tiles of a node's subtree queries (sub[v].size() = ix.subtree_queries[v]).
-  const auto tiles = [&](int32_t v) { return int64_t(query_tiles[size_t(ix.subtree_queries[v])]); };
-  const int64_t slot = slot_bytes(w), kv_token = w.kv_bytes_per_token();
+  const int64_t slot = slot_bytes(w);
   int64_t saved = 0;
   size_t folds = 0;
   for (const int32_t v : f.planned) {
-    const int32_t own = ix.tokens[v];
     // v's prefix: the folded ancestors directly above it (parents come first
     // in BFS order, so theirs are final).
     const int32_t p = ix.parent[v];
     const bool under_fold = p >= 0 && f.folded[p];
     f.chain[v] = under_fold ? f.chain[p] + 1 : 0;
     f.chain_tokens[v] = under_fold ? f.chain_tokens[p] + ix.tokens[p] : 0;
-    const int64_t tokens = own + f.chain_tokens[v];
-    int64_t below = 0, child_tiles = 0;
-    bool plain_children = true;  // every child with queries is planned as a node here
-    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {  // children without queries add 0
-      const int32_t c = ix.children[k];
-      plain_children &= (ix.subtree_queries[c] == 0) | ((ix.tokens[c] > 0) & !covered[c]);
-      below += ix.subtree_queries[c];
-      child_tiles += tiles(c);
-    }
-    const int64_t reread = (child_tiles - tiles(v)) * own * kv_token;
-    if (!plain_children || below != ix.subtree_queries[v] || tokens > max_tokens ||
-        size_t(f.chain[v]) >= kMaxFoldedSegments || reread >= below * slot)
+    if (!candidates.foldable[v] || ix.tokens[v] + f.chain_tokens[v] > max_tokens ||
+        size_t(f.chain[v]) >= kMaxFoldedSegments)
       continue;
+    // Every child with queries must be planned as a node: none covered.
+    bool covered_child = false;
+    for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k) {
+      const int32_t c = ix.children[k];
+      covered_child |= (ix.subtree_queries[c] > 0) & (covered[c] != 0);
+    }
+    if (covered_child) continue;
     f.folded[v] = 1;
     ++folds;
-    saved += below * slot;
+    saved += ix.subtree_queries[v] * slot;  // all below v (foldable: none of v's own)
   }
   if (folds == 0) return;
   if (saved < kMinFoldSavedBytes) {
@@ -133,8 +157,8 @@ void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, 
                 PlanScratch::Buffers& m, planning::NodeCandidate& c) {
   c.per_tile = per_tile;
   const std::vector<int32_t>& tiles = m.query_tiles;
-  fold_plan(w, ix, c.covered, tiles, planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0),
-            c.fold);
+  fold_plan(w, ix, m.fold_candidates, c.covered,
+            planning::integer_option(opt, "node", "fold_tokens", kDefaultFoldTokens, 0), c.fold);
   std::vector<std::pair<int64_t, int64_t>>& jobs = m.jobs;  // (tokens, query tiles) of each unit and node
   jobs.clear();
   for (size_t u = 0; u < c.compact.size(); ++u) jobs.emplace_back(c.compact.tokens(u), 1);
@@ -252,6 +276,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   }
   m.sub.build(w, ix);
   m.down.build(w, ix);
+  find_fold_candidates(w, ix, m.query_tiles, m.fold_candidates);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
   // A candidate plan is made in two steps: compact_units finds the compact
@@ -260,17 +285,19 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   // plan_nodes plans the nodes they leave. build adds those nodes' units to
   // the compact subtrees' and packs the short units: only for the candidate
   // taken (candidate_bytes compares them unbuilt).
-  planning::ProtoUnits &raw = m.raw, &units = m.units, &alternative = m.alternative;
   planning::NodeCandidate &a = m.candidates[0], &b = m.candidates[1];
   const auto compact_units = [&](planning::NodeCandidate& c, int64_t flat_tokens, int64_t leaf_tokens) {
     planning::compact_subtree_units(w, ix, m.sub, m.down, flat_tokens, leaf_tokens, flat_rows, opt, c.covered,
                                     c.compact, c.summary, m.compact);
     return c.compact.size();
   };
-  const auto build = [&](const planning::NodeCandidate& c, planning::ProtoUnits& packed) {
+  // build's units are c's compact subtrees' and its nodes' in `raw`, or,
+  // where short ones pack, those packed in `packed`: it returns which.
+  const auto build = [&](const planning::NodeCandidate& c, planning::ProtoUnits& raw,
+                         planning::ProtoUnits& packed) -> const planning::ProtoUnits& {
     raw = c.compact;
     add_node_units(ix, m.sub, c, raw);
-    planning::pack_short_units(raw, pack, w, opt, packed, m.pack);
+    return planning::pack_short_units(raw, pack, w, opt, packed, m.pack) ? packed : raw;
   };
   size_t compact = compact_units(a, flat, kShortLeafTokens);
   plan_nodes(w, ix, opt, per_tile, m, a);
@@ -290,24 +317,24 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
       }
     }
   }
-  build(*taken, units);
+  const planning::ProtoUnits* units = &build(*taken, m.raw, m.units);
   // Units too few to fill the resident CTA slots run as long as the longest
   // one: where a compact subtree's unit is over kMaxCompactStretch / 2 times
   // the longest unit of the plan without compact subtrees (whose pieces run
   // side by side, then merge), that plan is taken.
-  if (compact > 0 && !planning::fills_slots(units.size(), w, opt)) {
+  if (compact > 0 && !planning::fills_slots(units->size(), w, opt)) {
     planning::NodeCandidate& nodes_only = taken == &a ? b : a;
     compact_units(nodes_only, 0, 0);
     plan_nodes(w, ix, opt, per_tile, m, nodes_only);
-    build(nodes_only, alternative);
-    if (2 * longest_unit(units) > kMaxCompactStretch * longest_unit(alternative)) {
-      std::swap(units, alternative);
+    const planning::ProtoUnits& alternative = build(nodes_only, m.raw_alternative, m.alternative);
+    if (2 * longest_unit(*units) > kMaxCompactStretch * longest_unit(alternative)) {
+      units = &alternative;
       compact = 0;
     }
   }
   m.compact_units = compact > 0 ? taken->summary : planning::CompactUnitsSummary{};
   PlanBuilder builder(w, "node", std::move(out));
-  units.emit(builder);
+  units->emit(builder);
   out = builder.finish();
 }
 

@@ -162,13 +162,14 @@ struct DownPaths {
 // 4 four-row leaves at 32/8 were slower (C=256,32 37.6 -> 38.4 us, C=256,64
 // 52.5 -> 56.1 us), and so were 32- and 64-row packs. Packs stay small
 // enough that the units x kv heads still fill the resident CTA slots; units
-// that share a query are not packed. `out`: the units, packed.
+// that share a query are not packed. Returns whether any are: `out` then
+// holds the units, packed; else it is left as it was and `units` stand.
 // pack: memory for the pack being filled.
 struct PackScratch {
   ProtoUnits pack;
   std::vector<int32_t> queries;  // the pack's, sorted
 };
-void pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
+bool pack_short_units(const ProtoUnits& units, int64_t max_tokens, const Workload& w, const PlanOptions& opt,
                       ProtoUnits& out, PackScratch& pack);
 // Units for a tree's compact subtrees: the highest subtrees (of more than one
 // node with queries) in which every query's path is at most `max_tokens`
@@ -218,6 +219,17 @@ struct FoldPlan {
   std::vector<int32_t> planned;
 };
 
+// What node's folds need of a tree, the same for each candidate: the nodes
+// with tokens and queries below them, in BFS order (a candidate plans those
+// it does not cover), and whether each may be folded where none of its
+// children is covered and its prefix is short enough: it has no queries of
+// its own, every child with queries has tokens, and re-reading it per extra
+// Q tile of its children costs fewer bytes than its queries' partial slots.
+struct FoldCandidates {
+  std::vector<int32_t> with_queries;
+  std::vector<char> foldable;
+};
+
 // One way node may plan a tree (plan_node): the units of its compact
 // subtrees and the nodes they cover, then the folds and the KV piece length
 // of the nodes left.
@@ -236,10 +248,11 @@ struct NodeCandidate {
 struct PlanScratch::Buffers {
   planning::SubtreeQueries sub;
   planning::DownPaths down;
-  planning::ProtoUnits raw, units, alternative;
+  planning::ProtoUnits raw, units, raw_alternative, alternative;  // node: a plan's units, unpacked and packed
   planning::CompactScratch compact;
   planning::PackScratch pack;
   planning::NodeCandidate candidates[2];
+  planning::FoldCandidates fold_candidates;
   std::vector<std::pair<int64_t, int64_t>> jobs;
   std::vector<int64_t> piece_lengths, slot_loads;
   std::vector<int32_t> units_of_query, query_diff, path;
