@@ -225,7 +225,9 @@ def main():
                    platform.processor())
     else:
         dev = torch.cuda.get_device_name()
-    commit = os.environ.get("TREEATTN_COMMIT", "unknown")
+    commit = os.environ.get("TREEATTN_COMMIT") or subprocess.run(
+        ["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True).stdout.strip() or "unknown"
     print(f"device {dev}; commit {commit}; torch {torch.__version__}")
     res = dict(device=dev, commit=commit, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                command=f"python3 bench/runtime/bench_runtime.py --device {device} --build {args.build}")
