@@ -36,6 +36,24 @@ def test_issue21_goals_counts_each_criterion(tmp_path):
     assert "c1: min(node, per-query) 40.0" in out and "c2: best fasttree 30.0 (1.100x)" in out, out
 
 
+def test_issue21_goals_on_graph_replays(tmp_path):
+    """--time us_graph judges by the records' graph replays; a record without one (bench skips it
+    past 1 ms) counts with its eager time."""
+    def rec(planner, us, us_graph):
+        return dict(record("a", (32, 8), planner, us, 8.0), us_graph=us_graph)
+    # Eager: auto 1.10x node (both criteria fail); replayed: auto the fastest. per-query has no replay.
+    recs = [rec("auto", 11.0, 9.0), rec("node", 10.0, 9.5), rec("per-query", 20.0, 0.0)]
+    d = tmp_path / "pat"
+    d.mkdir()
+    (d / "results.json").write_text(json.dumps(dict(suite="pat", records=recs)))
+    script = [sys.executable, str(ROOT / "scripts" / "issue21_goals.py"), str(d / "results.json"), "--show"]
+    eager = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert "all 1 configs: criterion 1 0 (0.0 %), criterion 2 0 (0.0 %" in eager, eager
+    graph = subprocess.run(script + ["--time", "us_graph"], capture_output=True, text=True, check=True).stdout
+    assert "all 1 configs: criterion 1 1 (100.0 %), criterion 2 1 (100.0 %" in graph, graph
+    assert "32/8   0.889 over  1 configs (target 0.70)" in graph, graph  # read_us 8 / 9
+
+
 def _treeattn_cli():
     for p in ["build/cpu/treeattn", "build/default/treeattn"]:
         if (ROOT / p).exists():
