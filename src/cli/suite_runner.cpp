@@ -71,6 +71,7 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   r["launches"] = t.launches;
   r["launch_info"] = t.launch_info;
   if (!t.trace.empty()) r["cta_trace"] = t.trace;
+  if (t.host_gate_timeouts > 0) r["host_gate_timeouts"] = t.host_gate_timeouts;  // those runs' times include the host's
   r["slots"] = t.slots;
   r["iters"] = b.iters;
   r["l2_flush"] = b.flush_l2;

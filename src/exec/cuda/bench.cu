@@ -427,17 +427,20 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
 
   EventTimer t;
   int* sink = reinterpret_cast<int*>(m.flush.as<uint8_t>() + m.flush.size() - 16);  // the flush buffer's last 16 bytes
-  // Each timed run: the host gate, the flush, then the run between the events.
-  auto flush = [&] {
+  // One timed run, in microseconds: the stream held until the host has
+  // enqueued all of it (m.gate), the L2 flush, then `enqueue` between the events.
+  auto timed_run = [&](auto&& enqueue) {
     m.gate.hold(m.stream);
-    if (!o.flush_l2) return;
-    read_once_kernel<<<264, 512, 0, m.stream>>>(m.flush.as<int4>(), int64_t(m.flush.size() - 16) / 16, nullptr, 0, sink);
-    check_cuda(cudaGetLastError(), "bench: L2 flush");
+    if (o.flush_l2) {
+      read_once_kernel<<<264, 512, 0, m.stream>>>(m.flush.as<int4>(), int64_t(m.flush.size() - 16) / 16, nullptr, 0,
+                                                   sink);
+      check_cuda(cudaGetLastError(), "bench: L2 flush");
+    }
+    return t.time_us(m.stream, enqueue, &m.gate);
   };
   std::vector<double> us;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
-    flush();
-    const double x = t.time_us(m.stream, [&] { ex.run(args, m.stream); }, &m.gate);
+    const double x = timed_run([&] { ex.run(args, m.stream); });
     if (i >= o.warmup) us.push_back(x);
   }
   r.us = median(us);
@@ -454,11 +457,10 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     for (const int per_sm : {2, 4, 8}) {
       std::vector<double> rus;
       for (int i = 0; i < o.warmup + o.iters; ++i) {
-        flush();
-        const double x = t.time_us(m.stream, [&] {
+        const double x = timed_run([&] {
           read_once_kernel<<<sms * per_sm, 256, 0, m.stream>>>(m.d.k.as<int4>(), half, m.d.v.as<int4>(), half, sink);
           check_cuda(cudaGetLastError(), "bench: read-once kernel");
-        }, &m.gate);
+        });
         if (i >= o.warmup) rus.push_back(x);
       }
       best = std::min(best, median(rus));
@@ -477,9 +479,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     check_cuda(cudaGraphInstantiate(&exec, graph, 0), "bench: graph instantiate");
     std::vector<double> gus;
     for (int i = 0; i < o.warmup + o.iters; ++i) {
-      flush();
-      const double x =
-          t.time_us(m.stream, [&] { check_cuda(cudaGraphLaunch(exec, m.stream), "bench: graph launch"); }, &m.gate);
+      const double x = timed_run([&] { check_cuda(cudaGraphLaunch(exec, m.stream), "bench: graph launch"); });
       if (i >= o.warmup) gus.push_back(x);
     }
     r.us_graph = median(gus);

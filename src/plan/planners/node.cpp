@@ -317,7 +317,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
       }
     }
   }
-  const planning::ProtoUnits* units = &build(*taken, m.raw, m.units);
+  const planning::ProtoUnits* units = &build(*taken, m.raw, m.packed);
   // Units too few to fill the resident CTA slots run as long as the longest
   // one: where a compact subtree's unit is over kMaxCompactStretch / 2 times
   // the longest unit of the plan without compact subtrees (whose pieces run
@@ -326,7 +326,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
     planning::NodeCandidate& nodes_only = taken == &a ? b : a;
     compact_units(nodes_only, 0, 0);
     plan_nodes(w, ix, opt, per_tile, m, nodes_only);
-    const planning::ProtoUnits& alternative = build(nodes_only, m.raw_alternative, m.alternative);
+    const planning::ProtoUnits& alternative = build(nodes_only, m.raw_alternative, m.packed_alternative);
     if (2 * longest_unit(*units) > kMaxCompactStretch * longest_unit(alternative)) {
       units = &alternative;
       compact = 0;

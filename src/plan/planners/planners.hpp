@@ -248,7 +248,8 @@ struct NodeCandidate {
 struct PlanScratch::Buffers {
   planning::SubtreeQueries sub;
   planning::DownPaths down;
-  planning::ProtoUnits raw, units, raw_alternative, alternative;  // node: a plan's units, unpacked and packed
+  // node: the taken candidate's units and the alternative's, each unpacked (raw) and packed
+  planning::ProtoUnits raw, packed, raw_alternative, packed_alternative;
   planning::CompactScratch compact;
   planning::PackScratch pack;
   planning::NodeCandidate candidates[2];
