@@ -28,6 +28,7 @@ struct BenchOptions {
   bool streams = false;         // CudaExecutorOptions::stream_per_tile_config (PAT's multi-stream forward)
   bool persistent = true;       // CudaExecutorOptions::persistent
   bool trace = false;           // CudaExecutorOptions::trace: GpuTiming::trace of the last timed run
+  bool l2_persistent_plan = false;  // CudaExecutorOptions::l2_persistent_plan (the flush leaves the plan in L2)
 };
 
 struct GpuTiming {

@@ -87,6 +87,14 @@ struct CudaExecutorOptions {
   // -DTREEATTN_CTA_TRACE=ON (the constructor throws otherwise); costs a few
   // registers per thread, so keep it out of timings that get reported.
   bool trace = false;
+  // Keep the plan's device arrays (unit descriptors, entries, page ids, merge
+  // lists) in the L2 set-aside for persisting accesses, so that each run
+  // finds them there even after other kernels (a model's weight GEMMs
+  // between attention layers) streamed through L2: the first round trips of
+  // every CTA (descriptor, then entries and page ids) become L2 hits. Raises
+  // the device's persisting L2 limit (cudaLimitPersistingL2CacheSize) to the
+  // plan's size where it is lower: a device-wide setting.
+  bool l2_persistent_plan = false;
 };
 
 class CudaExecutor {
@@ -129,6 +137,9 @@ struct CudaStepOptions {
   // holds its rows: every unit computes the same result on any tile whose m
   // is large enough (n only sets the K/V tile length).
   std::vector<int> tiles;
+  // CudaExecutorOptions::l2_persistent_plan: the window is the whole plan
+  // buffer (its capacity), so that graphs captured once keep it.
+  bool l2_persistent_plan = false;
 };
 
 // The executor of a serving engine's decode loop: made once with the engine's

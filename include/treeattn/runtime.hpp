@@ -56,6 +56,12 @@ struct TreeAttentionConfig {
   // validated again). Only the balance of the units can lag a fresh plan's,
   // by at most this many tokens a unit. 0: every step is planned afresh.
   int32_t max_extension_tokens = kDefaultKvTile;
+  // CUDA: keep the plan's device arrays in the L2 set-aside for persisting
+  // accesses (CudaExecutorOptions::l2_persistent_plan), so that each layer's
+  // run finds them in L2 after the model's other kernels streamed through
+  // it. Raises the device-wide persisting L2 limit to the plan buffer's size
+  // (at most the device's maximum). The CPU ignores it.
+  bool l2_persistent_plan = false;
 };
 
 // How the steps so far were planned: afresh or by extending the last plan.

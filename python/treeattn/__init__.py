@@ -206,13 +206,20 @@ class TreeAttention:
             many tokens beyond its plan; 0: plan every step afresh. The
             growth is checked as a fresh tree would be; the extended plan is
             valid by construction (``plan_stats`` counts both kinds).
+        l2_persistent_plan: CUDA: keep the plan's device arrays (descriptors,
+            entries, page ids) in the L2 set-aside for persisting accesses,
+            so that every layer's ``run`` finds them in L2 although the
+            model's weight GEMMs streamed through it since: 2-6 % off small,
+            latency-bound trees (docs/cuda.md, "Plan arrays in L2"). Raises
+            the device-wide persisting L2 limit (``cudaLimitPersistingL2CacheSize``)
+            to the plan buffer's size; ignored on the CPU.
     """
 
     def __init__(self, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int, *,
                  dtype: Any = "fp16", kv_dtype: Any = None, device: str = "cuda", max_queries: int = 256,
                  max_nodes: int = 4096,
                  max_page_refs: int = 65536, planner: str = "auto", num_sms: Optional[int] = None,
-                 cpu_threads: int = 0, max_extension_tokens: int = 64):
+                 cpu_threads: int = 0, max_extension_tokens: int = 64, l2_persistent_plan: bool = False):
         device, device_index = _parse_device(device)
         if device == "cuda" and not cuda_built:
             raise ValueError("device: 'cuda' needs a treeattn built with CUDA (this one was built without nvcc)")
@@ -241,7 +248,8 @@ class TreeAttention:
         self._impl = _treeattn._TreeAttention(num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
                                               self.dtype, kv_native,
                                               device, max_queries, max_nodes, max_page_refs, planner,
-                                              num_sms or 0, cpu_threads, max_extension_tokens, device_index)
+                                              num_sms or 0, cpu_threads, max_extension_tokens, device_index,
+                                              bool(l2_persistent_plan))
         self.device_index = self._impl.device_index  # -1 on the cpu
         stream_fn, stream_arg = None, None  # None: the default stream unless stream= is given (CPU; no PyTorch)
         if device == "cuda" and torch_gpus > 0:

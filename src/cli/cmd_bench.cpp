@@ -37,6 +37,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--streams", b->streams,
                 "one internal stream per tile config, joined with events (PAT's multi-stream forward), instead of "
                 "chaining the launches in the caller's stream");
+  cmd->add_flag("--l2-persistent-plan", b->l2_persistent_plan,
+                "keep each plan's device arrays in the L2 set-aside for persisting accesses (the flush before each "
+                "run then leaves them in L2, as they stay there between a model's layers)");
   cmd->add_flag("--trace", b->trace,
                 "print each launch's CTA timeline of the last timed run (phases per CTA, p50/p90 in us); needs a "
                 "build with -DTREEATTN_CTA_TRACE=ON, and its timings are not the ones to report");

@@ -583,7 +583,7 @@ void bind_runtime(nb::module_& m) {
              const std::string& dtype, const std::string& kv_dtype, const std::string& device, int32_t max_queries,
              int32_t max_nodes,
              int64_t max_page_refs, const std::string& planner, int num_sms, int cpu_threads,
-             int32_t max_extension_tokens, int device_index) {
+             int32_t max_extension_tokens, int device_index, bool l2_persistent_plan) {
             TreeAttentionConfig c;
             c.heads = {num_qo_heads, num_kv_heads, head_dim};
             c.dtype = parse_dtype(dtype);
@@ -601,12 +601,13 @@ void bind_runtime(nb::module_& m) {
             c.plan_options.num_sms = num_sms;
             c.cpu_threads = cpu_threads;
             c.max_extension_tokens = max_extension_tokens;
+            c.l2_persistent_plan = l2_persistent_plan;
             new (self) TreeAttention(c);
           },
           nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("page_size"),
           nb::arg("num_pages"), nb::arg("dtype"), nb::arg("kv_dtype"), nb::arg("device"), nb::arg("max_queries"), nb::arg("max_nodes"),
           nb::arg("max_page_refs"), nb::arg("planner"), nb::arg("num_sms"), nb::arg("cpu_threads"),
-          nb::arg("max_extension_tokens"), nb::arg("device_index"))
+          nb::arg("max_extension_tokens"), nb::arg("device_index"), nb::arg("l2_persistent_plan") = false)
       .def(
           "plan_tree",
           [](TreeAttention& ta, const Index& parents, const Index& num_tokens, const Index& page_offsets,

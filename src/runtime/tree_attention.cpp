@@ -533,7 +533,9 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
       fail("device_index = " + std::to_string(c.device_index) + " is out of range [0, " + std::to_string(devices) +
            ") (the CUDA devices this process sees)");
     DeviceGuard on(c.device_index);
-    m.cuda = std::make_unique<CudaStepExecutor>(c.heads, m.w.layout, c.step_capacity());
+    CudaStepOptions so;
+    so.l2_persistent_plan = c.l2_persistent_plan;
+    m.cuda = std::make_unique<CudaStepExecutor>(c.heads, m.w.layout, c.step_capacity(), so);
 #else
     fail("device cuda: this build of treeattn has no CUDA executor (built without nvcc)");
 #endif

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "treeattn/cost_models.hpp"
@@ -463,10 +464,12 @@ TEST(CudaExecutor, SanitizeDeterministicAndGraphReplay) {
   const Plan p = make_plan("node", w, opt);
   HostTensors h = make_random_inputs(w, 12);
   DeviceTensors d = DeviceTensors::upload(h);
-  for (bool streams : {false, true}) {
+  std::vector<uint8_t> chained_out;  // of the first mode: the L2 policy must not change a bit of it
+  for (const auto& [streams, l2] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
     CudaExecutorOptions eo;
     eo.stream_per_tile_config = streams;
-    const std::string mode = streams ? "stream per tile config" : "chained";
+    eo.l2_persistent_plan = l2;
+    const std::string mode = streams ? "stream per tile config" : l2 ? "chained, plan in L2" : "chained";
     CudaExecutor ex(w, p, eo);
     ASSERT_GT(ex.num_launches(), 1) << "the tree needs several tile configs";
     cudaStream_t s = nullptr;
@@ -482,6 +485,16 @@ TEST(CudaExecutor, SanitizeDeterministicAndGraphReplay) {
     check_cuda(cudaStreamSynchronize(s), "run 2");
     d.download_out(b);
     EXPECT_EQ(a.out, b.out) << mode << ": two runs differ";
+    if (chained_out.empty()) chained_out = a.out;
+    if (l2) {
+      EXPECT_EQ(a.out, chained_out) << mode << ": differs from the run without the L2 policy";
+      size_t set_aside = 0;
+      check_cuda(cudaDeviceGetLimit(&set_aside, cudaLimitPersistingL2CacheSize), "persisting L2 limit");
+      int dev = 0, max_persist = 0;
+      check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+      check_cuda(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, dev), "max persisting L2");
+      if (max_persist > 0) EXPECT_GT(set_aside, 0u) << mode << ": no L2 set aside for the plan";
+    }
 
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;

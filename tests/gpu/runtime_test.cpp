@@ -3,7 +3,8 @@
 // planner, GQA 1-16, fp16/bf16, page sizes 1 and 16, strided pools, lse);
 // draft token trees; and one CUDA graph of several runs captured once and
 // replayed after re-planning with other trees, each replay bit-equal to an
-// eager run. Tests named Sanitize* run under compute-sanitizer.
+// eager run (also with the plan kept in L2). Tests named Sanitize* run under
+// compute-sanitizer.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -247,7 +248,7 @@ TEST(Runtime, SanitizeDraftTokenTrees) {
 // times with growing and changing trees between replays; every replay
 // bit-equal to an eager run of the same plan, and within tolerance of the
 // reference.
-void graph_survives_replanning(int num_steps) {
+void graph_survives_replanning(int num_steps, bool l2_persistent_plan = false) {
   WorkloadParams p;
   p.heads = {32, 8, 128};
   p.page_size = 16;
@@ -264,6 +265,7 @@ void graph_survives_replanning(int num_steps) {
   int32_t max_q = 0;
   for (const Workload& w : steps) pool = std::max(pool, w.layout.num_pages), max_q = std::max(max_q, w.num_queries());
   TreeAttentionConfig c = config_for(steps[0], "auto", pool);
+  c.l2_persistent_plan = l2_persistent_plan;
   TreeAttention ta(c);
   // Inputs sized for the largest step; every step's tensors are views of them.
   Workload big = steps[0];
@@ -317,6 +319,9 @@ void graph_survives_replanning(int num_steps) {
 
 TEST(Runtime, GraphSurvivesReplanning) { graph_survives_replanning(30); }
 TEST(Runtime, SanitizeGraphSurvivesReplanning) { graph_survives_replanning(4); }
+// The same with the plan buffer under an L2 persisting window, which the
+// captured launches carry as a launch attribute.
+TEST(Runtime, GraphSurvivesReplanningWithPlanInL2) { graph_survives_replanning(9, /*l2_persistent_plan=*/true); }
 
 TEST(Runtime, CapacityErrorsNameTheCapacity) {
   WorkloadParams p;

@@ -522,6 +522,41 @@ def torch_reference(q, k, v, rows_per_query):
     return out
 
 
+def test_l2_persistent_plan_is_accepted_and_ignored_on_the_cpu():
+    rng = np.random.default_rng(8)
+    tree, pages = random_tree(rng, 12, 6, 4)
+    q = rng.standard_normal((6, 4, 64)).astype(np.float16)
+    k = rng.standard_normal((pages, 4, 2, 64)).astype(np.float16)
+    v = rng.standard_normal((pages, 4, 2, 64)).astype(np.float16)
+    outs = []
+    for l2 in (False, True):
+        attn = treeattn.TreeAttention(4, 2, 64, 4, pages, device="cpu", l2_persistent_plan=l2)
+        attn.plan_tree(**tree)
+        outs.append(attn.run(q, k, v))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
+def test_gpu_l2_persistent_plan_changes_no_bit_of_the_output():
+    rng = np.random.default_rng(9)
+    ps, D = 16, 128
+    tree, pages = random_tree(rng, 40, 48, ps, max_tokens=300)
+    k = torch.randn(pages, ps, 8, D, dtype=torch.float16, device="cuda")
+    v = torch.randn_like(k)
+    q = torch.randn(48, 32, D, dtype=torch.float16, device="cuda")
+    outs = []
+    for l2 in (False, True):
+        attn = treeattn.TreeAttention(32, 8, D, ps, pages, dtype=torch.float16, device="cuda", l2_persistent_plan=l2)
+        attn.plan_tree(**tree)
+        outs.append(attn.run(q, k, v))
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1])
+    rows = [token_rows(tree, n, ps) for n in tree["query_nodes"]]
+    ref = torch_reference(q, k, v, rows)
+    assert ((outs[1].float() - ref).norm() / ref.norm()).item() < 2e-3
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

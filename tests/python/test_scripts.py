@@ -95,3 +95,25 @@ def test_calibrate_auto_fits_as_fit_auto_cost_py_does(tmp_path):
         assert abs(got["coefficients"][name] - want[name]) <= 1e-6 * max(1.0, abs(want[name])), \
             (name, got["coefficients"][name], want[name])
     assert sum(c > 0 for c in coef) < len(coef), "the noise must leave some coefficient at the constraint"
+
+
+def test_compare_suite_runs_takes_each_sides_best_round(tmp_path):
+    def run(name, recs):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [dict(suite="s", workload=w, num_qo_heads=32, num_kv_heads=8, planner="auto", us=us, us_graph=g,
+                     read_us=read) for w, us, g, read in recs]
+        (d / "results.json").write_text(json.dumps(dict(device="x", commit="abc", records=rows)))
+        return str(d / "results.json")
+
+    a1 = run("a1", [("small", 10.0, 9.0, 4.0), ("big", 100.0, 100.0, 80.0)])
+    a2 = run("a2", [("small", 12.0, 8.0, 4.0), ("big", 90.0, 95.0, 80.0)])  # best of A: small 10 / 8, big 90 / 95
+    b1 = run("b1", [("small", 9.0, 8.0, 4.0), ("big", 99.0, 95.0, 80.0)])
+    out_json = tmp_path / "ab.json"
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_suite_runs.py"), "--a", a1, a2, "--b", b1,
+                          "--json", str(out_json)], capture_output=True, text=True, check=True).stdout
+    means = json.loads(out_json.read_text())["means"]
+    assert means["small"]["configs"] == 1 and abs(means["small"]["eager"] - 0.9) < 1e-9, out
+    assert abs(means["small"]["graph"] - 1.0) < 1e-9, out
+    assert abs(means["all"]["eager"] - (0.9 * 1.1) ** 0.5) < 1e-9, out
+    assert "small configs   1" in out and "big" not in out.split("\n\n", 1)[1], out

@@ -398,6 +398,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   eo.stream_per_tile_config = o.streams;
   eo.persistent = o.persistent;
   eo.trace = o.trace;
+  eo.l2_persistent_plan = o.l2_persistent_plan;
   CudaExecutor ex(w, p, eo);
   const AttentionArgs args = m.d.args();
   const PlanSummary s = summarize(w, p);

@@ -140,6 +140,7 @@ struct CudaExecutor::Impl {
   cuda::AttnParams attn{};  // plan pointers filled at plan time, tensors per run
   cuda::MergeParams merge{};
   bool chained = false;           // launches after the first use programmatic dependent launch
+  cudaAccessPolicyWindow l2_window{};  // CudaExecutorOptions::l2_persistent_plan (0 bytes: none)
   std::vector<cudaStream_t> aux;  // aux[i] runs launches[i] (stream_per_tile_config, several launches)
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> join;
@@ -286,6 +287,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   if (st == cudaSuccess) st = cudaStreamSynchronize(up);
   cudaStreamDestroy(up);
   check_cuda(st, "cuda executor: plan upload");
+
+  if (o.l2_persistent_plan) m.l2_window = cuda::plan_l2_window(m.plan_buf.get(), m.plan_buf.size());
 
   auto at = [&](size_t off) { return static_cast<const uint8_t*>(m.plan_buf.get()) + off; };
   cuda::AttnParams& a = m.attn;
@@ -442,6 +445,7 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
   cuda::MergeParams mg = m.merge;
   cuda::set_run_tensors(m.shape, args, a, mg);
 
+  const cudaAccessPolicyWindow* l2_window = m.l2_window.num_bytes ? &m.l2_window : nullptr;
   auto launch = [&](const Launch& l, cudaStream_t s, bool chained) {
     cuda::AttnParams lp = a;
     lp.units = a.units + l.first_unit;
@@ -450,7 +454,8 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
     lp.stages = l.stages;
     lp.trace_first_cta = l.first_cta;
     void* kargs[] = {&lp};
-    const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), s, chained);
+    const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), s, chained,
+                                l2_window);
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "cuda executor: attention launch");
   };
   if (m.aux.empty()) {
@@ -466,7 +471,7 @@ void CudaExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
       check_cuda(cudaStreamWaitEvent(stream, m.join[i], 0), "cudaStreamWaitEvent(join)");
   }
 
-  cuda::launch_merge(m.dtype, m.head_dim, mg, stream, m.chained);
+  cuda::launch_merge(m.dtype, m.head_dim, mg, stream, m.chained, l2_window);
 }
 
 }  // namespace treeattn

@@ -15,23 +15,43 @@ namespace treeattn::cuda {
 
 // A launch of `grid` x `block` on `stream`; chained: with programmatic stream
 // serialization (the kernel may start before the one before it in the stream
-// ends, see executor.cpp). Holds its attribute, so keep it alive until the launch.
+// ends, see executor.cpp); l2_window: the accesses it makes inside the window
+// take its L2 policy (plan_l2_window). Holds its attributes, so keep it alive
+// until the launch.
 struct LaunchConfig {
-  cudaLaunchAttribute attr{};
+  cudaLaunchAttribute attrs[2]{};
   cudaLaunchConfig_t cfg{};
-  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool chained) {
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool chained,
+               const cudaAccessPolicyWindow* l2_window = nullptr) {
+    unsigned n = 0;
+    if (chained) {
+      attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (l2_window) {
+      attrs[n].id = cudaLaunchAttributeAccessPolicyWindow;
+      attrs[n++].val.accessPolicyWindow = *l2_window;
+    }
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = chained ? 1 : 0;
+    cfg.attrs = attrs;
+    cfg.numAttrs = n;
   }
   LaunchConfig(const LaunchConfig&) = delete;
   LaunchConfig& operator=(const LaunchConfig&) = delete;
 };
+
+// The L2 policy that keeps a plan's device arrays (descriptors, entries, page
+// ids, merge lists: `bytes` from `base`) resident while everything else
+// streams through L2: accesses to them persist in the L2 set-aside for
+// persisting accesses, which this raises to the window's size (at most the
+// device's maximum) where it is smaller. The set-aside is a device-wide
+// limit: raising it leaves that much less L2 to normal accesses of every
+// kernel on the device. Returns a window of 0 bytes (no policy) where the
+// device has no set-aside (MIG, MPS, before sm_80).
+cudaAccessPolicyWindow plan_l2_window(const void* base, size_t bytes);
 
 struct KernelEntry {
   const void* kernel = nullptr;  // __global__ function, for cudaLaunchKernel / attributes
@@ -55,7 +75,8 @@ KernelEntry find_attention_kernel(DType dtype, DType kv_dtype, int head_dim, int
 // The merge kernel over (query, qo head): launches and returns without syncing.
 // chained: launched with programmatic stream serialization (sm_90+), so it
 // may start before the attention launch before it in `stream` ends.
-void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained);
+void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained,
+                  const cudaAccessPolicyWindow* l2_window = nullptr);
 int64_t merge_ctas(const MergeParams& p);  // its grid
 
 // Byte ranges packed one after another in src (each starting 16-byte

@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
 }
 
 template <class T, int D>
-void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
-  const LaunchConfig lc(dim3(unsigned(merge_ctas(p))), dim3(kMergeWarps * 32), 0, stream, chained);
+void launch(const MergeParams& p, cudaStream_t stream, bool chained, const cudaAccessPolicyWindow* l2_window) {
+  const LaunchConfig lc(dim3(unsigned(merge_ctas(p))), dim3(kMergeWarps * 32), 0, stream, chained, l2_window);
   const auto kernel = p.max_slots <= kSmallMergeSlots ? merge_kernel<T, D, 2, false>
                       : splits_slots(p)                ? merge_kernel<T, D, 8, true>
                                                        : merge_kernel<T, D, 8, false>;
@@ -196,11 +196,12 @@ void launch(const MergeParams& p, cudaStream_t stream, bool chained) {
 }
 
 template <class T>
-void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream, bool chained) {
+void launch_dim(int head_dim, const MergeParams& p, cudaStream_t stream, bool chained,
+                const cudaAccessPolicyWindow* l2_window) {
   switch (head_dim) {
-    case 64: return launch<T, 64>(p, stream, chained);
-    case 128: return launch<T, 128>(p, stream, chained);
-    case 256: return launch<T, 256>(p, stream, chained);
+    case 64: return launch<T, 64>(p, stream, chained, l2_window);
+    case 128: return launch<T, 128>(p, stream, chained, l2_window);
+    case 256: return launch<T, 256>(p, stream, chained, l2_window);
     default: throw Error("cuda merge: unsupported head_dim " + std::to_string(head_dim));
   }
 }
@@ -212,10 +213,11 @@ int64_t merge_ctas(const MergeParams& p) {
   return splits_slots(p) ? merges : (merges + kMergeWarps - 1) / kMergeWarps;
 }
 
-void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained) {
+void launch_merge(DType dtype, int head_dim, const MergeParams& p, cudaStream_t stream, bool chained,
+                  const cudaAccessPolicyWindow* l2_window) {
   if (p.num_merges == 0) return;
-  if (dtype == DType::fp16) return launch_dim<__half>(head_dim, p, stream, chained);
-  if (dtype == DType::bf16) return launch_dim<__nv_bfloat16>(head_dim, p, stream, chained);
+  if (dtype == DType::fp16) return launch_dim<__half>(head_dim, p, stream, chained, l2_window);
+  if (dtype == DType::bf16) return launch_dim<__nv_bfloat16>(head_dim, p, stream, chained, l2_window);
   throw Error("cuda merge: unsupported dtype " + std::string(to_string(dtype)));
 }
 

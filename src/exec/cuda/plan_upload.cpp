@@ -175,4 +175,36 @@ void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams
   mg.lse_out = args.lse;
 }
 
+cudaAccessPolicyWindow plan_l2_window(const void* base, size_t bytes) {
+  cudaAccessPolicyWindow win{};
+  int dev = 0, max_window = 0, max_persist = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, dev),
+             "cudaDeviceGetAttribute(max access policy window)");
+  check_cuda(cudaDeviceGetAttribute(&max_persist, cudaDevAttrMaxPersistingL2CacheSize, dev),
+             "cudaDeviceGetAttribute(max persisting L2)");
+  if (max_window <= 0 || max_persist <= 0 || bytes == 0) return win;
+  size_t set_aside = 0;
+  check_cuda(cudaDeviceGetLimit(&set_aside, cudaLimitPersistingL2CacheSize), "cudaDeviceGetLimit(persisting L2)");
+  const size_t window = std::min(bytes, size_t(max_window)), wanted = std::min(window, size_t(max_persist));
+  if (set_aside < wanted) {
+    // MPS fixes the set-aside at server start: there the call fails, and the
+    // window works with what is set aside (none: no policy).
+    if (cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, wanted) == cudaSuccess) {
+      set_aside = wanted;
+    } else {
+      (void)cudaGetLastError();
+      if (set_aside == 0) return win;
+    }
+  }
+  win.base_ptr = const_cast<void*>(base);
+  win.num_bytes = window;
+  // More window than set-aside: a hit ratio below 1 keeps the persisting
+  // lines within the set-aside instead of evicting one another.
+  win.hitRatio = float(std::min(1.0, double(set_aside) / double(window)));
+  win.hitProp = cudaAccessPropertyPersisting;
+  win.missProp = cudaAccessPropertyStreaming;
+  return win;
+}
+
 }  // namespace treeattn::cuda

@@ -86,6 +86,7 @@ struct CudaStepExecutor::Impl {
     bool operator==(const PlanShape&) const = default;
   } last_shape;
   bool chained = false;
+  cudaAccessPolicyWindow l2_window{};  // CudaStepOptions::l2_persistent_plan (0 bytes: none)
   cuda::AttnParams attn{};
   cuda::MergeParams merge{};
   int64_t merge_grid = 0;
@@ -183,6 +184,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   m.plan_buf = DeviceBuffer(m.layout.total);
   m.packed = DeviceBuffer(m.layout.total);  // packed arrays never take more than their capacities
   check_cuda(cudaMemset(m.plan_buf.get(), 0, m.layout.total), "step executor: plan buffer");
+  if (o.l2_persistent_plan) m.l2_window = cuda::plan_l2_window(m.plan_buf.get(), m.layout.total);
   for (int i = 0; i < kStaging; ++i) {
     m.staging.push_back(std::make_unique<PinnedBuffer>(m.layout.total));
     check_cuda(cudaEventCreateWithFlags(&m.staged[i], cudaEventDisableTiming), "step executor: cudaEventCreate");
@@ -312,6 +314,7 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
   cuda::AttnParams a = m.attn;
   cuda::MergeParams mg = m.merge;
   cuda::set_run_tensors(m.shape, args, a, mg);
+  const cudaAccessPolicyWindow* l2_window = m.l2_window.num_bytes ? &m.l2_window : nullptr;
   for (size_t i = 0; i < m.launches.size(); ++i) {
     const cuda::Launch& l = m.launches[i];
     cuda::AttnParams lp = a;
@@ -321,10 +324,10 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
     lp.stages = l.stages;
     void* kargs[] = {&lp};
     const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), stream,
-                                m.chained && i > 0);
+                                m.chained && i > 0, l2_window);
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "step executor: attention launch");
   }
-  cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained);
+  cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained, l2_window);
 }
 
 }  // namespace treeattn
