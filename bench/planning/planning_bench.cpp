@@ -306,11 +306,15 @@ void step_plan(benchmark::State& state, int nodes) {
   }
 }
 
-void step_validate_plan(benchmark::State& state, int nodes) {
+// With the tree's index, as the runtime validates a fresh plan (its
+// Workload::validate built it); `unindexed`: without, so validate_plan
+// builds one.
+void step_validate_plan(benchmark::State& state, int nodes, bool unindexed) {
   const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   const Plan p = make_plan("auto", w);
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
   ValidatePlanScratch scratch;
-  for (auto _ : state) validate_plan(w, p, &scratch);
+  for (auto _ : state) validate_plan(w, p, &scratch, unindexed ? nullptr : &ix);
 }
 
 #if defined(TREEATTN_HAVE_CUDA)
@@ -425,13 +429,14 @@ void runtime_decode_steps_and_pack(benchmark::State& state, int nodes) {
 void step_set_plan(benchmark::State& state, int nodes, bool validate, bool legacy) {
   const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   const Plan p = make_plan("auto", w);
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);  // as the runtime passes it
   const StepCapacity cap = capacity_of(w, p);
   CudaStepExecutor ex(w.heads, w.layout, cap);
   cudaStream_t stream = nullptr;
   if (!legacy) cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   int n = 0;
   for (auto _ : state) {
-    ex.set_plan(w, p, stream, validate ? PlanCheck::validate : PlanCheck::trusted);
+    ex.set_plan(w, p, stream, validate ? PlanCheck::validate : PlanCheck::trusted, nullptr, &ix);
     if (++n % 256 == 0) {  // keeps the stream's queue short, off the clock
       state.PauseTiming();
       cudaStreamSynchronize(stream);
@@ -502,7 +507,11 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("step/plan/" + std::to_string(nodes)).c_str(), step_plan, nodes)
         ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("step/validate_plan/" + std::to_string(nodes)).c_str(), step_validate_plan, nodes)
+    benchmark::RegisterBenchmark(("step/validate_plan/" + std::to_string(nodes)).c_str(), step_validate_plan, nodes,
+                                 false)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("step/validate_plan_unindexed/" + std::to_string(nodes)).c_str(),
+                                 step_validate_plan, nodes, true)
         ->Unit(benchmark::kMicrosecond);
   }
   for (const int nodes : {100, 1000, 10000})

@@ -192,8 +192,10 @@ class CudaStepExecutor {
   // count) is checked; its ids are compared with w's under
   // PlanCheck::validate unless the table says it is the source of w's pages
   // (otherwise the caller vouches for them with the plan).
+  // `index`, optional: w's tree index, for validate_plan (which otherwise
+  // builds one).
   void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate,
-                const PageTableView* pages = nullptr);
+                const PageTableView* pages = nullptr, const TreeIndex* index = nullptr);
   // Attention of the last plan set, for device tensors `a`: the fixed
   // launches, then the merge. Throws if no plan was set.
   void run(const AttentionArgs& a, cudaStream_t stream) const;

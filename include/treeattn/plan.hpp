@@ -151,23 +151,34 @@ struct PlanSummary {
 };
 PlanSummary summarize(const Workload& w, const Plan& p);
 
-// Reusable memory of validate_plan: per query its unit count, the last unit
-// it was seen in and its visible ranges (CSR); per node the last query whose
-// path holds it and the last that saw it whole; per slot its writes, reads
-// and owner; per unit its non-empty segments; per node its parent and tokens.
+// Reusable memory of validate_plan. Per query its entries and slots, the
+// last unit it was seen in, the depths of its path it saw whole or in pieces,
+// the tokens it saw and whether its ranges need the sorted check; per
+// (query, node of its path) a cell, by depth: the token where its next piece
+// of that node must start; per slot its owner. The rest serves the sorted
+// check (ranges gathered by query, a path) and callers that pass no index.
 struct ValidatePlanScratch {
-  std::vector<int32_t> units_of_query, last_unit_of_query, range_offset, range_fill, on_path_of, next_token,
-      slots_of_query, slot_owner, path;
+  struct Query {
+    int32_t units, last_unit, slots, unsure;
+    int32_t key, first_cell;  // key: its node's query_begin in the tree index
+    uint64_t whole, pieces;   // bit d: its path node at depth d (< 64) was seen whole / in pieces
+    int64_t tokens;
+  };
+  std::vector<Query> queries;
+  std::vector<int32_t> cells, slot_owner;
+  std::vector<int32_t> range_offset, range_fill, path;
   std::vector<Segment> ranges;
-  std::vector<uint64_t> unit_non_empty;  // per unit, bit k: segment k has tokens
-  std::vector<int32_t> node_parent, node_tokens;
+  TreeIndex index;
 };
 
 // Checks DESIGN.md's invariants (coverage, capacity, segments <= 64, masks,
 // merge slots); throws Error describing the first violation found. O(units +
-// entries x segments per unit + path lengths); scratch: memory a caller that
-// validates every decode step keeps between calls (no allocation once it has
-// grown to the largest plan).
-void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratch = nullptr);
+// entries x segments per unit + path lengths), given `index`: w's tree index
+// (TreeIndex::build of w's tree and queries, as Workload::validate leaves it
+// in its scratch); without one, one is built (O(nodes)). scratch: memory a
+// caller that validates every decode step keeps between calls (no
+// allocation once it has grown to the largest plan).
+void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratch = nullptr,
+                   const TreeIndex* index = nullptr);
 
 }  // namespace treeattn

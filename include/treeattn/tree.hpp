@@ -49,6 +49,11 @@ struct TreeIndex {
   std::vector<int32_t> depth;         // roots have depth 0
   std::vector<int64_t> path_tokens;   // tokens root..v inclusive
   std::vector<int32_t> subtree_queries;  // queries attached in v's subtree
+  // Queries numbered depth-first (a node's own queries, then each child's
+  // subtree in child order): v's subtree holds numbers [query_begin[v],
+  // query_begin[v] + subtree_queries[v]). So a node x with queries lies on
+  // v's subtree (v on the path root..x) iff query_begin[x] is in v's range.
+  std::vector<int32_t> query_begin;
 
   // Throws Error on a parent out of range or a cycle.
   static TreeIndex build(const Tree& tree, const std::vector<int32_t>& query_nodes);

@@ -38,7 +38,7 @@ void check_csr(const Plan& p, const std::vector<int32_t>& off, size_t rows, size
 }
 }  // namespace
 
-void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratch) {
+void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratch, const TreeIndex* index) {
   const int32_t U = p.num_units();
   const int32_t Q = w.num_queries();
   const int32_t N = static_cast<int32_t>(w.tree.nodes.size());
@@ -56,25 +56,44 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
 
   ValidatePlanScratch local;
   ValidatePlanScratch& sc = scratch ? *scratch : local;
-  // The nodes' parents and token counts, 8 bytes a node: the path walks
-  // below are chains of dependent loads, shorter from these than from Node.
-  sc.node_parent.resize(size_t(N));
-  sc.node_tokens.resize(size_t(N));
-  for (int32_t v = 0; v < N; ++v) {
-    sc.node_parent[v] = w.tree.nodes[v].parent;
-    sc.node_tokens[v] = w.tree.nodes[v].num_tokens;
+  if (!index) {
+    sc.index.rebuild(w.tree, w.query_nodes);
+    index = &sc.index;
   }
-  const int32_t* const parent = sc.node_parent.data();
-  const int32_t* const tokens = sc.node_tokens.data();
+  const TreeIndex& ix = *index;
+  if (ix.query_begin.size() != size_t(N))
+    throw Error("validate_plan: the tree index has " + str(ix.query_begin.size()) + " nodes, the tree " + str(N));
+  const int32_t* const tokens = ix.tokens.data();
+  const int32_t* const depth = ix.depth.data();
+  const int32_t* const query_begin = ix.query_begin.data();
+  const int32_t* const subtree_queries = ix.subtree_queries.data();
 
-  // Per-unit capacity, segments and masks; count each query's units and
-  // visible (non-empty) ranges.
-  sc.units_of_query.assign(Q, 0);
-  sc.last_unit_of_query.assign(Q, -1);
-  sc.range_offset.assign(size_t(Q) + 1, 0);
-  sc.slots_of_query.assign(Q, 0);
+  // Each query owns a cell per node of its path, by depth.
+  sc.queries.resize(size_t(Q));
+  ValidatePlanScratch::Query* const queries = sc.queries.data();
+  int32_t cells = 0;
+  for (int32_t q = 0; q < Q; ++q) {
+    const int32_t x = w.query_nodes[q];
+    queries[q] = {0, -1, 0, 0, query_begin[x], cells, 0, 0, 0};
+    cells += depth[x] + 1;
+  }
+  sc.cells.assign(size_t(cells), 0);
   sc.slot_owner.assign(size_t(p.num_slots), -1);  // the query whose entry writes the slot
-  sc.unit_non_empty.resize(size_t(U));
+
+  // Per unit: capacity, segments and masks, each entry's query and slot, and
+  // what each entry's query sees. A range off its path (by the index's query
+  // numbers) makes a query unsure: the sorted check below decides and names
+  // the error. On its path, the tokens seen add up, and its path node at
+  // depth d (< 64) is marked seen whole, or seen in pieces, whose cell holds
+  // the token where the next piece must start: pieces come in token order in
+  // most plans (a node's KV pieces in the order of their units), and any other
+  // order makes the query unsure too. Deeper nodes have only cells.
+  // An unmasked unit whose segments are whole nodes at distinct depths < 64
+  // (most units) is summed up once: its depths, its tokens, and the range of
+  // query numbers [lo, hi) its entries' queries must lie in to have all of its
+  // nodes on their path.
+  const auto depth_bit = [](int32_t d) { return d < 64 ? uint64_t(1) << d : 0; };
+  const auto on_path = [&](int32_t key, int32_t v) { return uint32_t(key - query_begin[v]) < uint32_t(subtree_queries[v]); };
   const int g = w.heads.group_size();
   for (int32_t u = 0; u < U; ++u) {
     // Labels are built only on failure: this runs every decode step.
@@ -89,33 +108,40 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     if (nq * g > kTileConfigs[p.unit_tile[u]].m)
       fail(p.planner, unit() + str(nq) + " queries x " + str(g) + " heads exceed the tile's " +
                           str(kTileConfigs[p.unit_tile[u]].m) + " rows");
-    const int32_t s0 = p.unit_segment_offset[u];
+    const Segment* const segs = p.segments.data() + p.unit_segment_offset[u];
     uint64_t non_empty = 0;  // bit k: segment k has tokens
+    // The summary, where `whole_nodes` stays true.
+    bool whole_nodes = p.unit_masked[u] == 0;
+    uint64_t depths = 0;
+    int32_t lo = 0, hi = Q;
+    int64_t unit_tokens = 0;
     for (int32_t k = 0; k < nseg; ++k) {
-      const Segment& s = p.segments[s0 + k];
+      const Segment& s = segs[k];
       if (s.node < 0 || s.node >= N) fail(p.planner, unit() + "segment node " + str(s.node) + " out of range");
       if (s.begin < 0 || s.begin > s.end || s.end > tokens[s.node])
         fail(p.planner, unit() + "segment [" + str(s.begin) + ", " + str(s.end) + ") outside node " +
-                            str(s.node) + " of " + str(w.tree.nodes[s.node].num_tokens) + " tokens");
-      non_empty |= uint64_t(s.end > s.begin) << k;
+                            str(s.node) + " of " + str(tokens[s.node]) + " tokens");
+      if (s.end == s.begin) continue;
+      non_empty |= uint64_t(1) << k;
+      lo = std::max(lo, query_begin[s.node]);
+      hi = std::min(hi, query_begin[s.node] + subtree_queries[s.node]);
+      unit_tokens += s.end - s.begin;
+      const uint64_t bit = depth_bit(depth[s.node]);
+      whole_nodes &= s.begin == 0 && s.end == tokens[s.node] && bit != 0 && (depths & bit) == 0;
+      depths |= bit;
     }
-    sc.unit_non_empty[u] = non_empty;
     const uint64_t full = full_mask(nseg);
     bool any_partial_mask = false;
-    // An unmasked unit's entries all see its non-empty segments (a mask that
-    // is not full fails the unit_masked check below): counted once.
-    const bool unit_masked = p.unit_masked[u] != 0;
-    const int visible_all = bit_count(non_empty);
     for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
       const int32_t q = p.entry_query[e];
       if (q < 0 || q >= Q) fail(p.planner, unit() + "query " + str(q) + " out of range");
-      if (sc.last_unit_of_query[q] == u) fail(p.planner, unit() + "query " + str(q) + " appears twice");
-      sc.last_unit_of_query[q] = u;
+      ValidatePlanScratch::Query& qs = queries[q];
+      if (qs.last_unit == u) fail(p.planner, unit() + "query " + str(q) + " appears twice");
+      qs.last_unit = u;
       const uint64_t mask = p.entry_mask[e];
       if (mask & ~full) fail(p.planner, unit() + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
       any_partial_mask |= mask != full;
-      sc.range_offset[size_t(q) + 1] += unit_masked ? bit_count(mask & non_empty) : visible_all;
-      ++sc.units_of_query[q];
+      ++qs.units;
       const int32_t slot = p.entry_slot[e];
       if (slot != -1) {
         if (slot < 0 || slot >= p.num_slots) fail(p.planner, unit() + "slot " + str(slot) + " out of range");
@@ -123,82 +149,108 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
           fail(p.planner, "slot " + str(slot) + " is written twice (queries " + str(sc.slot_owner[slot]) + " and " +
                               str(q) + ")");
         sc.slot_owner[slot] = q;
-        ++sc.slots_of_query[q];
+        ++qs.slots;
+      }
+      if (whole_nodes) {  // its mask is full (else the unit_masked check below fails)
+        qs.unsure |= int32_t(qs.key < lo) | int32_t(qs.key >= hi) | int32_t((qs.whole & depths) != 0);
+        qs.whole |= depths;
+        qs.tokens += unit_tokens;
+        continue;
+      }
+      for (uint64_t seen = mask & non_empty; seen != 0; seen &= seen - 1) {
+        const Segment& s = segs[std::countr_zero(seen)];
+        if (!on_path(qs.key, s.node)) {
+          qs.unsure = 1;
+          continue;
+        }
+        qs.tokens += s.end - s.begin;
+        const uint64_t bit = depth_bit(depth[s.node]);
+        if (bit != 0 && s.begin == 0 && s.end == tokens[s.node]) {
+          qs.unsure |= int32_t((qs.whole & bit) != 0);
+          qs.whole |= bit;
+        } else {
+          qs.pieces |= bit;
+          int32_t& next = sc.cells[size_t(qs.first_cell + depth[s.node])];
+          qs.unsure |= int32_t(next != s.begin);
+          next = s.end;
+        }
       }
     }
     if (any_partial_mask != bool(p.unit_masked[u]))
       fail(p.planner, unit() + "unit_masked = " + str(p.unit_masked[u]) + " disagrees with its masks");
   }
 
-  // Each query's visible ranges, gathered by query (CSR over range_offset).
-  for (int32_t q = 0; q < Q; ++q) sc.range_offset[size_t(q) + 1] += sc.range_offset[q];
-  sc.ranges.resize(size_t(sc.range_offset[Q]));
-  sc.range_fill.assign(sc.range_offset.begin(), sc.range_offset.end() - 1);
-  for (int32_t u = 0; u < U; ++u) {
-    const Segment* segs = p.segments.data() + p.unit_segment_offset[u];
-    const uint64_t non_empty = sc.unit_non_empty[u];
-    for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
-      int32_t& fill = sc.range_fill[p.entry_query[e]];
-      for (uint64_t seen = p.entry_mask[e] & non_empty; seen != 0; seen &= seen - 1)
-        sc.ranges[size_t(fill++)] = segs[std::countr_zero(seen)];
-    }
-  }
-
   // Coverage: a query's visible ranges tile its path exactly, each token once.
-  // Most queries see each node of their path in ranges that come in token
-  // order (a whole node, or a node's KV pieces in the order of their units):
-  // that is checked in O(path + ranges), each path node stamped with the
-  // query and the token its next range must start at; a node is complete
-  // when a range ends at its end, and every path node with tokens must be.
-  // Any other query's ranges are sorted by node and checked token by token,
-  // which also names the first violation.
-  sc.on_path_of.assign(size_t(N), -1);
-  sc.next_token.resize(size_t(N));
-  const auto ranges_in_order = [&](int32_t q, const Segment* r, size_t nr) {
-    int32_t with_tokens = 0;  // path nodes that have tokens
-    for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) {
-      sc.on_path_of[v] = q;
-      sc.next_token[v] = 0;
-      with_tokens += tokens[v] > 0;
-    }
-    int32_t complete = 0;
-    for (size_t i = 0; i < nr; ++i) {
-      const int32_t v = r[i].node;
-      // Ranges are non-empty and within their node (checked per unit above).
-      if (sc.on_path_of[v] != q || r[i].begin != sc.next_token[v]) return false;
-      sc.next_token[v] = r[i].end;
-      complete += r[i].end == tokens[v];
-    }
-    return complete == with_tokens;
-  };
-  const auto by_node_then_tokens = [](const Segment& a, const Segment& b) {
-    return std::tie(a.node, a.begin, a.end) < std::tie(b.node, b.begin, b.end);
-  };
+  // A query that is not unsure saw only nodes of its path, each either whole
+  // once or (pieces, deep nodes) in pieces contiguous from token 0, so at most
+  // all of each; with its path's tokens seen in all, it saw each path node
+  // whole. Other queries' ranges are gathered, sorted by node and checked
+  // token by token, which also names the first violation (or finds them
+  // right: pieces out of order).
+  bool any_unsure = false;
   for (int32_t q = 0; q < Q; ++q) {
-    const auto query = [&] { return "query " + str(q) + ": "; };
-    if (sc.units_of_query[q] == 0) fail(p.planner, query() + "is in no unit");
-    Segment* const r = sc.ranges.data() + sc.range_offset[q];
-    const size_t nr = size_t(sc.range_offset[q + 1] - sc.range_offset[q]);
-    if (ranges_in_order(q, r, nr)) continue;
-    std::sort(r, r + nr, by_node_then_tokens);
-    sc.path.clear();
-    for (int32_t v = w.query_nodes[q]; v >= 0; v = parent[v]) sc.path.push_back(v);
-    std::sort(sc.path.begin(), sc.path.end());
-    for (size_t i = 0; i < nr; ++i)
-      if (!std::binary_search(sc.path.begin(), sc.path.end(), r[i].node))
-        fail(p.planner, query() + "sees node " + str(r[i].node) + " which is not on its path");
-    size_t i = 0;
-    for (int32_t v : sc.path) {
-      int32_t at = 0;
-      for (; i < nr && r[i].node == v; ++i) {
-        if (r[i].begin != at)
-          fail(p.planner, query() + "node " + str(v) + " tokens " + (r[i].begin < at ? "overlap" : "missing") +
-                              " at " + str(std::min(at, r[i].begin)));
-        at = r[i].end;
+    ValidatePlanScratch::Query& qs = queries[q];
+    qs.unsure = qs.unsure != 0 || qs.units == 0 || (qs.whole & qs.pieces) != 0 ||
+                qs.tokens != ix.path_tokens[w.query_nodes[q]];
+    any_unsure |= qs.unsure != 0;
+  }
+  const auto unsure = [&](int32_t q) { return queries[q].unsure != 0; };
+  if (any_unsure) {
+    sc.range_offset.assign(size_t(Q) + 1, 0);
+    const auto non_empty_of = [&](int32_t u) {
+      const Segment* segs = p.segments.data() + p.unit_segment_offset[u];
+      uint64_t non_empty = 0;
+      for (int32_t k = 0; k < p.unit_num_segments(u); ++k) non_empty |= uint64_t(segs[k].end > segs[k].begin) << k;
+      return non_empty;
+    };
+    for (int32_t u = 0; u < U; ++u) {
+      const uint64_t non_empty = non_empty_of(u);
+      for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e)
+        if (unsure(p.entry_query[e]))
+          sc.range_offset[size_t(p.entry_query[e]) + 1] += bit_count(p.entry_mask[e] & non_empty);
+    }
+    for (int32_t q = 0; q < Q; ++q) sc.range_offset[size_t(q) + 1] += sc.range_offset[q];
+    sc.ranges.resize(size_t(sc.range_offset[Q]));
+    sc.range_fill.assign(sc.range_offset.begin(), sc.range_offset.end() - 1);
+    for (int32_t u = 0; u < U; ++u) {
+      const Segment* segs = p.segments.data() + p.unit_segment_offset[u];
+      const uint64_t non_empty = non_empty_of(u);
+      for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
+        if (!unsure(p.entry_query[e])) continue;
+        int32_t& fill = sc.range_fill[p.entry_query[e]];
+        for (uint64_t seen = p.entry_mask[e] & non_empty; seen != 0; seen &= seen - 1)
+          sc.ranges[size_t(fill++)] = segs[std::countr_zero(seen)];
       }
-      if (at != tokens[v])
-        fail(p.planner, query() + "node " + str(v) + " covered up to " + str(at) + " of " +
-                            str(w.tree.nodes[v].num_tokens) + " tokens");
+    }
+    const auto by_node_then_tokens = [](const Segment& a, const Segment& b) {
+      return std::tie(a.node, a.begin, a.end) < std::tie(b.node, b.begin, b.end);
+    };
+    for (int32_t q = 0; q < Q; ++q) {
+      if (!unsure(q)) continue;
+      const auto query = [&] { return "query " + str(q) + ": "; };
+      if (queries[q].units == 0) fail(p.planner, query() + "is in no unit");
+      Segment* const r = sc.ranges.data() + sc.range_offset[q];
+      const size_t nr = size_t(sc.range_offset[q + 1] - sc.range_offset[q]);
+      std::sort(r, r + nr, by_node_then_tokens);
+      sc.path.clear();
+      for (int32_t v = w.query_nodes[q]; v >= 0; v = ix.parent[v]) sc.path.push_back(v);
+      std::sort(sc.path.begin(), sc.path.end());
+      for (size_t i = 0; i < nr; ++i)
+        if (!std::binary_search(sc.path.begin(), sc.path.end(), r[i].node))
+          fail(p.planner, query() + "sees node " + str(r[i].node) + " which is not on its path");
+      size_t i = 0;
+      for (int32_t v : sc.path) {
+        int32_t at = 0;
+        for (; i < nr && r[i].node == v; ++i) {
+          if (r[i].begin != at)
+            fail(p.planner, query() + "node " + str(v) + " tokens " + (r[i].begin < at ? "overlap" : "missing") +
+                                " at " + str(std::min(at, r[i].begin)));
+          at = r[i].end;
+        }
+        if (at != tokens[v])
+          fail(p.planner, query() + "node " + str(v) + " covered up to " + str(at) + " of " + str(tokens[v]) +
+                              " tokens");
+      }
     }
   }
 
@@ -207,7 +259,7 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   // those slots. Reading a listed slot marks it (owner -2), so no slot is
   // listed twice; with as many listed slots as slots, every slot is read once.
   for (int32_t q = 0; q < Q; ++q) {
-    const int32_t units = sc.units_of_query[q], slots = sc.slots_of_query[q];
+    const int32_t units = sc.queries[q].units, slots = sc.queries[q].slots;
     const int32_t listed = p.query_slot_offset[q + 1] - p.query_slot_offset[q];
     if (units == 1 && slots != 0) fail(p.planner, "query " + str(q) + " is in one unit but has a slot");
     if (units > 1 && slots != units) fail(p.planner, "query " + str(q) + " is in several units but an entry has no slot");

@@ -267,7 +267,8 @@ struct TreeAttention::Impl {
 
   // Validates p for tree t (on the GPU set_plan does, before it packs it)
   // unless it is an `extension` of the plan in force (try_extend), valid by
-  // construction. The page table (`ids` at `offsets` per node) is the one
+  // construction. A fresh plan's tree t is the one validated last, whose
+  // index validate_scratch holds. The page table (`ids` at `offsets` per node) is the one
   // t's node pages were copied from, so set_plan checks only its shape.
   void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool extension,
                         std::span<const int32_t> ids, std::span<const int32_t> offsets) {
@@ -276,11 +277,11 @@ struct TreeAttention::Impl {
       DeviceGuard on(cfg.device_index);
       const PageTableView pages{ids, offsets, /*source_of_workload=*/true};
       return cuda->set_plan(t, p, static_cast<cudaStream_t>(stream),
-                            extension ? PlanCheck::extension : PlanCheck::validate, &pages);
+                            extension ? PlanCheck::extension : PlanCheck::validate, &pages, &validate_scratch.index);
     }
 #endif
     (void)stream, (void)ids, (void)offsets;
-    if (!extension) validate_plan(t, p, &validate_plan_scratch);
+    if (!extension) validate_plan(t, p, &validate_plan_scratch, &validate_scratch.index);
   }
 
   // After a fresh plan checked by the validation: w's pages into page_bits,

@@ -98,6 +98,21 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
     const int32_t v = ix.bfs_order[i], p = ix.parent[v];
     ix.subtree_queries[p] += ix.subtree_queries[v];
   }
+  // Query numbers top-down: the roots' ranges one after another, and each
+  // child's range placed back from the end of its parent's.
+  ix.query_begin.resize(size_t(n));
+  int32_t at = 0;
+  for (const int32_t r : ix.roots) {
+    ix.query_begin[r] = at;
+    at += ix.subtree_queries[r];
+  }
+  for (const int32_t v : ix.bfs_order) {
+    int32_t child_at = ix.query_begin[v] + ix.subtree_queries[v];
+    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) {
+      child_at -= ix.subtree_queries[ix.children[k]];
+      ix.query_begin[ix.children[k]] = child_at;
+    }
+  }
 }
 
 std::vector<int32_t> Workload::path(int32_t node) const {

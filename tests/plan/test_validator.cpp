@@ -252,3 +252,134 @@ TEST(Validator, CoverageCheckAgreesWithTokenCountsOnMutatedSegments) {
   EXPECT_GT(rejected, 2000);
   EXPECT_GT(rejected_whole, 300);
 }
+
+namespace {
+
+// A chain root (10) -> a (10) -> b (10), and c (10) beside a under the root;
+// one query on b, one on c. Plans are built unit by unit from `units`: each
+// unit's segments, seen by both of its queries.
+Workload chain_tree() {
+  Workload w;
+  w.heads = {4, 2, 64};
+  w.layout = {16, 0, DType::fp16};
+  PageAllocator pages(16);
+  pages.add_node(w.tree, -1, 10);  // 0: root
+  pages.add_node(w.tree, 0, 10);   // 1: a
+  pages.add_node(w.tree, 1, 10);   // 2: b
+  pages.add_node(w.tree, 0, 10);   // 3: c
+  w.layout.num_pages = pages.finish(w.tree);
+  w.query_nodes = {2, 3};
+  w.validate();
+  return w;
+}
+
+struct UnitSpec {
+  std::vector<Segment> segments;
+  std::vector<int32_t> queries;
+};
+
+Plan plan_of(const Workload& w, const std::vector<UnitSpec>& units) {
+  PlanBuilder b(w, "hand");
+  for (const UnitSpec& u : units) {
+    b.begin_unit();
+    for (const Segment& s : u.segments) b.add_segment(s.node, s.begin, s.end);
+    for (const int32_t q : u.queries) b.add_query(q);
+    b.end_unit();
+  }
+  return b.finish();
+}
+
+// validate_plan's verdict, with and without the tree's index: "" if accepted.
+std::string verdict(const Workload& w, const Plan& p) {
+  std::string with, without;
+  const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+  try {
+    validate_plan(w, p, nullptr, &ix);
+  } catch (const Error& e) {
+    with = e.what();
+  }
+  try {
+    validate_plan(w, p);
+  } catch (const Error& e) {
+    without = e.what();
+  }
+  EXPECT_EQ(with, without);
+  return with;
+}
+
+}  // namespace
+
+// The index's query numbers: node v's range holds exactly the queries of
+// its subtree, and a query's node lies in the range of exactly its path's
+// nodes (what validate_plan's path test relies on).
+TEST(Validator, QueryNumbersHoldEachSubtreesQueries) {
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    const Workload w = seed % 3 ? small_random_workload(seed, 24) : deep_workload(seed);
+    const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+    const int32_t N = int32_t(w.tree.nodes.size());
+    for (int32_t q = 0; q < w.num_queries(); ++q) {
+      const int32_t x = w.query_nodes[q];
+      std::vector<char> on_path(size_t(N), 0);
+      for (int32_t v = x; v >= 0; v = w.tree.nodes[v].parent) on_path[v] = 1;
+      for (int32_t v = 0; v < N; ++v) {
+        const bool in_range = ix.query_begin[x] >= ix.query_begin[v] &&
+                              ix.query_begin[x] < ix.query_begin[v] + ix.subtree_queries[v];
+        EXPECT_EQ(in_range, bool(on_path[v])) << "seed " << seed << " query " << q << " node " << v;
+      }
+    }
+    // Ranges of siblings are disjoint and lie in their parent's.
+    for (int32_t v = 0; v < N; ++v) {
+      const int32_t p = w.tree.nodes[v].parent;
+      if (p >= 0) {
+        EXPECT_GE(ix.query_begin[v], ix.query_begin[p]);
+        EXPECT_LE(ix.query_begin[v] + ix.subtree_queries[v], ix.query_begin[p] + ix.subtree_queries[p]);
+      }
+    }
+  }
+}
+
+// Whole nodes: the token count alone would pass these (the same tokens in
+// all); the validator must not.
+TEST(Validator, RejectsANodeSeenTwiceWhileAnotherIsMissing) {
+  const Workload w = chain_tree();
+  // Query 0 (on b) sees the root twice and not a: 30 tokens, as its path.
+  const Plan p = plan_of(w, {{{{0, 0, 10}}, {0, 1}}, {{{0, 0, 10}, {2, 0, 10}}, {0}}, {{{3, 0, 10}}, {1}}});
+  EXPECT_NE(verdict(w, p).find("query 0: node 0 tokens overlap at 0"), std::string::npos) << verdict(w, p);
+}
+
+TEST(Validator, RejectsANodeOffThePathWithThePathNodesTokens) {
+  const Workload w = chain_tree();
+  // Query 0 (on b) sees c (beside a, 10 tokens) instead of a.
+  const Plan p = plan_of(w, {{{{0, 0, 10}}, {0, 1}}, {{{3, 0, 10}, {2, 0, 10}}, {0}}, {{{3, 0, 10}}, {1}}});
+  EXPECT_NE(verdict(w, p).find("query 0: sees node 3 which is not on its path"), std::string::npos) << verdict(w, p);
+  // The same with c deeper than the query's own path could reach: query 1
+  // (on c, depth 1) sees b (depth 2).
+  const Plan q = plan_of(w, {{{{0, 0, 10}}, {0, 1}}, {{{1, 0, 10}, {2, 0, 10}}, {0}}, {{{2, 0, 10}}, {1}}});
+  EXPECT_NE(verdict(w, q).find("query 1: sees node 2 which is not on its path"), std::string::npos) << verdict(w, q);
+}
+
+// KV pieces of a node: in token order (the quick path), in another order
+// (the sorted path: still right), with a gap, overlapping, or mixed with
+// the whole node.
+TEST(Validator, PiecesInAnyOrderAreAcceptedAndGapsOrOverlapsNamed) {
+  const Workload w = chain_tree();
+  const UnitSpec rest0{{{0, 0, 10}, {2, 0, 10}}, {0}}, rest1{{{0, 0, 10}, {3, 0, 10}}, {1}};
+  const auto with_pieces = [&](std::vector<Segment> pieces) {
+    std::vector<UnitSpec> units{rest0, rest1};
+    for (const Segment& s : pieces) units.push_back({{s}, {0}});
+    return plan_of(w, units);
+  };
+  EXPECT_EQ(verdict(w, with_pieces({{1, 0, 4}, {1, 4, 10}})), "");
+  EXPECT_EQ(verdict(w, with_pieces({{1, 4, 10}, {1, 0, 4}})), "");
+  EXPECT_EQ(verdict(w, with_pieces({{1, 6, 10}, {1, 3, 6}, {1, 0, 3}})), "");
+  EXPECT_NE(verdict(w, with_pieces({{1, 0, 4}, {1, 5, 10}})).find("query 0: node 1 tokens missing at 4"),
+            std::string::npos);
+  EXPECT_NE(verdict(w, with_pieces({{1, 0, 6}, {1, 4, 10}})).find("query 0: node 1 tokens overlap at 4"),
+            std::string::npos);
+  EXPECT_NE(verdict(w, with_pieces({{1, 0, 4}, {1, 4, 8}})).find("query 0: node 1 covered up to 8 of 10 tokens"),
+            std::string::npos);
+  // The whole node and a piece of it, with another node's tokens short by as
+  // many: the total is the path's.
+  std::vector<UnitSpec> units{{{{0, 0, 10}, {2, 0, 6}}, {0}}, rest1, {{{1, 0, 10}}, {0}}, {{{1, 0, 4}}, {0}}};
+  EXPECT_NE(verdict(w, plan_of(w, units)).find("query 0: node 1 tokens overlap at 0"), std::string::npos);
+}

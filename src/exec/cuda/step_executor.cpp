@@ -253,7 +253,7 @@ std::string CudaStepExecutor::describe() const {
 }
 
 void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check,
-                                const PageTableView* pages) {
+                                const PageTableView* pages, const TreeIndex* index) {
   Impl& m = *impl_;
   const cuda::TensorShape& t = m.shape;
   if (w.heads.num_qo_heads != t.heads.num_qo_heads || w.heads.num_kv_heads != t.heads.num_kv_heads ||
@@ -269,7 +269,7 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
                 ", num_pages " + std::to_string(w.layout.num_pages) + ") does not fit the executor's (dtype " +
                 std::string(to_string(t.dtype)) + ", kv_dtype " + std::string(to_string(t.kv_dtype)) + ", page_size " +
                 std::to_string(t.page_size) + ", num_pages " + std::to_string(t.num_pages) + ")");
-  if (check == PlanCheck::validate) validate_plan(w, p, &m.validate_scratch);
+  if (check == PlanCheck::validate) validate_plan(w, p, &m.validate_scratch, index);
   check_capacity("max_queries", w.num_queries(), m.cap.max_queries);
   check_capacity("max_units", p.num_units(), m.cap.max_units);
   check_capacity("max_segments", int64_t(p.segments.size()), m.cap.max_segments);

@@ -354,24 +354,10 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
 
 void SubtreeQueries::build(const Workload& w, const TreeIndex& ix) {
   const size_t n = w.tree.nodes.size();
-  // Ranges are laid out top-down (BFS order: a parent's range is placed
-  // before its children's): the roots' one after another, and within v's
-  // range its own queries first, then each child's range in child order.
-  begin.resize(n);
+  // The index numbers the queries in this order: its ranges are these.
+  begin.assign(ix.query_begin.begin(), ix.query_begin.end());
   end.resize(n);
-  int32_t at = 0;
-  for (const int32_t r : ix.roots) {
-    begin[r] = at;
-    at += ix.subtree_queries[r];
-  }
-  for (const int32_t v : ix.bfs_order) {
-    end[v] = begin[v] + ix.subtree_queries[v];
-    int32_t child_at = end[v];
-    for (int32_t k = ix.child_offset[v + 1] - 1; k >= ix.child_offset[v]; --k) {
-      child_at -= ix.subtree_queries[ix.children[k]];
-      begin[ix.children[k]] = child_at;
-    }
-  }
+  for (size_t v = 0; v < n; ++v) end[v] = begin[v] + ix.subtree_queries[v];
   // Each node's own queries, by id, at the front of its range.
   fill_.assign(begin.begin(), begin.end());
   queries.resize(w.query_nodes.size());
