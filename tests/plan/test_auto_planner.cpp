@@ -46,13 +46,15 @@ bool fills(const Workload& w, const PlanOptions& opt, const Plan& p) {
 }
 
 // node of a shape (compact units of `compact_rows` Q rows, 0: node's own;
-// Q tiles of at most `tile_rows` rows).
+// Q tiles of at most `tile_rows` rows; the KV split for the CTA slots of
+// `split_ctas_per_sm` CTAs per SM, 0: opt.ctas_per_sm).
 struct Shape {
-  int compact_rows = 0, tile_rows = kMaxTileRows;
+  int compact_rows = 0, tile_rows = kMaxTileRows, split_ctas_per_sm = 0;
 };
 Plan node_shaped(const Workload& w, PlanOptions opt, Shape s) {
   if (s.compact_rows > 0) opt.extra["flat_rows"] = s.compact_rows;
   if (s.tile_rows != kMaxTileRows) opt.extra["tile_rows"] = s.tile_rows;
+  if (s.split_ctas_per_sm > 0) opt.extra["split_ctas_per_sm"] = s.split_ctas_per_sm;
   return make_plan("node", w, opt);
 }
 
@@ -80,6 +82,14 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
     if (same_plan(p, node_shaped(w, no_compact, {0, taken.tile_rows}))) continue;
     if (fills(w, opt, p) && node_us(w, m, opt, p) < (1 - m.wider_units_margin) * best)
       taken.compact_rows = rows, best = node_us(w, m, opt, p);
+  }
+  // Then the KV split for half the CTA slots (pieces about twice as long),
+  // where it changes the plan.
+  if (opt.ctas_per_sm >= 2) {
+    Shape longer = taken;
+    longer.split_ctas_per_sm = opt.ctas_per_sm / 2;
+    const Plan p = node_shaped(w, opt, longer);
+    if (node_us(w, m, opt, p) < (1 - m.wider_units_margin) * best) taken = longer;
   }
   return taken;
 }

@@ -357,10 +357,23 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
                                          NodeFeatures node) {
   PlanScratch::Buffers& m = scratch.buffers();
   const int64_t G = w.heads.group_size(), kv = w.heads.num_kv_heads;
-  planning::NodeShape shape = planning::node_shape(opt);
+  planning::NodeShape shape = planning::node_shape(opt);  // of the plan in `out`
   planning::CompactUnitsSummary base = m.compact_units;  // of the plan in `out`
+  bool cuts = m.node_cuts;                                // of the plan in `out`
   double best = model.predict(node.own);                 // of the plan in `out`
   Plan& other = m.other;
+  // Takes node's plan of `candidate` in `other` where the model prices it
+  // (features f) below (1 - margin) x best.
+  const auto take = [&](const planning::NodeShape& candidate, const AutoCostFeatures& f, double margin) {
+    if (model.predict(f) >= (1 - margin) * best) return false;
+    std::swap(out, other);
+    node.own = f;
+    best = model.predict(f);
+    base = m.compact_units;
+    cuts = m.node_cuts;
+    shape = candidate;
+    return true;
+  };
   // 1. Smaller Q tiles.
   if (opt.extra.count("tile_rows") == 0) {
     for (size_t i = 0; i < kSmallerTileRows.size(); ++i) {
@@ -370,50 +383,56 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
       // The estimate is the plan's own features unless the smaller tiles
       // change node's folds or compact subtrees: half the margin is slack.
       if (model.predict(node.smaller_tiles[i]) >= (1 - model.smaller_tiles_margin / 2) * best) continue;
-      planning::plan_node_shaped(w, ix, opt, {shape.compact_rows, rows}, scratch, other);
+      const planning::NodeShape candidate{shape.compact_rows, rows, shape.split_ctas_per_sm};
+      planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
       const NodeFeatures f = node_features(w, other, opt);
-      if (model.predict(f.own) >= (1 - model.smaller_tiles_margin) * best) continue;
-      std::swap(out, other);
-      node = f;
-      best = model.predict(f.own);
-      base = m.compact_units;
-      shape.tile_rows = rows;
+      if (take(candidate, f.own, model.smaller_tiles_margin)) node = f;
     }
   }
 
   // 2. Wider compact-subtree units.
-  if (base.units == 0 || opt.extra.count("flat_rows") != 0) return node.own;
-  const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
-  const double node_us = best;
-  const int64_t other_units = out.num_units() - base.units;
-  const planning::CompactUnitsSummary own = base;
-  for (const int64_t rows : {64, 128}) {
-    if (rows <= std::max<int64_t>(32, G)) continue;
-    // Only units closed by the rows or segment limit can merge away, where
-    // the wider units take the same cut (a fixed width takes the highest).
-    AutoCostFeatures saved{};
-    saved[2] = double(own.full_tokens) * kv_mb_per_token;
-    saved[6] = double(own.full_units) * double(kv) * 1e-3;
-    saved[7] = double(own.full_segments) * double(kv) * 1e-3;
-    if (own.highest_cut && node_us - model.predict(saved) >= (1 - model.wider_units_margin) * best) continue;
-    planning::compact_subtree_units(w, ix, m.sub, m.down, own.max_tokens, own.max_leaf_tokens, rows, opt,
-                                    m.wider_covered, m.wider, m.wider_summary, m.compact);
-    const planning::CompactUnitsSummary& wide = m.wider_summary;
-    AutoCostFeatures delta{};  // wider less node's, compact units only
-    delta[2] = double(wide.tokens - own.tokens) * kv_mb_per_token;
-    delta[6] = double(wide.units - own.units) * double(kv) * 1e-3;
-    delta[7] = double(wide.segments - own.segments) * double(kv) * 1e-3;
-    if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
-    planning::plan_node_shaped(w, ix, opt, {rows, shape.tile_rows}, scratch, other);
-    // At a fixed width node may drop its compact subtrees (its rules against
-    // units too few or too long): that is not a wider width.
-    if (m.compact_units.units == 0 || !planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
-    const AutoCostFeatures f = features_of(w, other, opt, 0);
-    if (model.predict(f) < (1 - model.wider_units_margin) * best) {
-      std::swap(out, other);
-      node.own = f;
-      best = model.predict(f);
+  if (base.units > 0 && opt.extra.count("flat_rows") == 0) {
+    const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
+    const double node_us = best;
+    const int64_t other_units = out.num_units() - base.units;
+    const planning::CompactUnitsSummary own = base;
+    for (const int64_t rows : {64, 128}) {
+      if (rows <= std::max<int64_t>(32, G)) continue;
+      // Only units closed by the rows or segment limit can merge away, where
+      // the wider units take the same cut (a fixed width takes the highest).
+      AutoCostFeatures saved{};
+      saved[2] = double(own.full_tokens) * kv_mb_per_token;
+      saved[6] = double(own.full_units) * double(kv) * 1e-3;
+      saved[7] = double(own.full_segments) * double(kv) * 1e-3;
+      if (own.highest_cut && node_us - model.predict(saved) >= (1 - model.wider_units_margin) * best) continue;
+      planning::compact_subtree_units(w, ix, m.sub, m.down, own.max_tokens, own.max_leaf_tokens, rows, opt,
+                                      m.wider_covered, m.wider, m.wider_summary, m.compact);
+      const planning::CompactUnitsSummary& wide = m.wider_summary;
+      AutoCostFeatures delta{};  // wider less node's, compact units only
+      delta[2] = double(wide.tokens - own.tokens) * kv_mb_per_token;
+      delta[6] = double(wide.units - own.units) * double(kv) * 1e-3;
+      delta[7] = double(wide.segments - own.segments) * double(kv) * 1e-3;
+      if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
+      const planning::NodeShape candidate{rows, shape.tile_rows, shape.split_ctas_per_sm};
+      planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
+      // At a fixed width node may drop its compact subtrees (its rules against
+      // units too few or too long): that is not a wider width.
+      if (m.compact_units.units == 0 || !planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
+      take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);
     }
+  }
+
+  // 3. Longer KV pieces: node's split fills the CTA slots of opt.ctas_per_sm
+  // CTAs per SM; half of them means pieces about twice as long, so half the
+  // CTAs and partial slots per cut node (a 128-row tile's partial is about
+  // half its piece's KV bytes). Priced where node's plan cuts a node, unless
+  // the options fix the split (split_tokens, split_scale, split_ctas_per_sm). The same margin as wider units: both trade
+  // fewer, longer units against the CTA slots they leave idle.
+  if (cuts && opt.ctas_per_sm >= 2 && opt.extra.count("split_tokens") == 0 && opt.extra.count("split_scale") == 0 &&
+      opt.extra.count("split_ctas_per_sm") == 0) {
+    const planning::NodeShape candidate{shape.compact_rows, shape.tile_rows, opt.ctas_per_sm / 2};
+    planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
+    take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);
   }
   return node.own;
 }

@@ -8,16 +8,26 @@
 
 namespace treeattn::planning {
 
-int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt) {
-  const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
+namespace {
+// CTA slots per kv head at ctas_per_sm resident CTAs per SM.
+int64_t slots_per_kv_head(const Workload& w, const PlanOptions& opt, int64_t ctas_per_sm) {
+  return std::max<int64_t>(1, int64_t(opt.num_sms) * ctas_per_sm / w.heads.num_kv_heads);
+}
+// The even share of work_tokens over `slots`, at least opt.min_split_tokens.
+int64_t even_share(int64_t work_tokens, int64_t slots, const PlanOptions& opt) {
   const int64_t even = (std::max<int64_t>(work_tokens, 1) + slots - 1) / slots;
   return std::max<int64_t>(even, opt.min_split_tokens);
+}
+}  // namespace
+
+int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& opt) {
+  return even_share(work_tokens, slots_per_kv_head(w, opt, opt.ctas_per_sm), opt);
 }
 
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
                               const PlanOptions& opt, std::vector<int64_t>& piece_lengths,
-                              std::vector<int64_t>& slot_loads) {
-  const int64_t slots = std::max<int64_t>(1, opt.target_ctas(w.heads) / w.heads.num_kv_heads);
+                              std::vector<int64_t>& slot_loads, int64_t ctas_per_sm) {
+  const int64_t slots = slots_per_kv_head(w, opt, ctas_per_sm > 0 ? ctas_per_sm : opt.ctas_per_sm);
   constexpr int64_t kPieceCost = 64;  // fixed cost of a CTA, in tokens
   constexpr int64_t kFewerPieces = 3, kMinGainPercent = 5;
   int64_t work = 0, longest = 0;
@@ -52,7 +62,7 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
     }
     return end;
   };
-  const int64_t even = split_length(work, w, opt);
+  const int64_t even = even_share(work, slots, opt);
   const int64_t min_piece = std::max<int64_t>(opt.min_split_tokens, 1);
   const int64_t at_even = (longest + even - 1) / even;
   const bool one_wave = pieces(std::max(min_piece, longest)) <= slots;

@@ -5,7 +5,8 @@
 //  1. Long nodes are split along KV into equal pieces, of the even share of
 //     the work per CTA slot, or the least length that fits every piece in
 //     one wave when that finishes first (planning::balanced_split_length;
-//     option split_tokens fixes it, split_scale multiplies it).
+//     option split_tokens fixes it, split_scale multiplies it,
+//     split_ctas_per_sm sets the CTAs per SM whose slots it fills).
 //  2. Units of 1-2 rows are packed into shared 16-row units, each query
 //     masked to its own node (planning::pack_short_units; pack_tokens: the
 //     longest unit packed, default 128, 0: none).
@@ -154,7 +155,7 @@ int32_t piece_count(int32_t tokens, int64_t piece) {
 
 // The nodes that c's compact subtrees leave: c's folds and KV piece length.
 void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, int32_t per_tile,
-                PlanScratch::Buffers& m, planning::NodeCandidate& c) {
+                int64_t split_ctas_per_sm, PlanScratch::Buffers& m, planning::NodeCandidate& c) {
   c.per_tile = per_tile;
   const std::vector<int32_t>& tiles = m.query_tiles;
   fold_plan(w, ix, m.fold_candidates, c.covered,
@@ -166,7 +167,11 @@ void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, 
     jobs.emplace_back(ix.tokens[v] + prefix_tokens(ix, c.fold, v), tiles[m.sub[v].size()]);
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
   const int64_t scale = planning::integer_option(opt, "node", "split_scale", 1, 1);
-  c.piece = forced > 0 ? forced : scale * planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads);
+  c.piece = forced > 0 ? forced
+                      : scale * planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads,
+                                                                split_ctas_per_sm);
+  c.cuts = false;  // the compact units' jobs are never cut
+  for (size_t j = c.compact.size(); j < jobs.size(); ++j) c.cuts |= jobs[j].first > c.piece;
 }
 
 // Appends the units of c's nodes to `units`: one per KV piece and Q tile of
@@ -258,6 +263,7 @@ planning::NodeShape planning::node_shape(const PlanOptions& opt) {
   NodeShape shape;
   shape.compact_rows = integer_option(opt, "node", "flat_rows", 0, 0);
   shape.tile_rows = integer_option(opt, "node", "tile_rows", kMaxTileRows, 1);
+  shape.split_ctas_per_sm = integer_option(opt, "node", "split_ctas_per_sm", 0, 0);
   if (shape.tile_rows > kMaxTileRows)
     throw Error("node: tile_rows = " + std::to_string(shape.tile_rows) + " exceeds the largest tile's " +
                 std::to_string(kMaxTileRows) + " rows");
@@ -300,7 +306,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
     return planning::pack_short_units(raw, pack, w, opt, packed, m.pack) ? packed : raw;
   };
   size_t compact = compact_units(a, flat, kShortLeafTokens);
-  plan_nodes(w, ix, opt, per_tile, m, a);
+  plan_nodes(w, ix, opt, per_tile, shape.split_ctas_per_sm, m, a);
   const planning::NodeCandidate* taken = &a;
   // Compact subtrees with long leaves put several leaves in series in one
   // unit while node streams them side by side: taken only where they save
@@ -308,7 +314,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   if (flat > 0) {
     const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
-      plan_nodes(w, ix, opt, per_tile, m, b);
+      plan_nodes(w, ix, opt, per_tile, shape.split_ctas_per_sm, m, b);
       const UnitBytes x = candidate_bytes(w, ix, m.sub, a, m.query_tiles, m.units_of_query, m.query_diff),
                       y = candidate_bytes(w, ix, m.sub, b, m.query_tiles, m.units_of_query, m.query_diff);
       if ((y.kv - x.kv) * 2 <= kMaxRereadPerSlotByte * (x.partials - y.partials)) {
@@ -325,14 +331,16 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   if (compact > 0 && !planning::fills_slots(units->size(), w, opt)) {
     planning::NodeCandidate& nodes_only = taken == &a ? b : a;
     compact_units(nodes_only, 0, 0);
-    plan_nodes(w, ix, opt, per_tile, m, nodes_only);
+    plan_nodes(w, ix, opt, per_tile, shape.split_ctas_per_sm, m, nodes_only);
     const planning::ProtoUnits& alternative = build(nodes_only, m.raw_alternative, m.packed_alternative);
     if (2 * longest_unit(*units) > kMaxCompactStretch * longest_unit(alternative)) {
       units = &alternative;
       compact = 0;
+      taken = &nodes_only;
     }
   }
   m.compact_units = compact > 0 ? taken->summary : planning::CompactUnitsSummary{};
+  m.node_cuts = taken->cuts;
   PlanBuilder builder(w, "node", std::move(out));
   units->emit(builder);
   out = builder.finish();

@@ -53,17 +53,23 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 // more than 5 % both ways: more pieces than split_length's ran slower where
 // it predicted faster, and gains it put under 5 % went either way
 // (docs/planners.md, "node").
-// pieces: memory for the pieces' lengths and the slots' loads.
+// ctas_per_sm: the resident CTAs per SM whose slots the pieces fill (0:
+// opt.ctas_per_sm). pieces: memory for the pieces' lengths and the slots'
+// loads.
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
-                              const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads);
+                              const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads,
+                              int64_t ctas_per_sm = 0);
 
 // node's two widths: the Q rows of a compact subtree's units (0: node's own
 // choice, 32 or else 16) and the most Q rows of a node's tiles. node takes
 // them from the options flat_rows and tile_rows (node_shape, which checks
 // them); auto prices other shapes.
+// split_ctas_per_sm: the CTA slots per SM node's KV split fills (0:
+// opt.ctas_per_sm); auto prices half of them, i.e. pieces about twice as long.
 struct NodeShape {
   int64_t compact_rows = 0;
   int64_t tile_rows = kMaxTileRows;
+  int64_t split_ctas_per_sm = 0;
 };
 NodeShape node_shape(const PlanOptions& opt);
 // node (plan_node_reusing) of the given shape. Leaves in scratch
@@ -239,6 +245,7 @@ struct NodeCandidate {
   std::vector<char> covered;
   FoldPlan fold;
   int64_t piece = 0;
+  bool cuts = false;     // some node (with its folded prefix) is longer than `piece`: cut into pieces
   int32_t per_tile = 1;  // queries per Q tile of a node's units
 };
 
@@ -260,6 +267,7 @@ struct PlanScratch::Buffers {
   std::vector<int32_t> query_tiles;  // node: query_tiles[k], the Q tiles of k queries (a table: no division)
   std::vector<Segment> segments;
   planning::CompactUnitsSummary compact_units;  // of node's last plan (plan_node_shaped)
+  bool node_cuts = false;                        // node's last plan cut a node into KV pieces
   planning::ProtoUnits wider;                    // auto: compact units of more rows
   planning::CompactUnitsSummary wider_summary;
   std::vector<char> wider_covered;
