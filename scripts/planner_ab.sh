@@ -6,7 +6,7 @@
 # CUDA-graph replay). Records go to $DIR/<heads>_<round>_<A|B>.json; the
 # summary (scripts/planner_ab_summary.py: min over rounds per config) is
 # printed last.
-# Usage: A="-p auto --plan-opt split_ctas_per_sm=2" B="-p auto" ROUNDS=3 \
+# Usage: A="-p auto --plan-opt split_sm_ctas=2" B="-p auto" ROUNDS=3 \
 #          scripts/planner_ab.sh CONFIGS_FILE
 #   CONFIGS_FILE: one config per line, "HEADS SPEC" (e.g. "32/8 fewshot:prompt=4000:branches=30:len=100"); # comments
 set -uo pipefail

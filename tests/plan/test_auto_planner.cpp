@@ -47,14 +47,14 @@ bool fills(const Workload& w, const PlanOptions& opt, const Plan& p) {
 
 // node of a shape (compact units of `compact_rows` Q rows, 0: node's own;
 // Q tiles of at most `tile_rows` rows; the KV split for the CTA slots of
-// `split_ctas_per_sm` CTAs per SM, 0: opt.ctas_per_sm).
+// `split_ctas_per_sm` CTAs per SM (option split_sm_ctas), 0: opt.ctas_per_sm).
 struct Shape {
   int compact_rows = 0, tile_rows = kMaxTileRows, split_ctas_per_sm = 0;
 };
 Plan node_shaped(const Workload& w, PlanOptions opt, Shape s) {
   if (s.compact_rows > 0) opt.extra["flat_rows"] = s.compact_rows;
   if (s.tile_rows != kMaxTileRows) opt.extra["tile_rows"] = s.tile_rows;
-  if (s.split_ctas_per_sm > 0) opt.extra["split_ctas_per_sm"] = s.split_ctas_per_sm;
+  if (s.split_ctas_per_sm > 0) opt.extra["split_sm_ctas"] = s.split_ctas_per_sm;
   return make_plan("node", w, opt);
 }
 
@@ -137,6 +137,37 @@ TEST(AutoPlanner, ModelPicksSmallTilesForEarlyToTTrees) {
   tiles16.extra["tile_rows"] = 16;
   EXPECT_TRUE(same_plan(make_plan("auto", early), make_plan("node", early, tiles16)));
   EXPECT_TRUE(same_plan(make_plan("auto", late), make_plan("node", late)));
+}
+
+// Tree queries on a long prefix (H100, 2026-11-27, auto against auto with
+// node's split fixed, three rounds: 32 Medusa drafts on an 8192-token prefix
+// at 32/8 44.0 -> 33.5 us; bench/results/NVIDIA_H100_80GB_HBM3/planners/
+// longer_pieces_ab.txt): node cuts the prefix into pieces for two 128-row
+// CTAs per SM, whose partials are half the KV they read; auto takes the split
+// for one CTA per SM (half the pieces) where the model prices it the
+// wider-units margin below, only where node cuts a node, and not where the
+// options fix the split.
+TEST(AutoPlanner, LongerKvPiecesWhereTheModelPricesThemFaster) {
+  WorkloadParams p;  // 32/8
+  const Workload w = make_workload("medusa:" + kData + "workloads/APPS_tree_size32.json:record=0:step=10:prefix=8192", p);
+  const Plan a = make_plan("auto", w);
+  validate_plan(w, a);
+  const Plan longer = node_shaped(w, {}, {0, kMaxTileRows, 1});
+  EXPECT_TRUE(same_plan(a, longer));
+  EXPECT_LT(a.num_units(), make_plan("node", w).num_units());
+  const AutoCostModel& m = builtin_auto_cost_model();
+  EXPECT_LT(node_us(w, m, {}, a), (1 - m.wider_units_margin) * node_us(w, m, {}, make_plan("node", w)));
+  for (const char* fixed : {"split_sm_ctas", "split_scale", "split_tokens"}) {
+    PlanOptions opt;
+    opt.extra[fixed] = std::string(fixed) == "split_tokens" ? 300 : fixed == std::string("split_sm_ctas") ? 2 : 1;
+    EXPECT_TRUE(same_plan(make_plan("auto", w, opt), make_plan("node", w, opt))) << fixed;
+  }
+  // 128 drafts on a 16384-token prefix: the longer pieces are priced slower
+  // (the longest unit, 2052 -> 4104 tokens, outweighs the partials).
+  const Workload slower = make_workload("medusa:" + kData + "workloads/APPS_tree_size128.json:record=0:step=10:prefix=16384", p);
+  EXPECT_GT(node_us(slower, m, {}, node_shaped(slower, {}, {0, kMaxTileRows, 1})),
+            node_us(slower, m, {}, make_plan("node", slower)));
+  EXPECT_TRUE(same_plan(make_plan("auto", slower), make_plan("node", slower)));
 }
 
 // The lower bound that lets auto skip planning per-query never skips a

@@ -426,10 +426,11 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   // CTAs per SM; half of them means pieces about twice as long, so half the
   // CTAs and partial slots per cut node (a 128-row tile's partial is about
   // half its piece's KV bytes). Priced where node's plan cuts a node, unless
-  // the options fix the split (split_tokens, split_scale, split_ctas_per_sm). The same margin as wider units: both trade
-  // fewer, longer units against the CTA slots they leave idle.
+  // the options fix the split (split_tokens, split_scale, split_sm_ctas).
+  // The same margin as wider units: both trade fewer, longer units against
+  // the CTA slots they leave idle.
   if (cuts && opt.ctas_per_sm >= 2 && opt.extra.count("split_tokens") == 0 && opt.extra.count("split_scale") == 0 &&
-      opt.extra.count("split_ctas_per_sm") == 0) {
+      opt.extra.count("split_sm_ctas") == 0) {
     const planning::NodeShape candidate{shape.compact_rows, shape.tile_rows, opt.ctas_per_sm / 2};
     planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
     take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);

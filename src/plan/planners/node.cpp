@@ -6,7 +6,7 @@
 //     the work per CTA slot, or the least length that fits every piece in
 //     one wave when that finishes first (planning::balanced_split_length;
 //     option split_tokens fixes it, split_scale multiplies it,
-//     split_ctas_per_sm sets the CTAs per SM whose slots it fills).
+//     split_sm_ctas sets the CTAs per SM whose slots it fills).
 //  2. Units of 1-2 rows are packed into shared 16-row units, each query
 //     masked to its own node (planning::pack_short_units; pack_tokens: the
 //     longest unit packed, default 128, 0: none).
@@ -263,7 +263,7 @@ planning::NodeShape planning::node_shape(const PlanOptions& opt) {
   NodeShape shape;
   shape.compact_rows = integer_option(opt, "node", "flat_rows", 0, 0);
   shape.tile_rows = integer_option(opt, "node", "tile_rows", kMaxTileRows, 1);
-  shape.split_ctas_per_sm = integer_option(opt, "node", "split_ctas_per_sm", 0, 0);
+  shape.split_ctas_per_sm = integer_option(opt, "node", "split_sm_ctas", 0, 0);
   if (shape.tile_rows > kMaxTileRows)
     throw Error("node: tile_rows = " + std::to_string(shape.tile_rows) + " exceeds the largest tile's " +
                 std::to_string(kMaxTileRows) + " rows");

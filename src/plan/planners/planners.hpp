@@ -64,8 +64,9 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
 // choice, 32 or else 16) and the most Q rows of a node's tiles. node takes
 // them from the options flat_rows and tile_rows (node_shape, which checks
 // them); auto prices other shapes.
-// split_ctas_per_sm: the CTA slots per SM node's KV split fills (0:
-// opt.ctas_per_sm); auto prices half of them, i.e. pieces about twice as long.
+// split_ctas_per_sm (option split_sm_ctas): the CTAs per SM whose slots node's
+// KV split fills (0: opt.ctas_per_sm); auto prices half of them, i.e. pieces
+// about twice as long.
 struct NodeShape {
   int64_t compact_rows = 0;
   int64_t tile_rows = kMaxTileRows;
