@@ -276,7 +276,8 @@ namespace {
 // Q tiles (128 rows) and compact-subtree units of 32 (else 16) rows; the
 // model prices others and auto takes one where it predicts it a margin
 // below the best so far (the model errs by ~6 % on single plans). Options
-// flat_rows and tile_rows fix a width and keep auto from changing it.
+// flat_rows and tile_rows fix a width, and split_tokens, split_scale and
+// split_sm_ctas the KV split, and keep auto from changing it.
 //  1. Smaller Q tiles (64, 32, 16 rows) for node's units: more CTAs of
 //     fewer rows and, at 16 rows, one launch instead of two; they pay on
 //     small, latency-bound trees (a ToT tree's 10 queries, a few-shot
@@ -293,9 +294,15 @@ namespace {
 //     planned only where it could save at best (node's units closed by the
 //     rows limit all merged away) and its compact units alone, priced
 //     against node's (KV read, CTAs, segments), save.
+//  3. Longer KV pieces: node's split for half the CTA slots, which halves a
+//     cut node's CTAs and partial slots (a 128-row tile's partial is about
+//     half the KV bytes of its piece) and lengthens the longest unit. Planned
+//     only where node's plan cuts a node (a long shared prefix: tree queries,
+//     few-shot prompts); under the wider-units margin.
 // The two margins are the model's (AutoCostModel::smaller_tiles_margin and
-// wider_units_margin), fitted by calibrate --auto; the defaults and what
-// other values cost are in docs/planners.md, "auto".
+// wider_units_margin, which steps 2 and 3 share), fitted by calibrate --auto
+// on auto's plans under each; the defaults and what other values cost are in
+// docs/planners.md, "auto".
 
 // Q tile rows auto tries for node's units, largest first.
 constexpr std::array<int64_t, 3> kSmallerTileRows = {64, 32, 16};
@@ -422,13 +429,9 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     }
   }
 
-  // 3. Longer KV pieces: node's split fills the CTA slots of opt.ctas_per_sm
-  // CTAs per SM; half of them means pieces about twice as long, so half the
-  // CTAs and partial slots per cut node (a 128-row tile's partial is about
-  // half its piece's KV bytes). Priced where node's plan cuts a node, unless
-  // the options fix the split (split_tokens, split_scale, split_sm_ctas).
-  // The same margin as wider units: both trade fewer, longer units against
-  // the CTA slots they leave idle.
+  // 3. Longer KV pieces (see above), unless the options fix the split. The
+  // wider-units margin: both trade fewer, longer units against the CTA slots
+  // they leave idle.
   if (cuts && opt.ctas_per_sm >= 2 && opt.extra.count("split_tokens") == 0 && opt.extra.count("split_scale") == 0 &&
       opt.extra.count("split_sm_ctas") == 0) {
     const planning::NodeShape candidate{shape.compact_rows, shape.tile_rows, opt.ctas_per_sm / 2};
