@@ -4,8 +4,8 @@
 # the machine's drift falls on both sides); every run is `treeattn bench
 # --json --verify 2` (L2 flushed, median of 50, CUDA events; eager and
 # CUDA-graph replay). Records go to $DIR/<heads>_<round>_<A|B>.json; the
-# summary (scripts/planner_ab_summary.py: min over rounds per config) is
-# printed last.
+# comparison (scripts/compare_suite_runs.py: min over rounds per config,
+# B / A) is printed last.
 # Usage: A="-p auto --plan-opt split_sm_ctas=2" B="-p auto" ROUNDS=3 \
 #          scripts/planner_ab.sh CONFIGS_FILE
 #   CONFIGS_FILE: one config per line, "HEADS SPEC" (e.g. "32/8 fewshot:prompt=4000:branches=30:len=100"); # comments
@@ -29,4 +29,4 @@ for r in $(seq 1 "$ROUNDS"); do
     done
   done
 done
-python3 "$ROOT/scripts/planner_ab_summary.py" "$DIR"
+python3 "$ROOT/scripts/compare_suite_runs.py" --a "$DIR"/*_A.json --b "$DIR"/*_B.json --ignore-planner --all

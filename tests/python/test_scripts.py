@@ -117,3 +117,25 @@ def test_compare_suite_runs_takes_each_sides_best_round(tmp_path):
     assert abs(means["small"]["graph"] - 1.0) < 1e-9, out
     assert abs(means["all"]["eager"] - (0.9 * 1.1) ** 0.5) < 1e-9, out
     assert "small configs   1" in out and "big" not in out.split("\n\n", 1)[1], out
+
+
+def test_compare_suite_runs_matches_bench_json_lists_across_planners(tmp_path):
+    # scripts/planner_ab.sh: `treeattn bench --json` record lists, two plannings of one planner name.
+    def run(name, recs, planner="auto"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps([dict(workload=w, num_qo_heads=q, num_kv_heads=8, planner=planner, us=us, us_graph=us,
+                                         read_us=None, commit="abc") for w, q, us in recs]))
+        return str(path)
+
+    a1 = run("a1", [("medusa", 32, 44.0), ("fewshot", 64, 33.3)])
+    a2 = run("a2", [("medusa", 32, 45.0), ("fewshot", 64, 33.0)])
+    b1 = run("b1", [("medusa", 32, 33.5), ("fewshot", 64, 35.4)], planner="node")
+    script = [sys.executable, str(ROOT / "scripts" / "compare_suite_runs.py"), "--a", a1, a2, "--b", b1, "--all"]
+    assert subprocess.run(script, capture_output=True, text=True).returncode != 0  # planners differ: nothing matches
+    out_json = tmp_path / "ab.json"
+    out = subprocess.run(script + ["--ignore-planner", "--json", str(out_json)], capture_output=True, text=True,
+                         check=True).stdout
+    means = json.loads(out_json.read_text())["means"]
+    assert means["all"]["configs"] == 2, out
+    assert abs(means["all"]["eager"] - (33.5 / 44.0 * 35.4 / 33.0) ** 0.5) < 1e-9, out
+    assert "medusa" in out and "fewshot" in out and "0.761" in out, out
