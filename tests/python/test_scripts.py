@@ -139,3 +139,26 @@ def test_compare_suite_runs_matches_bench_json_lists_across_planners(tmp_path):
     assert means["all"]["configs"] == 2, out
     assert abs(means["all"]["eager"] - (33.5 / 44.0 * 35.4 / 33.0) ** 0.5) < 1e-9, out
     assert "medusa" in out and "fewshot" in out and "0.761" in out, out
+
+
+def test_compare_kv_dtypes_estimates_the_dram_only_speedup(tmp_path):
+    def run(name, recs):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(dict(device="x", commit="abc", command=name, records=[
+            dict(workload=w, num_qo_heads=32, num_kv_heads=8, planner="auto", us=us, floor_us=floor, max_rel_err=1e-4)
+            for w, us, floor in recs])))
+        return str(path)
+
+    # At its floor the 16-bit run halves with the bytes (2x); 20 us above a 40 us floor stay (60 / 40 = 1.5x).
+    base = run("fp16", [("floor", 40.0, 40.0), ("above", 60.0, 40.0), ("small", 10.0, 2.0)])
+    fp8 = run("fp8", [("floor", 25.0, 20.0), ("above", 45.0, 20.0), ("small", 9.0, 1.0)])
+    out_json = tmp_path / "cmp.json"
+    script = [sys.executable, str(ROOT / "bench" / "kv" / "compare_kv_dtypes.py")]
+    out = subprocess.run(script + [base, fp8, "--json", str(out_json)], capture_output=True, text=True, check=True).stdout
+    means = json.loads(out_json.read_text())["means"]
+    assert means["memory_bound_configs"] == 2, out
+    assert abs(means["memory_bound_dram_only_geomean"] - (2.0 * 1.5) ** 0.5) < 1e-9, out
+    assert means["memory_bound_dram_only_at_target"] == 1, out
+    assert abs(means["memory_bound_geomean"] - (40 / 25 * 60 / 45) ** 0.5) < 1e-9, out
+    again = subprocess.run(script + ["--compare", str(out_json)], capture_output=True, text=True, check=True).stdout
+    assert again.splitlines()[-2:] == out.splitlines()[-2:], again
