@@ -157,6 +157,9 @@ TEST(AutoPlanner, LongerKvPiecesWhereTheModelPricesThemFaster) {
   EXPECT_LT(a.num_units(), make_plan("node", w).num_units());
   const AutoCostModel& m = builtin_auto_cost_model();
   EXPECT_LT(node_us(w, m, {}, a), (1 - m.wider_units_margin) * node_us(w, m, {}, make_plan("node", w)));
+  PlanOptions huge;
+  huge.extra["split_sm_ctas"] = 1e6;
+  EXPECT_THROW(make_plan("node", w, huge), Error);
   for (const char* fixed : {"split_sm_ctas", "split_scale", "split_tokens"}) {
     PlanOptions opt;
     opt.extra[fixed] = std::string(fixed) == "split_tokens" ? 300 : fixed == std::string("split_sm_ctas") ? 2 : 1;
