@@ -266,7 +266,8 @@ planning::NodeShape planning::node_shape(const PlanOptions& opt) {
   // Bounded as ctas_per_sm is (the split's list scheduling keeps a load per slot).
   shape.split_ctas_per_sm = integer_option(opt, "node", "split_sm_ctas", 0, 0);
   if (shape.split_ctas_per_sm > 64)
-    throw Error("node: split_sm_ctas = " + std::to_string(shape.split_ctas_per_sm) + " is out of range [0, 64] (0: ctas_per_sm)");
+    throw Error("node: split_sm_ctas = " + std::to_string(shape.split_ctas_per_sm) +
+                " is out of range [0, 64] (0: ctas_per_sm)");
   if (shape.tile_rows > kMaxTileRows)
     throw Error("node: tile_rows = " + std::to_string(shape.tile_rows) + " exceeds the largest tile's " +
                 std::to_string(kMaxTileRows) + " rows");
