@@ -23,6 +23,17 @@ struct PlanOptions {
   double get(const std::string& key, double fallback) const;
 };
 
+// Sets one option by name, as `treeattn --plan-opt KEY=NUMBER` and Python's
+// TreeAttention(plan_options=...) do: ctas_per_sm (an integer in [1, 64]:
+// planners size their unit lists by num_sms x ctas_per_sm), chunk_tokens and
+// min_split_tokens (integers in [1, 2^30]), or a planner's knob
+// (planner_knobs(), into `extra`; |value| <= 2^30, so that planners that cast
+// it to an integer stay defined; each planner checks its own range). Throws
+// Error naming the key and the value otherwise.
+void set_plan_option(PlanOptions& opt, const std::string& key, double value);
+// The knobs planners read from PlanOptions::extra, sorted.
+const std::vector<std::string>& planner_knobs();
+
 using PlannerFn = std::function<Plan(const Workload&, const PlanOptions&)>;
 
 // Memory planners reuse from call to call: the tree's query lists, unit lists

@@ -21,8 +21,9 @@ the last two must be dense.
 from __future__ import annotations
 
 import itertools
+import numbers
 import weakref
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -199,6 +200,12 @@ class TreeAttention:
             is sized by them once. A step beyond one raises ValueError naming it.
         planner: "auto" (default), "node", "per-query", ... (``treeattn workloads``
             lists them).
+        plan_options: planner options by name, as ``treeattn --plan-opt
+            KEY=NUMBER`` takes them: ``ctas_per_sm``, ``chunk_tokens``,
+            ``min_split_tokens`` or a planner's knob (node: ``split_tokens``,
+            ``tile_rows``, ...; docs/planners.md). An unknown key or a value
+            out of range raises ValueError naming it. Options that fix a
+            choice of node's keep ``auto`` from changing it.
         max_extension_tokens: a ``plan_tree`` step whose tree is the last one
             grown at childless nodes (a decode step: the same nodes, parents
             and queries; more tokens, pages appended) extends the last plan
@@ -219,7 +226,15 @@ class TreeAttention:
                  dtype: Any = "fp16", kv_dtype: Any = None, device: str = "cuda", max_queries: int = 256,
                  max_nodes: int = 4096,
                  max_page_refs: int = 65536, planner: str = "auto", num_sms: Optional[int] = None,
-                 cpu_threads: int = 0, max_extension_tokens: int = 64, l2_persistent_plan: bool = False):
+                 cpu_threads: int = 0, max_extension_tokens: int = 64, l2_persistent_plan: bool = False,
+                 plan_options: Optional[Mapping[str, float]] = None):
+        options = {}
+        for key, value in (plan_options or {}).items():
+            if not isinstance(key, str):
+                raise TypeError(f"plan_options: keys are option names (str), got {key!r}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"plan_options[{key!r}]: expected a number, got {value!r}")
+            options[key] = float(value)
         device, device_index = _parse_device(device)
         if device == "cuda" and not cuda_built:
             raise ValueError("device: 'cuda' needs a treeattn built with CUDA (this one was built without nvcc)")
@@ -249,7 +264,7 @@ class TreeAttention:
                                               self.dtype, kv_native,
                                               device, max_queries, max_nodes, max_page_refs, planner,
                                               num_sms or 0, cpu_threads, max_extension_tokens, device_index,
-                                              bool(l2_persistent_plan))
+                                              bool(l2_persistent_plan), options)
         self.device_index = self._impl.device_index  # -1 on the cpu
         stream_fn, stream_arg = None, None  # None: the default stream unless stream= is given (CPU; no PyTorch)
         if device == "cuda" and torch_gpus > 0:

@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <set>
 #include <thread>
 
 #include "treeattn/cost_models.hpp"
@@ -70,14 +69,6 @@ WorkloadParams workload_params(const CommonOptions& o) {
   return p;
 }
 
-namespace {
-// The knobs planners read from PlanOptions::extra (src/plan/planners/).
-const std::set<std::string> kPlannerKnobs = {
-    "split_tokens", "split_scale", "split_sm_ctas", "pack_tokens", "flat_tokens", "flat_rows", "fold_tokens", "tile_rows",  // node
-    "alpha", "beta", "gamma", "q_tile0", "q_tile1", "kv_tile0", "kv_tile1", "kv_split_long", "kv_split_short",  // fasttree
-    "pat_max_rows",                                                                         // pat
-    "fill"};                                                                                // flatten
-}  // namespace
 
 PlanOptions plan_options(const CommonOptions& o) {
   PlanOptions opt;
@@ -95,25 +86,7 @@ PlanOptions plan_options(const CommonOptions& o) {
     }
     if (key.empty() || text.empty() || used != text.size() || !std::isfinite(value))
       throw Error("plan-opt: '" + kv + "' is not KEY=NUMBER");
-    const auto as_int = [&](int lo, int hi) {
-      if (value != std::floor(value) || value < lo || value > hi)
-        throw Error("plan-opt: " + key + " = " + text + " must be an integer in [" + std::to_string(lo) + ", " +
-                    std::to_string(hi) + "]");
-      return int(value);
-    };
-    // ctas_per_sm: sms x ctas_per_sm CTAs are planned for (64 x 1024 at most);
-    // token counts: 2^30, beyond any path a Workload accepts.
-    if (key == "ctas_per_sm") opt.ctas_per_sm = as_int(1, 64);
-    else if (key == "chunk_tokens") opt.chunk_tokens = as_int(1, 1 << 30);
-    else if (key == "min_split_tokens") opt.min_split_tokens = as_int(1, 1 << 30);
-    // Knobs are read as doubles and cast to int by some planners: |v| <= 2^30
-    // keeps every cast defined.
-    else if (kPlannerKnobs.count(key)) {
-      if (std::fabs(value) > double(1 << 30))
-        throw Error("plan-opt: " + key + " = " + text + " is out of range [-2^30, 2^30]");
-      opt.extra[key] = value;
-    }
-    else throw Error("plan-opt: unknown key '" + key + "' (see --help)");
+    set_plan_option(opt, key, value);
   }
   // Without a data directory forge and pat keep their built-in tables (the
   // same numbers as the shipped files), so planning still works.

@@ -1,5 +1,7 @@
-// The planner registry: name -> pure planning function.
+// The planner registry: name -> pure planning function; planner options by name.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "plan/planners/planners.hpp"
@@ -11,6 +13,49 @@ int PlanOptions::target_ctas(const HeadConfig&) const { return num_sms * ctas_pe
 double PlanOptions::get(const std::string& key, double fallback) const {
   auto it = extra.find(key);
   return it == extra.end() ? fallback : it->second;
+}
+
+const std::vector<std::string>& planner_knobs() {
+  static const std::vector<std::string> knobs = [] {
+    std::vector<std::string> k = {
+        "split_tokens", "split_scale", "split_sm_ctas", "pack_tokens", "flat_tokens", "flat_rows", "fold_tokens",
+        "tile_rows",                                                                                  // node
+        "alpha", "beta", "gamma", "q_tile0", "q_tile1", "kv_tile0", "kv_tile1", "kv_split_long", "kv_split_short",  // fasttree
+        "pat_max_rows",                                                                               // pat
+        "fill"};                                                                                      // flatten
+    std::sort(k.begin(), k.end());
+    return k;
+  }();
+  return knobs;
+}
+
+void set_plan_option(PlanOptions& opt, const std::string& key, double value) {
+  const auto number = [&] {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.15g", value);
+    return key + " = " + text;
+  };
+  const auto as_int = [&](int lo, int hi) {
+    if (!std::isfinite(value) || value != std::floor(value) || value < lo || value > hi)
+      throw Error("plan option " + number() + " must be an integer in [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + "]");
+    return int(value);
+  };
+  if (key == "ctas_per_sm") {
+    opt.ctas_per_sm = as_int(1, 64);
+  } else if (key == "chunk_tokens") {
+    opt.chunk_tokens = as_int(1, 1 << 30);
+  } else if (key == "min_split_tokens") {
+    opt.min_split_tokens = as_int(1, 1 << 30);
+  } else if (std::binary_search(planner_knobs().begin(), planner_knobs().end(), key)) {
+    if (!std::isfinite(value) || std::fabs(value) > double(1 << 30))
+      throw Error("plan option " + number() + " is out of range [-2^30, 2^30]");
+    opt.extra[key] = value;
+  } else {
+    std::string known = "ctas_per_sm, chunk_tokens, min_split_tokens";
+    for (const std::string& k : planner_knobs()) known += ", " + k;
+    throw Error("plan option: unknown key '" + key + "' (known: " + known + ")");
+  }
 }
 
 const std::vector<PlannerInfo>& planners() {

@@ -9,6 +9,7 @@
 // wrong dtypes as TypeError, each naming the argument.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -583,8 +584,10 @@ void bind_runtime(nb::module_& m) {
              const std::string& dtype, const std::string& kv_dtype, const std::string& device, int32_t max_queries,
              int32_t max_nodes,
              int64_t max_page_refs, const std::string& planner, int num_sms, int cpu_threads,
-             int32_t max_extension_tokens, int device_index, bool l2_persistent_plan) {
+             int32_t max_extension_tokens, int device_index, bool l2_persistent_plan,
+             const std::map<std::string, double>& plan_options) {
             TreeAttentionConfig c;
+            for (const auto& [key, value] : plan_options) set_plan_option(c.plan_options, key, value);
             c.heads = {num_qo_heads, num_kv_heads, head_dim};
             c.dtype = parse_dtype(dtype);
             if (!kv_dtype.empty()) c.kv_dtype = parse_dtype(kv_dtype);
@@ -607,7 +610,8 @@ void bind_runtime(nb::module_& m) {
           nb::arg("num_qo_heads"), nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("page_size"),
           nb::arg("num_pages"), nb::arg("dtype"), nb::arg("kv_dtype"), nb::arg("device"), nb::arg("max_queries"), nb::arg("max_nodes"),
           nb::arg("max_page_refs"), nb::arg("planner"), nb::arg("num_sms"), nb::arg("cpu_threads"),
-          nb::arg("max_extension_tokens"), nb::arg("device_index"), nb::arg("l2_persistent_plan") = false)
+          nb::arg("max_extension_tokens"), nb::arg("device_index"), nb::arg("l2_persistent_plan") = false,
+          nb::arg("plan_options") = std::map<std::string, double>{})
       .def(
           "plan_tree",
           [](TreeAttention& ta, const Index& parents, const Index& num_tokens, const Index& page_offsets,

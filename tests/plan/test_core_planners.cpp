@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <map>
 
 #include "treeattn/executor.hpp"
@@ -371,4 +372,24 @@ TEST(CorePlanners, QueriesWithEmptyContextGetZeros) {
     run_cpu(w, p, t.args());
     for (size_t i = 0; i < t.out.size() / 4; ++i) ASSERT_EQ(load_element(t.out.data(), DType::fp32, i), 0.f);
   }
+}
+
+// Options by name (the CLI's --plan-opt and Python's plan_options): the
+// fields, the knobs, and an error naming the key and the value otherwise.
+TEST(PlanOptionsByName, SetsFieldsAndKnobsAndRejectsTheRest) {
+  PlanOptions opt;
+  set_plan_option(opt, "ctas_per_sm", 1);
+  set_plan_option(opt, "min_split_tokens", 512);
+  set_plan_option(opt, "split_sm_ctas", 1);
+  EXPECT_EQ(opt.ctas_per_sm, 1);
+  EXPECT_EQ(opt.min_split_tokens, 512);
+  EXPECT_EQ(opt.get("split_sm_ctas", 0), 1);
+  EXPECT_TRUE(std::is_sorted(planner_knobs().begin(), planner_knobs().end()));
+  EXPECT_ERROR_WITH(set_plan_option(opt, "ctas_per_sm", 65), "ctas_per_sm = 65", "[1, 64]");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "chunk_tokens", 1.5), "chunk_tokens = 1.5", "integer");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "alpha", 1e12), "alpha = 1000000000000", "out of range");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "alpha", std::nan("")), "alpha = nan", "out of range");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "tile_row", 64), "unknown key 'tile_row'", "tile_rows");
+  EXPECT_EQ(opt.ctas_per_sm, 1);  // a rejected value leaves the options as they were
+  EXPECT_EQ(opt.extra.count("alpha"), 0u);
 }

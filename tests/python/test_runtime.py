@@ -3,6 +3,8 @@ when a GPU is present, on CUDA: every way to plan against an fp64 reference,
 strided pools, lse, every bad argument's error, and CUDA-graph replays that
 survive re-planning."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -534,6 +536,39 @@ def test_l2_persistent_plan_is_accepted_and_ignored_on_the_cpu():
         attn.plan_tree(**tree)
         outs.append(attn.run(q, k, v))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_plan_options_reach_the_planner_and_bad_ones_name_the_key():
+    # One 600-token shared prefix under 8 leaves: node splits the prefix into
+    # pieces of split_tokens where it is given; every plan matches the reference.
+    rng = np.random.default_rng(11)
+    page_size, leaves = 4, 8
+    num_tokens = [600] + [int(rng.integers(1, 9)) for _ in range(leaves)]
+    pages_of = [(t + page_size - 1) // page_size for t in num_tokens]
+    offsets = np.concatenate([[0], np.cumsum(pages_of)]).tolist()
+    pages = offsets[-1]
+    tree = dict(parents=[-1] + [0] * leaves, num_tokens=num_tokens, page_offsets=offsets,
+                page_ids=rng.permutation(pages).tolist(), query_nodes=list(range(1, leaves + 1)))
+    q = rng.standard_normal((leaves, 4, 64)).astype(np.float16)
+    k = rng.standard_normal((pages, page_size, 2, 64)).astype(np.float16)
+    v = rng.standard_normal((pages, page_size, 2, 64)).astype(np.float16)
+    ref, _ = reference(q, k, v, [token_rows(tree, n, page_size) for n in tree["query_nodes"]])
+    units = {}
+    for options in (None, {"split_tokens": 128}, {"split_tokens": 128, "ctas_per_sm": 1}):
+        attn = treeattn.TreeAttention(4, 2, 64, page_size, pages, device="cpu", planner="node", plan_options=options)
+        attn.plan_tree(**tree)
+        assert rel_err(attn.run(q, k, v), ref) < 2e-3, options
+        units[str(options)] = attn.plan_summary()["units"]
+    assert units["None"] < units[str({"split_tokens": 128})], units  # the prefix cut into 5 pieces of 120
+    bad = [({"tile_row": 64}, ValueError, "unknown key 'tile_row'"),
+           ({"ctas_per_sm": 100}, ValueError, "ctas_per_sm = 100"),
+           ({"min_split_tokens": 0.5}, ValueError, "min_split_tokens = 0.5"),
+           ({"split_tokens": "128"}, TypeError, "plan_options['split_tokens']"),
+           ({"split_tokens": True}, TypeError, "plan_options['split_tokens']"),
+           ({7: 1}, TypeError, "plan_options: keys")]
+    for options, error, text in bad:
+        with pytest.raises(error, match=re.escape(text)):
+            treeattn.TreeAttention(4, 2, 64, page_size, pages, device="cpu", plan_options=options)
 
 
 @pytest.mark.gpu
