@@ -113,6 +113,9 @@ void runtime_plan(benchmark::State& state, int nodes, Device device, bool changi
 #endif
   if (changing && ta.plan_stats().extended != 0) state.SkipWithError("a changing tree was extended, not planned");
   state.counters["units"] = double(ta.plan().num_units());
+  state.counters["entries"] = double(ta.plan().entry_query.size());
+  state.counters["segs"] = double(ta.plan().segments.size());
+  state.counters["slots"] = double(ta.plan().num_slots);
   state.counters["pages"] = double(full.pages.size());
 }
 
@@ -283,6 +286,9 @@ void runtime_tree_queries(benchmark::State& state, int requests, int drafts) {
     i = (i + 1) % kSteps;
   }
   state.counters["units"] = double(ta.plan().num_units());
+  state.counters["entries"] = double(ta.plan().entry_query.size());
+  state.counters["segs"] = double(ta.plan().segments.size());
+  state.counters["slots"] = double(ta.plan().num_slots);
 }
 
 // The parts of a runtime plan step, each on its own with the memory a

@@ -47,29 +47,74 @@ bool fills(const Workload& w, const PlanOptions& opt, const Plan& p) {
 
 // node of a shape (compact units of `compact_rows` Q rows, 0: node's own;
 // Q tiles of at most `tile_rows` rows; the KV split for the CTA slots of
-// `split_ctas_per_sm` CTAs per SM (option split_sm_ctas), 0: opt.ctas_per_sm).
+// `split_ctas_per_sm` CTAs per SM (option split_sm_ctas), 0: opt.ctas_per_sm;
+// compact subtrees of paths of up to `flat_tokens` tokens, 0: node's 512).
 struct Shape {
-  int compact_rows = 0, tile_rows = kMaxTileRows, split_ctas_per_sm = 0;
+  int compact_rows = 0, tile_rows = kMaxTileRows, split_ctas_per_sm = 0, flat_tokens = 0;
 };
 Plan node_shaped(const Workload& w, PlanOptions opt, Shape s) {
   if (s.compact_rows > 0) opt.extra["flat_rows"] = s.compact_rows;
   if (s.tile_rows != kMaxTileRows) opt.extra["tile_rows"] = s.tile_rows;
   if (s.split_ctas_per_sm > 0) opt.extra["split_sm_ctas"] = s.split_ctas_per_sm;
+  if (s.flat_tokens > 0) opt.extra["flat_tokens"] = s.flat_tokens;
   return make_plan("node", w, opt);
 }
 
-// auto's node shape by brute force: Q tiles of 64, 32 then 16 rows, then
-// compact units of 64 then 128 rows (those where they fill the slots), each
-// planned whole and taken where the model prices it the table's shape margin
-// (tiles, then compact units) below the best so far.
+// Whether some subtree that node's compact subtrees leave out at paths of 512
+// tokens (its longest path down to a query is 513..1024 tokens, over at most
+// 64 non-empty nodes, and it branches) holds more than 128 Q rows of queries:
+// where auto prices deeper compact subtrees. Computed here from the tree.
+bool has_deeper_subtree(const Workload& w) {
+  const size_t n = w.tree.nodes.size();
+  std::vector<int> depth(n, 0);
+  for (size_t v = 0; v < n; ++v)
+    for (int32_t x = w.tree.nodes[v].parent; x >= 0; x = w.tree.nodes[x].parent) ++depth[v];
+  std::vector<size_t> order(n);  // children before parents
+  for (size_t v = 0; v < n; ++v) order[v] = v;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return depth[a] > depth[b]; });
+  // Per node: queries in its subtree; the longest path down to a query, in
+  // tokens and non-empty nodes; whether a child has queries below it.
+  std::vector<int64_t> below(n, 0), down_tokens(n, 0), down_nodes(n, 0);
+  std::vector<char> branches(n, 0);
+  for (const int32_t q : w.query_nodes) ++below[q];
+  for (const size_t v : order) {
+    const int32_t p = w.tree.nodes[v].parent, t = w.tree.nodes[v].num_tokens;
+    if (below[v] == 0) continue;
+    down_tokens[v] += t;
+    down_nodes[v] += t > 0;
+    if (p < 0) continue;
+    below[p] += below[v];
+    branches[p] = 1;
+    down_tokens[p] = std::max(down_tokens[p], down_tokens[v]);
+    down_nodes[p] = std::max(down_nodes[p], down_nodes[v]);
+  }
+  for (size_t v = 0; v < n; ++v)
+    if (below[v] * w.heads.group_size() > kMaxTileRows && branches[v] && down_tokens[v] > 512 &&
+        down_tokens[v] <= 1024 && down_nodes[v] <= kMaxSegmentsPerUnit)
+      return true;
+  return false;
+}
+
+// auto's node shape by brute force: compact subtrees of paths up to 1024
+// tokens (where a subtree that only they hold has more than 128 Q rows),
+// then Q tiles of 64, 32 then 16 rows, then compact units of 64 then 128
+// rows (those where they fill the slots), then the KV split for half the CTA
+// slots, each planned whole and taken where the model prices it the table's
+// shape margin (tiles; the others: wider units) below the best so far.
 Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& opt,
                                 bool widths = true) {
   Shape taken;
   double best = node_us(w, m, opt, make_plan("node", w, opt));
+  if (has_deeper_subtree(w)) {
+    const double us = node_us(w, m, opt, node_shaped(w, opt, {0, kMaxTileRows, 0, 1024}));
+    if (us < (1 - m.wider_units_margin) * best) taken.flat_tokens = 1024, best = us;
+  }
   const int G = w.heads.group_size();
   for (const int rows : {64, 32, 16}) {
     if (std::max(rows, G) >= std::max(taken.tile_rows, G)) continue;
-    const double us = node_us(w, m, opt, node_shaped(w, opt, {taken.compact_rows, rows}));
+    Shape tiles = taken;
+    tiles.tile_rows = rows;
+    const double us = node_us(w, m, opt, node_shaped(w, opt, tiles));
     if (us < (1 - m.smaller_tiles_margin) * best) taken.tile_rows = rows, best = us;
   }
   // A width at which node plans no compact subtree is node's plan without
@@ -78,7 +123,9 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
   no_compact.extra["flat_tokens"] = 0;
   for (const int rows : {64, 128}) {
     if (!widths || rows <= std::max(32, G)) continue;
-    const Plan p = node_shaped(w, opt, {rows, taken.tile_rows});
+    Shape wide = taken;
+    wide.compact_rows = rows;
+    const Plan p = node_shaped(w, opt, wide);
     if (same_plan(p, node_shaped(w, no_compact, {0, taken.tile_rows}))) continue;
     if (fills(w, opt, p) && node_us(w, m, opt, p) < (1 - m.wider_units_margin) * best)
       taken.compact_rows = rows, best = node_us(w, m, opt, p);
@@ -240,6 +287,41 @@ TEST(AutoPlanner, WiderCompactUnitsWhereTheModelPricesThemFaster) {
   EXPECT_TRUE(same_plan(make_plan("auto", few), make_plan("node", few)));
 }
 
+// Deep trees of many queries (H100, 2026-11-27, auto against auto with
+// --plan-opt flat_tokens=1024, bench/results/NVIDIA_H100_80GB_HBM3/planners/
+// deeper_compact_ab.txt: pat:B=1,16,32,64,128,1024 at 64/8 197.6 -> 124.4
+// us): where a subtree of more than 128 Q rows has paths of 513..1024
+// tokens, auto prices compact subtrees of paths up to 1024 tokens and takes
+// them 5 % faster; the option flat_tokens fixes the length. Where every such
+// subtree holds at most 128 rows (pat:B=8,16,32,256 at 32/8: 16 queries of 4
+// rows under each), auto does not plan them (measured 1.10x slower there).
+TEST(AutoPlanner, DeeperCompactSubtreesWhereTheModelPricesThemFaster) {
+  const AutoCostModel& m = builtin_auto_cost_model();
+  WorkloadParams p;
+  p.heads = {64, 8, 128};
+  const Workload w = make_workload("pat:B=1,16,32,64,128,1024:L=256,128,64,32,32,32", p);
+  ASSERT_TRUE(has_deeper_subtree(w));
+  const Plan a = make_plan("auto", w);
+  validate_plan(w, a);
+  PlanOptions fixed;
+  fixed.extra["flat_tokens"] = 512;
+  const Plan at512 = make_plan("auto", w, fixed);
+  EXPECT_FALSE(same_plan(a, at512));
+  EXPECT_EQ(a.num_slots, 0);  // every query's path in one unit: no merge
+  EXPECT_GT(at512.num_slots, 0);
+  EXPECT_LT(node_us(w, m, {}, a), (1 - m.wider_units_margin) * node_us(w, m, {}, at512));
+  fixed.extra["flat_tokens"] = 1024;
+  EXPECT_TRUE(same_plan(a, make_plan("auto", w, fixed)));
+  EXPECT_TRUE(same_plan(a, node_shaped(w, {}, node_shape_by_brute_force(w, m, {}))));
+
+  p.heads = {32, 8, 128};
+  const Workload sparse = make_workload("pat:B=8,16,32,256:L=512,512,256,32", p);
+  EXPECT_FALSE(has_deeper_subtree(sparse));
+  EXPECT_FALSE(same_plan(make_plan("node", sparse), node_shaped(sparse, {}, {0, kMaxTileRows, 0, 1024})));
+  fixed.extra["flat_tokens"] = 512;
+  EXPECT_TRUE(same_plan(make_plan("auto", sparse), make_plan("auto", sparse, fixed)));
+}
+
 // auto estimates smaller Q tiles from the plan in hand, prices a wider
 // width's compact units alone and skips widths whose mergeable units could
 // not save enough, before planning a shape whole: none of these shortcuts
@@ -253,7 +335,9 @@ TEST(AutoPlanner, ShapeShortcutsAgreeWithTheFullComparison) {
                            "fasttree:N=1,4,16,512:C=1024,256,128,32", "fasttree:N=1,256:C=256,32",
                            "pat:B=1,8,16,32,64,256,1024:L=256,128,64,32,32,32,32", "pat:B=2,8,16,256:L=256,256,32,32",
                            "pat:B=1,4,8,256:L=32,256,256,32", "pat:B=4,16,256,512:L=512,32,128,32",
-                           "fewshot:prompt=4000:branches=10:len=100", "pat:B=1,10:L=4096,416"})
+                           "fewshot:prompt=4000:branches=10:len=100", "pat:B=1,10:L=4096,416",
+                           "pat:B=1,16,32,64,128,1024:L=256,128,64,32,32,32", "pat:B=8,16,32,256:L=512,512,256,32",
+                           "fasttree:N=1,4,8,256:C=8,256,256,32"})
     for (const HeadConfig h : {HeadConfig{32, 32, 128}, HeadConfig{16, 8, 128}, HeadConfig{32, 8, 128},
                                HeadConfig{64, 8, 128}, HeadConfig{16, 1, 128}}) {
       WorkloadParams p;

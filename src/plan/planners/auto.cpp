@@ -299,8 +299,19 @@ namespace {
 //     half the KV bytes of its piece) and lengthens the longest unit. Planned
 //     only where node's plan cuts a node (a long shared prefix: tree queries,
 //     few-shot prompts); under the wider-units margin.
+//  4. Deeper compact subtrees: node's compact subtrees hold paths of at most
+//     512 tokens (flat_tokens); auto prices paths of up to twice that. The
+//     queries of a subtree planned whole need no merge, and its units re-read
+//     the subtree's shared nodes: on deep trees of many queries (1024 queries
+//     under 256-128-64-token levels) the slots saved outweigh the re-reads,
+//     which the model prices. Planned only where a subtree that qualifies at
+//     the longer length and not at the shorter holds more query rows than the
+//     largest Q tile (node's plan of it then merges several tiles' partials);
+//     trees of sparse queries (a random tree's, the planning benchmark's)
+//     are not planned twice. Tried first, so that steps 1-3 shape the plan
+//     taken.
 // The two margins are the model's (AutoCostModel::smaller_tiles_margin and
-// wider_units_margin, which steps 2 and 3 share), fitted by calibrate --auto
+// wider_units_margin, which steps 2, 3 and 4 share), fitted by calibrate --auto
 // on auto's plans under each; the defaults and what other values cost are in
 // docs/planners.md, "auto".
 
@@ -381,6 +392,15 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     shape = candidate;
     return true;
   };
+  // 4 (first: the other steps then shape the plan taken). Deeper compact
+  // subtrees (see above), unless the option fixes their paths' length; under
+  // the wider-units margin, for the same trade.
+  if (shape.flat_tokens > 0 && opt.extra.count("flat_tokens") == 0 &&
+      planning::deeper_compact_subtrees(w, ix, m.down, shape.flat_tokens, 2 * shape.flat_tokens, kMaxTileRows)) {
+    const planning::NodeShape candidate = shape.with_flat_tokens(2 * shape.flat_tokens);
+    planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
+    if (take(candidate, features_of(w, other, opt, 0), model.wider_units_margin)) node = node_features(w, out, opt);
+  }
   // 1. Smaller Q tiles.
   if (opt.extra.count("tile_rows") == 0) {
     for (size_t i = 0; i < kSmallerTileRows.size(); ++i) {
@@ -390,7 +410,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
       // The estimate is the plan's own features unless the smaller tiles
       // change node's folds or compact subtrees: half the margin is slack.
       if (model.predict(node.smaller_tiles[i]) >= (1 - model.smaller_tiles_margin / 2) * best) continue;
-      const planning::NodeShape candidate{shape.compact_rows, rows, shape.split_ctas_per_sm};
+      const planning::NodeShape candidate = shape.with_tile_rows(rows);
       planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
       const NodeFeatures f = node_features(w, other, opt);
       if (take(candidate, f.own, model.smaller_tiles_margin)) node = f;
@@ -420,7 +440,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
       delta[6] = double(wide.units - own.units) * double(kv) * 1e-3;
       delta[7] = double(wide.segments - own.segments) * double(kv) * 1e-3;
       if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
-      const planning::NodeShape candidate{rows, shape.tile_rows, shape.split_ctas_per_sm};
+      const planning::NodeShape candidate = shape.with_compact_rows(rows);
       planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
       // At a fixed width node may drop its compact subtrees (its rules against
       // units too few or too long): that is not a wider width.
@@ -434,10 +454,11 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   // they leave idle.
   if (cuts && opt.ctas_per_sm >= 2 && opt.extra.count("split_tokens") == 0 && opt.extra.count("split_scale") == 0 &&
       opt.extra.count("split_sm_ctas") == 0) {
-    const planning::NodeShape candidate{shape.compact_rows, shape.tile_rows, opt.ctas_per_sm / 2};
+    const planning::NodeShape candidate = shape.with_split_ctas_per_sm(opt.ctas_per_sm / 2);
     planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
     take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);
   }
+
   return node.own;
 }
 

@@ -226,6 +226,18 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   }
 }
 
+bool deeper_compact_subtrees(const Workload& w, const TreeIndex& ix, const DownPaths& down, int64_t shorter,
+                             int64_t flat_tokens, int64_t rows) {
+  // compact_subtree_units' test of a subtree at the two lengths (a subtree's
+  // leaves lie on its paths: within the longer length, within its leaf limit).
+  const int64_t G = w.heads.group_size();
+  for (size_t v = 0; v < down.tokens.size(); ++v)
+    if (ix.subtree_queries[v] * G > rows && down.branches[v] && down.tokens[v] > shorter &&
+        down.tokens[v] <= flat_tokens && down.segments[v] <= kMaxSegmentsPerUnit)
+      return true;
+  return false;
+}
+
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
                            int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
                            std::vector<char>& covered, ProtoUnits& out, CompactUnitsSummary& summary,

@@ -14,7 +14,7 @@
 //     tokens; 0: none) is not cut into nodes: its queries go 8-32 rows to a
 //     unit over the union of their paths, each masked to its own, with no
 //     merge (planning::compact_subtree_units; flat_rows fixes the rows).
-//     Subtrees with leaves over kShortLeafTokens are taken only where the
+//     Subtrees with leaves over planning::kShortLeafTokens are taken only where the
 //     partial slots they save outweigh the KV they re-read
 //     (kMaxRereadPerSlotByte); compact units too few to fill the GPU are not
 //     taken where their longest is over kMaxCompactStretch / 2 times the
@@ -35,7 +35,6 @@
 namespace treeattn {
 
 namespace {
-constexpr int64_t kDefaultFlatTokens = 512;
 constexpr int64_t kDefaultFoldTokens = 2 * kDefaultKvTile;
 constexpr size_t kMaxFoldedSegments = 8;
 // Folds lengthen each child's first piece by up to a KV tile: taken only
@@ -44,7 +43,6 @@ constexpr int64_t kMinFoldSavedBytes = int64_t(12) << 20;
 // Compact subtrees: leaves of at most kShortLeafTokens always; longer ones
 // where the KV they re-read is at most kMaxRereadPerSlotByte / 2 (2.5) bytes
 // per byte of partial slots saved.
-constexpr int64_t kShortLeafTokens = 2 * kDefaultKvTile;
 constexpr int64_t kMaxRereadPerSlotByte = 5;
 // Compact units too few to fill the GPU: their longest at most this many
 // halves (2.5x) of the longest unit of the plan without compact subtrees.
@@ -265,6 +263,7 @@ planning::NodeShape planning::node_shape(const PlanOptions& opt) {
   shape.tile_rows = integer_option(opt, "node", "tile_rows", kMaxTileRows, 1);
   // Bounded as ctas_per_sm is (the split's list scheduling keeps a load per slot).
   shape.split_ctas_per_sm = integer_option(opt, "node", "split_sm_ctas", 0, 0);
+  shape.flat_tokens = integer_option(opt, "node", "flat_tokens", planning::kDefaultFlatTokens, 0);
   if (shape.split_ctas_per_sm > 64)
     throw Error("node: split_sm_ctas = " + std::to_string(shape.split_ctas_per_sm) +
                 " is out of range [0, 64] (0: ctas_per_sm)");
@@ -288,7 +287,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   m.down.build(w, ix);
   find_fold_candidates(w, ix, m.query_tiles, m.fold_candidates);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
-  const int64_t flat = planning::integer_option(opt, "node", "flat_tokens", kDefaultFlatTokens, 0);
+  const int64_t flat = shape.flat_tokens;
   // A candidate plan is made in two steps: compact_units finds the compact
   // subtrees of at most `flat_tokens` tokens per path (0: none) and leaves
   // of at most `leaf_tokens`, and their units (and says how many);
@@ -309,7 +308,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
     add_node_units(ix, m.sub, c, raw);
     return planning::pack_short_units(raw, pack, w, opt, packed, m.pack) ? packed : raw;
   };
-  size_t compact = compact_units(a, flat, kShortLeafTokens);
+  size_t compact = compact_units(a, flat, planning::kShortLeafTokens);
   plan_nodes(w, ix, opt, per_tile, shape.split_ctas_per_sm, m, a);
   const planning::NodeCandidate* taken = &a;
   // Compact subtrees with long leaves put several leaves in series in one

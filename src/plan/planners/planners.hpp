@@ -60,17 +60,27 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
                               const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads,
                               int64_t ctas_per_sm = 0);
 
-// node's two widths: the Q rows of a compact subtree's units (0: node's own
-// choice, 32 or else 16) and the most Q rows of a node's tiles. node takes
-// them from the options flat_rows and tile_rows (node_shape, which checks
-// them); auto prices other shapes.
-// split_ctas_per_sm (option split_sm_ctas): the CTAs per SM whose slots node's
-// KV split fills (0: opt.ctas_per_sm); auto prices half of them, i.e. pieces
-// about twice as long.
+// node's longest path in a compact subtree, in tokens (option flat_tokens).
+constexpr int64_t kDefaultFlatTokens = 512;
+// Compact subtrees with leaves of at most this many tokens are always taken;
+// longer ones by a byte rule (node.cpp).
+constexpr int64_t kShortLeafTokens = 2 * kDefaultKvTile;
+// node's shape: the Q rows of a compact subtree's units (0: node's own
+// choice, 32 or else 16) and the most Q rows of a node's tiles (options
+// flat_rows, tile_rows); the CTAs per SM whose slots node's KV split fills
+// (split_sm_ctas; 0: opt.ctas_per_sm); the longest path in a compact
+// subtree (flat_tokens). node takes them from the options (node_shape, which
+// checks them); auto prices other shapes.
 struct NodeShape {
   int64_t compact_rows = 0;
   int64_t tile_rows = kMaxTileRows;
   int64_t split_ctas_per_sm = 0;
+  int64_t flat_tokens = kDefaultFlatTokens;  // the longest path in a compact subtree (0: none)
+
+  NodeShape with_compact_rows(int64_t v) const { NodeShape s = *this; s.compact_rows = v; return s; }
+  NodeShape with_tile_rows(int64_t v) const { NodeShape s = *this; s.tile_rows = v; return s; }
+  NodeShape with_split_ctas_per_sm(int64_t v) const { NodeShape s = *this; s.split_ctas_per_sm = v; return s; }
+  NodeShape with_flat_tokens(int64_t v) const { NodeShape s = *this; s.flat_tokens = v; return s; }
 };
 NodeShape node_shape(const PlanOptions& opt);
 // node (plan_node_reusing) of the given shape. Leaves in scratch
@@ -158,6 +168,13 @@ struct DownPaths {
   std::vector<char> branches;
   void build(const Workload& w, const TreeIndex& ix);
 };
+
+// Whether compact subtrees of paths of up to `flat_tokens` tokens would hold
+// a subtree that paths of up to `shorter` tokens leave out (its paths are
+// all longer than `shorter`) with more than `rows` Q rows of queries. `down`
+// of the tree.
+bool deeper_compact_subtrees(const Workload& w, const TreeIndex& ix, const DownPaths& down, int64_t shorter,
+                             int64_t flat_tokens, int64_t rows);
 
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
 // tree's leaves at GQA ratio 1 or 2) into shared 16-row units, each query
