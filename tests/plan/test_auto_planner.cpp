@@ -60,11 +60,12 @@ Plan node_shaped(const Workload& w, PlanOptions opt, Shape s) {
   return make_plan("node", w, opt);
 }
 
-// Whether some subtree that node's compact subtrees leave out at paths of 512
-// tokens (its longest path down to a query is 513..1024 tokens, over at most
-// 64 non-empty nodes, and it branches) holds more than 128 Q rows of queries:
-// where auto prices deeper compact subtrees. Computed here from the tree.
-bool has_deeper_subtree(const Workload& w) {
+// Whether some subtree that compact subtrees of paths up to `shorter` tokens
+// leave out (its longest path down to a query is over `shorter` and at most
+// `longer` tokens, over at most 64 non-empty nodes, and it branches) holds
+// more than 128 Q rows of queries: where auto prices compact subtrees of
+// paths up to `longer` tokens. Computed here from the tree.
+bool has_deeper_subtree(const Workload& w, int shorter, int longer) {
   const size_t n = w.tree.nodes.size();
   std::vector<int> depth(n, 0);
   for (size_t v = 0; v < n; ++v)
@@ -89,26 +90,34 @@ bool has_deeper_subtree(const Workload& w) {
     down_nodes[p] = std::max(down_nodes[p], down_nodes[v]);
   }
   for (size_t v = 0; v < n; ++v)
-    if (below[v] * w.heads.group_size() > kMaxTileRows && branches[v] && down_tokens[v] > 512 &&
-        down_tokens[v] <= 1024 && down_nodes[v] <= kMaxSegmentsPerUnit)
+    if (below[v] * w.heads.group_size() > kMaxTileRows && branches[v] && down_tokens[v] > shorter &&
+        down_tokens[v] <= longer && down_nodes[v] <= kMaxSegmentsPerUnit)
       return true;
   return false;
 }
 
-// auto's node shape by brute force: compact subtrees of paths up to 1024
-// tokens (where a subtree that only they hold has more than 128 Q rows),
-// then Q tiles of 64, 32 then 16 rows, then compact units of 64 then 128
-// rows (those where they fill the slots), then the KV split for half the CTA
-// slots, each planned whole and taken where the model prices it the table's
-// shape margin (tiles; the others: wider units) below the best so far.
+// auto's node shape by brute force: compact subtrees of paths up to 1024,
+// then 2048 tokens (where a subtree that only they hold has more than 128 Q
+// rows), then Q tiles of 64, 32 then 16 rows, then compact units of 64 then
+// 128 rows (those where they fill the slots), then the KV split for half the
+// CTA slots, then the longer paths again; each planned whole and taken where
+// the model prices it the table's shape margin (tiles; the others: wider
+// units) below the best so far.
 Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& opt,
                                 bool widths = true) {
   Shape taken;
   double best = node_us(w, m, opt, make_plan("node", w, opt));
-  if (has_deeper_subtree(w)) {
-    const double us = node_us(w, m, opt, node_shaped(w, opt, {0, kMaxTileRows, 0, 1024}));
-    if (us < (1 - m.wider_units_margin) * best) taken.flat_tokens = 1024, best = us;
-  }
+  const auto deeper = [&] {
+    for (const int longer : {1024, 2048}) {
+      const int flat = taken.flat_tokens > 0 ? taken.flat_tokens : 512;
+      if (longer <= flat || !has_deeper_subtree(w, flat, longer)) continue;
+      Shape s = taken;
+      s.flat_tokens = longer;
+      const double us = node_us(w, m, opt, node_shaped(w, opt, s));
+      if (us < (1 - m.wider_units_margin) * best) taken = s, best = us;
+    }
+  };
+  deeper();
   const int G = w.heads.group_size();
   for (const int rows : {64, 32, 16}) {
     if (std::max(rows, G) >= std::max(taken.tile_rows, G)) continue;
@@ -136,8 +145,9 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
     Shape longer = taken;
     longer.split_ctas_per_sm = opt.ctas_per_sm / 2;
     const Plan p = node_shaped(w, opt, longer);
-    if (node_us(w, m, opt, p) < (1 - m.wider_units_margin) * best) taken = longer;
+    if (node_us(w, m, opt, p) < (1 - m.wider_units_margin) * best) taken = longer, best = node_us(w, m, opt, p);
   }
+  deeper();
   return taken;
 }
 
@@ -292,15 +302,16 @@ TEST(AutoPlanner, WiderCompactUnitsWhereTheModelPricesThemFaster) {
 // deeper_compact_ab.txt: pat:B=1,16,32,64,128,1024 at 64/8 197.6 -> 124.4
 // us): where a subtree of more than 128 Q rows has paths of 513..1024
 // tokens, auto prices compact subtrees of paths up to 1024 tokens and takes
-// them 5 % faster; the option flat_tokens fixes the length. Where every such
-// subtree holds at most 128 rows (pat:B=8,16,32,256 at 32/8: 16 queries of 4
-// rows under each), auto does not plan them (measured 1.10x slower there).
+// them 5 % faster, and paths up to 2048 tokens likewise; the option
+// flat_tokens fixes the length. Where every such subtree holds at most 128
+// rows (pat:B=8,16,32,256 at 32/8: 16 queries of 4 rows under each), auto
+// does not plan them (1024 measured 1.10x slower there).
 TEST(AutoPlanner, DeeperCompactSubtreesWhereTheModelPricesThemFaster) {
   const AutoCostModel& m = builtin_auto_cost_model();
   WorkloadParams p;
   p.heads = {64, 8, 128};
   const Workload w = make_workload("pat:B=1,16,32,64,128,1024:L=256,128,64,32,32,32", p);
-  ASSERT_TRUE(has_deeper_subtree(w));
+  ASSERT_TRUE(has_deeper_subtree(w, 512, 1024));
   const Plan a = make_plan("auto", w);
   validate_plan(w, a);
   PlanOptions fixed;
@@ -316,10 +327,22 @@ TEST(AutoPlanner, DeeperCompactSubtreesWhereTheModelPricesThemFaster) {
 
   p.heads = {32, 8, 128};
   const Workload sparse = make_workload("pat:B=8,16,32,256:L=512,512,256,32", p);
-  EXPECT_FALSE(has_deeper_subtree(sparse));
+  EXPECT_FALSE(has_deeper_subtree(sparse, 512, 2048));
   EXPECT_FALSE(same_plan(make_plan("node", sparse), node_shaped(sparse, {}, {0, kMaxTileRows, 0, 1024})));
   fixed.extra["flat_tokens"] = 512;
   EXPECT_TRUE(same_plan(make_plan("auto", sparse), make_plan("auto", sparse, fixed)));
+  // At 64/8 the same tree's 16-query subtrees are 128 rows, not more: paths
+  // of up to 1024 tokens are not tried; its 32-query subtrees (1312-token
+  // paths, 256 rows) are, at 2048, and priced faster (measured 81.2 -> 60.4
+  // us, bench/results/NVIDIA_H100_80GB_HBM3/planners/flat2048_ab.txt).
+  p.heads = {64, 8, 128};
+  const Workload wide = make_workload("pat:B=8,16,32,256:L=512,512,256,32", p);
+  EXPECT_FALSE(has_deeper_subtree(wide, 512, 1024));
+  EXPECT_TRUE(has_deeper_subtree(wide, 512, 2048));
+  const Plan b = make_plan("auto", wide);
+  EXPECT_FALSE(same_plan(b, make_plan("auto", wide, fixed)));
+  fixed.extra["flat_tokens"] = 2048;
+  EXPECT_TRUE(same_plan(b, make_plan("auto", wide, fixed)));
 }
 
 // auto estimates smaller Q tiles from the plan in hand, prices a wider

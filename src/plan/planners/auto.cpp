@@ -392,15 +392,23 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     shape = candidate;
     return true;
   };
-  // 4 (first: the other steps then shape the plan taken). Deeper compact
-  // subtrees (see above), unless the option fixes their paths' length; under
-  // the wider-units margin, for the same trade.
-  if (shape.flat_tokens > 0 && opt.extra.count("flat_tokens") == 0 &&
-      planning::deeper_compact_subtrees(w, ix, m.down, shape.flat_tokens, 2 * shape.flat_tokens, kMaxTileRows)) {
-    const planning::NodeShape candidate = shape.with_flat_tokens(2 * shape.flat_tokens);
-    planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
-    if (take(candidate, features_of(w, other, opt, 0), model.wider_units_margin)) node = node_features(w, out, opt);
-  }
+  // 4. Deeper compact subtrees (see above), unless the option fixes their
+  // paths' length; under the wider-units margin, for the same trade. Tried
+  // first, so that steps 1-3 shape the plan taken, and again on the shape
+  // they took (wider compact units make longer paths pay).
+  const int64_t own_flat = shape.flat_tokens;
+  const auto deeper = [&] {
+    if (own_flat <= 0 || opt.extra.count("flat_tokens") != 0) return;
+    for (const int64_t longer : {2 * own_flat, 4 * own_flat}) {
+      if (longer <= shape.flat_tokens ||
+          !planning::deeper_compact_subtrees(w, ix, m.down, shape.flat_tokens, longer, kMaxTileRows))
+        continue;
+      const planning::NodeShape candidate = shape.with_flat_tokens(longer);
+      planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
+      if (take(candidate, features_of(w, other, opt, 0), model.wider_units_margin)) node = node_features(w, out, opt);
+    }
+  };
+  deeper();
   // 1. Smaller Q tiles.
   if (opt.extra.count("tile_rows") == 0) {
     for (size_t i = 0; i < kSmallerTileRows.size(); ++i) {
@@ -458,7 +466,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
     take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);
   }
-
+  deeper();
   return node.own;
 }
 
