@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <string>
 
@@ -16,6 +17,7 @@
 #include "treeattn/pat_planner.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/runtime.hpp"
+#include "treeattn/workloads.hpp"
 #if defined(TREEATTN_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
@@ -36,6 +38,23 @@ void plan_once(benchmark::State& state, const std::string& planner, int nodes) {
     Plan p = make_plan(planner, w, opt);
     benchmark::DoNotOptimize(p.unit_tile.data());
   }
+  state.counters["units"] = double(make_plan(planner, w, opt).num_units());
+}
+
+// A suite tree (spec at heads "Q/KV"): where auto prices more shapes of node
+// (deep trees of many queries: its step 4 plans node at longer compact-subtree
+// paths), against node's own plan of the same tree.
+void plan_suite_tree(benchmark::State& state, const std::string& planner, const std::string& heads,
+                     const std::string& spec) {
+  WorkloadParams p;
+  std::sscanf(heads.c_str(), "%d/%d", &p.heads.num_qo_heads, &p.heads.num_kv_heads);
+  const Workload w = make_workload(spec, p);
+  const PlanOptions opt;
+  for (auto _ : state) {
+    Plan plan = make_plan(planner, w, opt);
+    benchmark::DoNotOptimize(plan.unit_tile.data());
+  }
+  state.counters["nodes"] = double(w.tree.nodes.size());
   state.counters["units"] = double(make_plan(planner, w, opt).num_units());
 }
 
@@ -501,6 +520,14 @@ int main(int argc, char** argv) {
   for (const PlannerInfo& info : planners())
     for (const int nodes : {100, 1000, 10000})
       benchmark::RegisterBenchmark(("plan/" + info.name + "/" + std::to_string(nodes)).c_str(), plan_once, info.name, nodes)
+          ->Unit(benchmark::kMicrosecond);
+  for (const auto& [heads, spec] : {std::pair{"64/8", "pat:B=1,16,32,64,128,1024:L=256,128,64,32,32,32"},
+                                    std::pair{"64/8", "pat:B=1,4,16,512:L=1024,256,128,32"},
+                                    std::pair{"32/8", "fasttree:N=1,4,8,256:C=8,256,256,32"},
+                                    std::pair{"32/8", "fasttree:N=1,1024:C=2048,32"}})
+    for (const char* planner : {"node", "auto"})
+      benchmark::RegisterBenchmark((std::string("plan/") + planner + "/suite/" + heads + "/" + spec).c_str(),
+                                   plan_suite_tree, planner, heads, spec)
           ->Unit(benchmark::kMicrosecond);
   for (const int nodes : {100, 1000, 10000}) {
     benchmark::RegisterBenchmark(("plan/pat-cache-hit/" + std::to_string(nodes)).c_str(), pat_cached, nodes, false)
