@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
@@ -368,6 +369,38 @@ NodeFeatures node_features(const Workload& w, const Plan& p, const PlanOptions& 
   return f;
 }
 
+// The features of node's plan where the whole tree (one root holding every
+// query) is one compact subtree of units of `rows` Q rows, estimated without
+// planning it: the queries in the index's depth-first order (compact
+// units take them so), rows / G to a unit, each over the union of its
+// queries' paths (node v, whose queries are numbers [query_begin,
+// + subtree_queries), lies in every unit its range meets); no slots.
+// `tokens`, `segments`: memory.
+AutoCostFeatures whole_tree_compact_estimate(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                                             int64_t rows, std::vector<int64_t>& tokens,
+                                             std::vector<int64_t>& segments) {
+  const int64_t G = w.heads.group_size(), per = std::max<int64_t>(1, rows / G), Q = w.num_queries();
+  const int64_t units = planning::ceil_div(Q, per);
+  tokens.assign(size_t(units) + 1, 0);  // differences: unit i's sums are the prefix sums at i
+  segments.assign(size_t(units) + 1, 0);
+  for (size_t v = 0; v < ix.tokens.size(); ++v) {
+    if (ix.subtree_queries[v] == 0 || ix.tokens[v] == 0) continue;
+    const int64_t first = ix.query_begin[v] / per, last = (ix.query_begin[v] + ix.subtree_queries[v] - 1) / per;
+    tokens[size_t(first)] += ix.tokens[v];
+    tokens[size_t(last) + 1] -= ix.tokens[v];
+    ++segments[size_t(first)];
+    --segments[size_t(last) + 1];
+  }
+  FeatureTally tally;
+  int64_t t = 0, segs = 0;
+  for (int64_t i = 0; i < units; ++i) {
+    t += tokens[size_t(i)];
+    segs += segments[size_t(i)];
+    tally.add(smallest_tile_for_rows(int(std::min(per, Q - i * per) * G)), t, segs, 1);
+  }
+  return tally.finish(w, opt, 0, 0);
+}
+
 // `node`: node_features of the plan in `out`. Returns the features of the
 // plan left in `out`.
 AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
@@ -393,19 +426,54 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     return true;
   };
   // 4. Deeper compact subtrees (see above), unless the option fixes their
-  // paths' length; under the wider-units margin, for the same trade. Tried
-  // first, so that steps 1-3 shape the plan taken, and again on the shape
-  // they took (wider compact units make longer paths pay).
-  const int64_t own_flat = shape.flat_tokens;
+  // paths' length; under the wider-units margin, for the same trade. Each
+  // length at node's compact width and, unless flat_rows fixes it, at the
+  // wider ones of step 2 (long paths pay with more rows per unit), those only
+  // where merging away every unit the rows limit closed could pay (step 2's
+  // bound). Tried first, so that steps 1-3 shape the plan taken.
+  const int32_t root = ix.roots.empty() ? -1 : ix.roots[0];
+  const bool whole_tree = ix.roots.size() == 1 && ix.subtree_queries[size_t(root)] == w.num_queries();
   const auto deeper = [&] {
-    if (own_flat <= 0 || opt.extra.count("flat_tokens") != 0) return;
-    for (const int64_t longer : {2 * own_flat, 4 * own_flat}) {
-      if (longer <= shape.flat_tokens ||
-          !planning::deeper_compact_subtrees(w, ix, m.down, shape.flat_tokens, longer, kMaxTileRows))
-        continue;
-      const planning::NodeShape candidate = shape.with_flat_tokens(longer);
-      planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
-      if (take(candidate, features_of(w, other, opt, 0), model.wider_units_margin)) node = node_features(w, out, opt);
+    if (shape.flat_tokens <= 0 || opt.extra.count("flat_tokens") != 0) return;
+    const int64_t own = shape.flat_tokens;
+    const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
+    for (const int64_t longer : {2 * own, 4 * own, 8 * own}) {
+      if (!planning::deeper_compact_subtrees(w, ix, m.down, shape.flat_tokens, longer, kMaxTileRows)) continue;
+      if (longer == 8 * own) {
+        // The longest length holds whole trees of sparse queries (the
+        // planning benchmark's random tree): priced only for a whole tree
+        // of short leaves (node's first candidate; long leaves take its
+        // byte rule, which the estimate does not follow), where its
+        // estimate is half the margin below the best.
+        if (!whole_tree || m.down.tokens[size_t(root)] > longer ||
+            m.down.leaf[size_t(root)] > planning::kShortLeafTokens)
+          continue;
+        double least = std::numeric_limits<double>::infinity();
+        for (const int64_t rows : {int64_t(32), int64_t(64), int64_t(128)})
+          least = std::min(least, model.predict(whole_tree_compact_estimate(w, ix, opt, std::max(rows, G),
+                                                                           m.estimate_tokens, m.estimate_segments)));
+        if (least >= (1 - model.wider_units_margin / 2) * best) continue;
+      }
+      const planning::NodeShape at = shape.with_flat_tokens(longer);
+      planning::plan_node_shaped(w, ix, opt, at, scratch, other);
+      const planning::CompactUnitsSummary units = m.compact_units;
+      if (units.units == 0) continue;
+      const AutoCostFeatures f = features_of(w, other, opt, 0);
+      const double us = model.predict(f);
+      if (take(at, f, model.wider_units_margin)) node = node_features(w, out, opt);
+      if (opt.extra.count("flat_rows") != 0) continue;
+      AutoCostFeatures saved{};
+      saved[2] = double(units.full_tokens) * kv_mb_per_token;
+      saved[6] = double(units.full_units) * double(w.heads.num_kv_heads) * 1e-3;
+      saved[7] = double(units.full_segments) * double(w.heads.num_kv_heads) * 1e-3;
+      if (units.highest_cut && us - model.predict(saved) >= (1 - model.wider_units_margin) * best) continue;
+      for (const int64_t rows : {64, 128}) {
+        if (rows <= std::max<int64_t>(32, G)) continue;
+        const planning::NodeShape candidate = at.with_compact_rows(rows);
+        planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
+        if (m.compact_units.units == 0) continue;
+        if (take(candidate, features_of(w, other, opt, 0), model.wider_units_margin)) node = node_features(w, out, opt);
+      }
     }
   };
   deeper();
@@ -466,7 +534,6 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
     take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);
   }
-  deeper();
   return node.own;
 }
 

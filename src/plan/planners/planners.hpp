@@ -289,6 +289,7 @@ struct PlanScratch::Buffers {
   planning::ProtoUnits wider;                    // auto: compact units of more rows
   planning::CompactUnitsSummary wider_summary;
   std::vector<char> wider_covered;
+  std::vector<int64_t> estimate_tokens, estimate_segments;  // auto: whole-tree compact units, estimated
   Plan other;  // auto: the candidate beside `out`
 };
 
