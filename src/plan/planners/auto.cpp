@@ -301,16 +301,19 @@ namespace {
 //     only where node's plan cuts a node (a long shared prefix: tree queries,
 //     few-shot prompts); under the wider-units margin.
 //  4. Deeper compact subtrees: node's compact subtrees hold paths of at most
-//     512 tokens (flat_tokens); auto prices paths of up to twice that. The
-//     queries of a subtree planned whole need no merge, and its units re-read
-//     the subtree's shared nodes: on deep trees of many queries (1024 queries
+//     512 tokens (flat_tokens); auto prices paths of up to 2 and 4 times that,
+//     each at node's compact width and the wider ones of step 2. The queries
+//     of a subtree planned whole need no merge, and its units re-read the
+//     subtree's shared nodes: on deep trees of many queries (1024 queries
 //     under 256-128-64-token levels) the slots saved outweigh the re-reads,
-//     which the model prices. Planned only where a subtree that qualifies at
-//     the longer length and not at the shorter holds more query rows than the
-//     largest Q tile (node's plan of it then merges several tiles' partials);
-//     trees of sparse queries (a random tree's, the planning benchmark's)
-//     are not planned twice. Tried first, so that steps 1-3 shape the plan
-//     taken.
+//     which the model prices. A length is planned only where a subtree that
+//     it holds and the shorter does not has more query rows than the largest
+//     Q tile (node's plan of it then merges several tiles' partials), so
+//     trees of sparse queries (the planning benchmark's random tree) are not
+//     planned again. 8 times (4096 tokens), where whole random trees
+//     qualify, only for a whole tree of short leaves whose estimated units
+//     could pay (a prompt under many short branches). Tried first, so that
+//     steps 1-3 shape the plan taken.
 // The two margins are the model's (AutoCostModel::smaller_tiles_margin and
 // wider_units_margin, which steps 2, 3 and 4 share), fitted by calibrate --auto
 // on auto's plans under each; the defaults and what other values cost are in
