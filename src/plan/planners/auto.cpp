@@ -428,6 +428,18 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     shape = candidate;
     return true;
   };
+  // Whether wider compact units could pay on a plan of `units` priced `us`:
+  // only units closed by the rows or segment limit can merge away, where the
+  // wider units take the same cut (a fixed width takes the highest); with all
+  // of those merged away it must still come in under the margin.
+  const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
+  const auto widths_could_pay = [&](const planning::CompactUnitsSummary& units, double us) {
+    AutoCostFeatures saved{};
+    saved[2] = double(units.full_tokens) * kv_mb_per_token;
+    saved[6] = double(units.full_units) * double(kv) * 1e-3;
+    saved[7] = double(units.full_segments) * double(kv) * 1e-3;
+    return !units.highest_cut || us - model.predict(saved) < (1 - model.wider_units_margin) * best;
+  };
   // 4. Deeper compact subtrees (see above), unless the option fixes their
   // paths' length; under the wider-units margin, for the same trade. Each
   // length at node's compact width and, unless flat_rows fixes it, at the
@@ -439,7 +451,6 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   const auto deeper = [&] {
     if (shape.flat_tokens <= 0 || opt.extra.count("flat_tokens") != 0) return;
     const int64_t own = shape.flat_tokens;
-    const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
     for (const int64_t longer : {2 * own, 4 * own, 8 * own}) {
       if (!planning::deeper_compact_subtrees(w, ix, m.down, shape.flat_tokens, longer, kMaxTileRows)) continue;
       if (longer == 8 * own) {
@@ -465,11 +476,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
       const double us = model.predict(f);
       if (take(at, f, model.wider_units_margin)) node = node_features(w, out, opt);
       if (opt.extra.count("flat_rows") != 0) continue;
-      AutoCostFeatures saved{};
-      saved[2] = double(units.full_tokens) * kv_mb_per_token;
-      saved[6] = double(units.full_units) * double(w.heads.num_kv_heads) * 1e-3;
-      saved[7] = double(units.full_segments) * double(w.heads.num_kv_heads) * 1e-3;
-      if (units.highest_cut && us - model.predict(saved) >= (1 - model.wider_units_margin) * best) continue;
+      if (!widths_could_pay(units, us)) continue;
       for (const int64_t rows : {64, 128}) {
         if (rows <= std::max<int64_t>(32, G)) continue;
         const planning::NodeShape candidate = at.with_compact_rows(rows);
@@ -498,19 +505,12 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
 
   // 2. Wider compact-subtree units.
   if (base.units > 0 && opt.extra.count("flat_rows") == 0) {
-    const double kv_mb_per_token = double(w.kv_bytes_per_token()) * 1e-6;
     const double node_us = best;
     const int64_t other_units = out.num_units() - base.units;
     const planning::CompactUnitsSummary own = base;
     for (const int64_t rows : {64, 128}) {
       if (rows <= std::max<int64_t>(32, G)) continue;
-      // Only units closed by the rows or segment limit can merge away, where
-      // the wider units take the same cut (a fixed width takes the highest).
-      AutoCostFeatures saved{};
-      saved[2] = double(own.full_tokens) * kv_mb_per_token;
-      saved[6] = double(own.full_units) * double(kv) * 1e-3;
-      saved[7] = double(own.full_segments) * double(kv) * 1e-3;
-      if (own.highest_cut && node_us - model.predict(saved) >= (1 - model.wider_units_margin) * best) continue;
+      if (!widths_could_pay(own, node_us)) continue;
       planning::compact_subtree_units(w, ix, m.sub, m.down, own.max_tokens, own.max_leaf_tokens, rows, opt,
                                       m.wider_covered, m.wider, m.wider_summary, m.compact);
       const planning::CompactUnitsSummary& wide = m.wider_summary;

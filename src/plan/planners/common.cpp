@@ -228,12 +228,12 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
 
 bool deeper_compact_subtrees(const Workload& w, const TreeIndex& ix, const DownPaths& down, int64_t shorter,
                              int64_t flat_tokens, int64_t rows) {
-  // compact_subtree_units' test of a subtree at the two lengths (a subtree's
-  // leaves lie on its paths: within the longer length, within its leaf limit).
+  // A subtree's leaves lie on its paths: within the longer length, within
+  // its leaf limit.
   const int64_t G = w.heads.group_size();
   for (size_t v = 0; v < down.tokens.size(); ++v)
-    if (ix.subtree_queries[v] * G > rows && down.branches[v] && down.tokens[v] > shorter &&
-        down.tokens[v] <= flat_tokens && down.segments[v] <= kMaxSegmentsPerUnit)
+    if (ix.subtree_queries[v] * G > rows && down.tokens[v] > shorter &&
+        compact_subtree_root(ix, down, v, flat_tokens, flat_tokens))
       return true;
   return false;
 }
@@ -250,14 +250,11 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   summary.max_tokens = max_tokens;
   summary.max_leaf_tokens = max_leaf_tokens;
   if (max_tokens <= 0) return;
-  const std::vector<int64_t>&tok = down.tokens, &segs = down.segments, &leaf = down.leaf;
-  const std::vector<char>& branches = down.branches;
   // is_compact[v]: v's subtree qualifies (its parent's may too).
   std::vector<char>& is_compact = scratch.is_compact;
   is_compact.resize(size_t(n));
   for (int32_t v = 0; v < n; ++v)
-    is_compact[v] = char((ix.subtree_queries[v] > 0) & (branches[v] != 0) & (tok[v] <= max_tokens) &
-                         (segs[v] <= kMaxSegmentsPerUnit) & (leaf[v] <= max_leaf_tokens));
+    is_compact[v] = char(compact_subtree_root(ix, down, size_t(v), max_tokens, max_leaf_tokens));
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
   // Node x has segment position[x] of the open unit when opened_in[x] is

@@ -169,6 +169,16 @@ struct DownPaths {
   void build(const Workload& w, const TreeIndex& ix);
 };
 
+// Whether v's subtree qualifies as a compact subtree of paths of at most
+// `max_tokens` tokens and leaves of at most `max_leaf_tokens` (its parent's
+// may too): queries below it, a child with queries, at most 64 non-empty
+// nodes on a path.
+inline bool compact_subtree_root(const TreeIndex& ix, const DownPaths& down, size_t v, int64_t max_tokens,
+                                 int64_t max_leaf_tokens) {
+  return (ix.subtree_queries[v] > 0) & (down.branches[v] != 0) & (down.tokens[v] <= max_tokens) &
+         (down.segments[v] <= kMaxSegmentsPerUnit) & (down.leaf[v] <= max_leaf_tokens);
+}
+
 // Whether compact subtrees of paths of up to `flat_tokens` tokens would hold
 // a subtree that paths of up to `shorter` tokens leave out (its paths are
 // all longer than `shorter`) with more than `rows` Q rows of queries. `down`
