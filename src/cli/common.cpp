@@ -53,7 +53,7 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
                   "data/auto_cost_h100.json)");
   cmd->add_option("--plan-opt", o.plan_opts,
                   "planner option KEY=NUMBER, repeatable: ctas_per_sm, chunk_tokens, min_split_tokens, or a "
-                  "planner's own knob (node: split_tokens, split_scale, split_sm_ctas, pack_tokens, flat_tokens, flat_rows, fold_tokens, "
+                  "planner's own knob (node: split_tokens, split_scale, split_sm_ctas, pack_tokens, flat_tokens, flat_rows, fold_tokens, reread_ratio, compact_stretch, "
                   "tile_rows; "
                   "fasttree: alpha, beta, gamma, q_tile0, q_tile1, kv_tile0, kv_tile1, kv_split_long, kv_split_short; pat: "
                   "pat_max_rows; flatten: fill)");

@@ -19,7 +19,7 @@ const std::vector<std::string>& planner_knobs() {
   static const std::vector<std::string> knobs = [] {
     std::vector<std::string> k = {
         "split_tokens", "split_scale", "split_sm_ctas", "pack_tokens", "flat_tokens", "flat_rows", "fold_tokens",
-        "tile_rows",                                                                                  // node
+        "tile_rows", "reread_ratio", "compact_stretch",                                               // node
         "alpha", "beta", "gamma", "q_tile0", "q_tile1", "kv_tile0", "kv_tile1", "kv_split_long", "kv_split_short",  // fasttree
         "pat_max_rows",                                                                               // pat
         "fill"};                                                                                      // flatten

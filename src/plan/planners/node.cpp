@@ -15,10 +15,10 @@
 //     unit over the union of their paths, each masked to its own, with no
 //     merge (planning::compact_subtree_units; flat_rows fixes the rows).
 //     Subtrees with leaves over planning::kShortLeafTokens are taken only where the
-//     partial slots they save outweigh the KV they re-read
-//     (kMaxRereadPerSlotByte); compact units too few to fill the GPU are not
-//     taken where their longest is over kMaxCompactStretch / 2 times the
-//     longest unit of the plan without them.
+//     partial slots they save outweigh the KV they re-read (2.5 bytes re-read
+//     per byte saved at most; option reread_ratio); compact units too few to
+//     fill the GPU are not taken where their longest is over 2.5 times
+//     (compact_stretch) the longest unit of the plan without them.
 //  4. A short shared node (with the nodes folded into it, at most
 //     fold_tokens = 128 tokens; 0: none) whose queries all lie below children
 //     planned as nodes opens each child's first KV piece instead of having a
@@ -40,13 +40,6 @@ constexpr size_t kMaxFoldedSegments = 8;
 // Folds lengthen each child's first piece by up to a KV tile: taken only
 // when they save at least this many bytes of partial slots.
 constexpr int64_t kMinFoldSavedBytes = int64_t(12) << 20;
-// Compact subtrees: leaves of at most kShortLeafTokens always; longer ones
-// where the KV they re-read is at most kMaxRereadPerSlotByte / 2 (2.5) bytes
-// per byte of partial slots saved.
-constexpr int64_t kMaxRereadPerSlotByte = 5;
-// Compact units too few to fill the GPU: their longest at most this many
-// halves (2.5x) of the longest unit of the plan without compact subtrees.
-constexpr int64_t kMaxCompactStretch = 5;
 
 // A query's partial slot: fp32 O and lse of every qo head, written by its
 // unit and read back by the merge.
@@ -264,6 +257,11 @@ planning::NodeShape planning::node_shape(const PlanOptions& opt) {
   // Bounded as ctas_per_sm is (the split's list scheduling keeps a load per slot).
   shape.split_ctas_per_sm = integer_option(opt, "node", "split_sm_ctas", 0, 0);
   shape.flat_tokens = integer_option(opt, "node", "flat_tokens", planning::kDefaultFlatTokens, 0);
+  for (const auto& [key, ratio] : {std::pair{"reread_ratio", &shape.reread_per_slot_byte},
+                                   std::pair{"compact_stretch", &shape.compact_stretch}}) {
+    *ratio = opt.get(key, *ratio);
+    if (!(*ratio >= 0)) throw Error(std::string("node: ") + key + " = " + std::to_string(*ratio) + " must be >= 0");
+  }
   if (shape.split_ctas_per_sm > 64)
     throw Error("node: split_sm_ctas = " + std::to_string(shape.split_ctas_per_sm) +
                 " is out of range [0, 64] (0: ctas_per_sm)");
@@ -313,14 +311,14 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   const planning::NodeCandidate* taken = &a;
   // Compact subtrees with long leaves put several leaves in series in one
   // unit while node streams them side by side: taken only where they save
-  // enough partial slots for the KV they re-read (kMaxRereadPerSlotByte).
+  // enough partial slots for the KV they re-read (reread_per_slot_byte).
   if (flat > 0) {
     const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
       plan_nodes(w, ix, opt, per_tile, shape.split_ctas_per_sm, m, b);
       const UnitBytes x = candidate_bytes(w, ix, m.sub, a, m.query_tiles, m.units_of_query, m.query_diff),
                       y = candidate_bytes(w, ix, m.sub, b, m.query_tiles, m.units_of_query, m.query_diff);
-      if ((y.kv - x.kv) * 2 <= kMaxRereadPerSlotByte * (x.partials - y.partials)) {
+      if (double(y.kv - x.kv) <= shape.reread_per_slot_byte * double(x.partials - y.partials)) {
         taken = &b;
         compact = long_compact;
       }
@@ -328,7 +326,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   }
   const planning::ProtoUnits* units = &build(*taken, m.raw, m.packed);
   // Units too few to fill the resident CTA slots run as long as the longest
-  // one: where a compact subtree's unit is over kMaxCompactStretch / 2 times
+  // one: where a compact subtree's unit is over compact_stretch times
   // the longest unit of the plan without compact subtrees (whose pieces run
   // side by side, then merge), that plan is taken.
   if (compact > 0 && !planning::fills_slots(units->size(), w, opt)) {
@@ -336,7 +334,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
     compact_units(nodes_only, 0, 0);
     plan_nodes(w, ix, opt, per_tile, shape.split_ctas_per_sm, m, nodes_only);
     const planning::ProtoUnits& alternative = build(nodes_only, m.raw_alternative, m.packed_alternative);
-    if (2 * longest_unit(*units) > kMaxCompactStretch * longest_unit(alternative)) {
+    if (double(longest_unit(*units)) > shape.compact_stretch * double(longest_unit(alternative))) {
       units = &alternative;
       compact = 0;
       taken = &nodes_only;

@@ -65,6 +65,9 @@ constexpr int64_t kDefaultFlatTokens = 512;
 // Compact subtrees with leaves of at most this many tokens are always taken;
 // longer ones by a byte rule (node.cpp).
 constexpr int64_t kShortLeafTokens = 2 * kDefaultKvTile;
+// node's ratios for its compact-subtree trades (NodeShape; measured, in
+// docs/planners.md "node").
+constexpr double kDefaultRereadPerSlotByte = 2.5, kDefaultCompactStretch = 2.5;
 // node's shape: the Q rows of a compact subtree's units (0: node's own
 // choice, 32 or else 16) and the most Q rows of a node's tiles (options
 // flat_rows, tile_rows); the CTAs per SM whose slots node's KV split fills
@@ -76,11 +79,20 @@ struct NodeShape {
   int64_t tile_rows = kMaxTileRows;
   int64_t split_ctas_per_sm = 0;
   int64_t flat_tokens = kDefaultFlatTokens;  // the longest path in a compact subtree (0: none)
+  // node's two trades of compact subtrees, as ratios (options reread_ratio
+  // and compact_stretch; auto prices the first with its cost model):
+  // compact subtrees with long leaves are taken where the KV they re-read is
+  // at most `reread_per_slot_byte` bytes per byte of partial slots they save;
+  // compact units too few to fill the GPU are kept where their longest is at
+  // most `compact_stretch` times the longest unit of the plan without them.
+  double reread_per_slot_byte = kDefaultRereadPerSlotByte;
+  double compact_stretch = kDefaultCompactStretch;
 
   NodeShape with_compact_rows(int64_t v) const { NodeShape s = *this; s.compact_rows = v; return s; }
   NodeShape with_tile_rows(int64_t v) const { NodeShape s = *this; s.tile_rows = v; return s; }
   NodeShape with_split_ctas_per_sm(int64_t v) const { NodeShape s = *this; s.split_ctas_per_sm = v; return s; }
   NodeShape with_flat_tokens(int64_t v) const { NodeShape s = *this; s.flat_tokens = v; return s; }
+  NodeShape with_compact_stretch(double v) const { NodeShape s = *this; s.compact_stretch = v; return s; }
 };
 NodeShape node_shape(const PlanOptions& opt);
 // node (plan_node_reusing) of the given shape. Leaves in scratch
