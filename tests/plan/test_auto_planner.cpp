@@ -60,13 +60,6 @@ Plan node_shaped(const Workload& w, PlanOptions opt, Shape s) {
   return make_plan("node", w, opt);
 }
 
-// opt with node's reread_ratio at the model's prices of KV read and partial
-// bytes, as auto plans node (unless opt sets it).
-PlanOptions at_model_reread(PlanOptions opt, const AutoCostModel& m) {
-  if (opt.extra.count("reread_ratio") == 0) opt.extra["reread_ratio"] = m.coefficients[4] / m.coefficients[2];
-  return opt;
-}
-
 // Per node, from the tree: queries in its subtree; its longest path down to a
 // query in tokens and in non-empty nodes; whether a child has queries below
 // it; the longest leaf (a node with queries below it and no child that has
@@ -135,9 +128,8 @@ bool whole_tree_of_short_leaves(const Workload& w, int longer) {
 // then the KV split for half the CTA slots; each planned whole and taken
 // where the model prices it the table's shape margin (tiles; the others:
 // wider units) below the best so far.
-Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& options,
+Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const PlanOptions& opt,
                                 bool widths = true) {
-  const PlanOptions opt = at_model_reread(options, m);
   Shape taken;
   double best = node_us(w, m, opt, make_plan("node", w, opt));
   PlanOptions no_compact = opt;
@@ -195,7 +187,7 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
 // per-query where the model predicts it faster than that by more than the
 // table's margin.
 Plan expected_auto(const Workload& w, const AutoCostModel& m, const PlanOptions& opt = {}, bool widths = true) {
-  Plan node = node_shaped(w, at_model_reread(opt, m), node_shape_by_brute_force(w, m, opt, widths));
+  Plan node = node_shaped(w, opt, node_shape_by_brute_force(w, m, opt, widths));
   Plan pq = make_plan("per-query", w, opt);
   const bool take_pq = m.predict(auto_cost_features(w, pq, opt)) < (1 - m.margin) * m.predict(auto_cost_features(w, node, opt));
   return take_pq ? pq : node;
@@ -220,8 +212,7 @@ TEST(AutoPlanner, NodeForHeavilySharedTrees) {
     // node's plan; pat:B=1,1024 with compact subtrees of its 2080-token paths
     // (auto's step 4), which still read the prompt once per unit.
     EXPECT_TRUE(same_plan(a, make_plan("node", w)) ||
-                same_plan(a, node_shaped(w, at_model_reread({}, builtin_auto_cost_model()),
-                                              node_shape_by_brute_force(w, builtin_auto_cost_model(), {}))))
+                same_plan(a, node_shaped(w, {}, node_shape_by_brute_force(w, builtin_auto_cost_model(), {}))))
         << spec;
     EXPECT_GT(summarize(w, make_plan("per-query", w)).kv_bytes, 3 * summarize(w, a).kv_bytes) << spec;
   }
@@ -305,7 +296,7 @@ TEST(AutoPlanner, ChoosesByTheModelOnRandomTrees) {
     bool as_expected = same_plan(a, want) || same_plan(a, make_plan("per-query", w, opt));
     for (const int rows : {64, 128})  // the same tiles, a wider compact width
       as_expected = as_expected || (!same_plan(want, make_plan("per-query", w, opt)) &&
-                                    same_plan(a, node_shaped(w, at_model_reread(opt, m), {rows, node_shape_by_brute_force(w, m, opt, false).tile_rows})));
+                                    same_plan(a, node_shaped(w, opt, {rows, node_shape_by_brute_force(w, m, opt, false).tile_rows})));
     EXPECT_TRUE(as_expected) << "seed " << seed;
     (same_plan(a, make_plan("per-query", w, opt)) ? per_query : node)++;
   }
@@ -369,7 +360,7 @@ TEST(AutoPlanner, DeeperCompactSubtreesWhereTheModelPricesThemFaster) {
   EXPECT_LT(node_us(w, m, {}, a), (1 - m.wider_units_margin) * node_us(w, m, {}, at512));
   fixed.extra["flat_tokens"] = 1024;
   EXPECT_TRUE(same_plan(a, make_plan("auto", w, fixed)));
-  EXPECT_TRUE(same_plan(a, node_shaped(w, at_model_reread({}, m), node_shape_by_brute_force(w, m, {}))));
+  EXPECT_TRUE(same_plan(a, node_shaped(w, {}, node_shape_by_brute_force(w, m, {}))));
 
   p.heads = {32, 8, 128};
   const Workload sparse = make_workload("pat:B=8,16,32,256:L=512,512,256,32", p);
@@ -446,7 +437,7 @@ TEST(AutoPlanner, ShapeShortcutsAgreeWithTheFullComparison) {
     const Shape s = node_shape_by_brute_force(w, m, {});
     const Plan a = make_plan("auto", w), pq = make_plan("per-query", w);
     if (same_plan(a, pq)) continue;  // auto's per-query switch, tested above
-    EXPECT_TRUE(same_plan(a, node_shaped(w, at_model_reread({}, m), s)))
+    EXPECT_TRUE(same_plan(a, node_shaped(w, {}, s)))
         << w.name << " " << w.heads.num_qo_heads << "/" << w.heads.num_kv_heads << ": brute force takes compact rows "
         << s.compact_rows << ", tile rows " << s.tile_rows;
     wider += s.compact_rows > 0;
@@ -483,7 +474,7 @@ TEST(AutoPlanner, ShapeMarginsComeFromTheTable) {
         const Plan a = plan_auto_with(w, {}, m);
         differ += !same_plan(a, make_plan("auto", w));
         if (same_plan(a, make_plan("per-query", w))) continue;
-        EXPECT_TRUE(same_plan(a, node_shaped(w, at_model_reread({}, m), node_shape_by_brute_force(w, m, {}))))
+        EXPECT_TRUE(same_plan(a, node_shaped(w, {}, node_shape_by_brute_force(w, m, {}))))
             << spec << " at " << h.num_qo_heads << "/" << h.num_kv_heads << ", margins " << tiles << ", " << wide;
       }
   }

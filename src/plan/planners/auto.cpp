@@ -279,10 +279,6 @@ namespace {
 // below the best so far (the model errs by ~6 % on single plans). Options
 // flat_rows and tile_rows fix a width, and split_tokens, split_scale and
 // split_sm_ctas the KV split, and keep auto from changing it.
-//  0. node's trade of compact subtrees with long leaves (the KV their units
-//     re-read against the partial slots they save; node's 2.5 bytes per byte)
-//     at the model's prices of KV read and partial bytes (auto_node_shape),
-//     unless the option reread_ratio fixes it. Every shape below keeps it.
 //  1. Smaller Q tiles (64, 32, 16 rows) for node's units: more CTAs of
 //     fewer rows and, at 16 rows, one launch instead of two; they pay on
 //     small, latency-bound trees (a ToT tree's 10 queries, a few-shot
@@ -376,19 +372,6 @@ NodeFeatures node_features(const Workload& w, const Plan& p, const PlanOptions& 
   return f;
 }
 
-// node's shape as auto starts from: the options' (planning::node_shape),
-// with node's trade of re-read KV against partial slots (compact subtrees
-// with long leaves) at the model's prices of the two, unless the option
-// reread_ratio fixes it.
-planning::NodeShape auto_node_shape(const PlanOptions& opt, const AutoCostModel& model) {
-  planning::NodeShape shape = planning::node_shape(opt);
-  if (opt.extra.count("reread_ratio") == 0) {
-    const double kv_mb = model.coefficients[2], partial_mb = model.coefficients[4];
-    shape.reread_per_slot_byte = kv_mb > 0 ? partial_mb / kv_mb : std::numeric_limits<double>::max();
-  }
-  return shape;
-}
-
 // The features of node's plan where the whole tree (one root holding every
 // query) is one compact subtree of units of `rows` Q rows, estimated without
 // planning it: the queries in the index's depth-first order (compact
@@ -421,13 +404,14 @@ AutoCostFeatures whole_tree_compact_estimate(const Workload& w, const TreeIndex&
   return tally.finish(w, opt, 0, 0);
 }
 
-// `shape`, `node`: the shape and node_features of the plan in `out`. Returns
-// the features of the plan left in `out`.
+// `node`: node_features of the plan in `out`. Returns the features of the
+// plan left in `out`.
 AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
                                          const AutoCostModel& model, PlanScratch& scratch, Plan& out,
-                                         planning::NodeShape shape, NodeFeatures node) {
+                                         NodeFeatures node) {
   PlanScratch::Buffers& m = scratch.buffers();
   const int64_t G = w.heads.group_size(), kv = w.heads.num_kv_heads;
+  planning::NodeShape shape = planning::node_shape(opt);  // of the plan in `out`
   planning::CompactUnitsSummary base = m.compact_units;  // of the plan in `out`
   bool cuts = m.node_cuts;                                // of the plan in `out`
   double best = model.predict(node.own);                 // of the plan in `out`
@@ -567,11 +551,10 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
     out.planner = "auto";
     return;
   }
-  const planning::NodeShape shape = auto_node_shape(opt, model);
-  planning::plan_node_shaped(w, ix, opt, shape, scratch, out);
+  plan_node_reusing(w, ix, opt, scratch, out);
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
-  AutoCostFeatures node = take_cheaper_node_shape(w, ix, opt, model, scratch, out, shape, node_features(w, out, opt));
+  AutoCostFeatures node = take_cheaper_node_shape(w, ix, opt, model, scratch, out, node_features(w, out, opt));
   // Per-query's features, each at most its value: every query's path loaded
   // once (exact), cut into pieces of split_length tokens (as per_query.cpp
   // does; more where a piece would exceed 64 segments), one launch, a
