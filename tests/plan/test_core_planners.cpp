@@ -253,6 +253,17 @@ TEST(CorePlanners, NodeFlattensCompactSubtrees) {
 // to fill the GPU include one far longer than any node piece: the ToT
 // sorting128 tree of task 1 at iteration 2000 (32/8) would get 16 units of up
 // to 836 tokens, against 24 of at most 237 as nodes (measured 36.9 vs 26.6 us).
+// f() throws Error, whose message holds `needle`.
+template <class F>
+void expect_error(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 TEST(CorePlanners, NodeKeepsNodesWhereCompactUnitsWouldBeTheTail) {
   WorkloadParams p;
   const Workload tot = make_workload(
@@ -267,6 +278,16 @@ TEST(CorePlanners, NodeKeepsNodesWhereCompactUnitsWouldBeTheTail) {
   // Filling the GPU (fasttree:N=1,256 at 32/8: 32 units x 8 kv heads), compact units stay.
   const Workload fan = fasttree_workload({1, 256}, {256, 32}, p);
   EXPECT_EQ(make_plan("node", fan).num_slots, 0);
+  // The option compact_stretch (2.5) sets how much longer they may be: at
+  // 1000 the ToT tree keeps them (fewer slots, more KV re-read).
+  PlanOptions stretch;
+  stretch.extra["compact_stretch"] = 1000;
+  const Plan kept = make_plan("node", tot, stretch);
+  validate_plan(tot, kept);
+  EXPECT_LT(summarize(tot, kept).partial_bytes, summarize(tot, plain).partial_bytes);
+  EXPECT_GT(summarize(tot, kept).kv_bytes, summarize(tot, plain).kv_bytes);
+  stretch.extra["compact_stretch"] = -1;
+  expect_error([&] { make_plan("node", tot, stretch); }, "node: compact_stretch = -1");
 }
 
 // Compact subtrees with long leaves are taken only where the partials they
@@ -286,6 +307,17 @@ TEST(CorePlanners, NodeTakesLongLeafCompactSubtreesBySavedBytes) {
   EXPECT_EQ(summarize(wide, make_plan("node", wide)).partial_bytes,
             summarize(wide, make_plan("node", wide, nodes)).partial_bytes);
   EXPECT_EQ(make_plan("node", wide).num_units(), make_plan("node", wide, nodes).num_units());
+  // The ratio is the option reread_ratio (2.5 bytes re-read per byte saved):
+  // at 0 the deep tree's long leaves are not taken, at 1000 the wide tree's are.
+  PlanOptions never, always;
+  never.extra["reread_ratio"] = 0;
+  always.extra["reread_ratio"] = 1000;
+  EXPECT_GT(summarize(deep, make_plan("node", deep, never)).partial_bytes, summarize(deep, flat).partial_bytes);
+  const Plan taken = make_plan("node", wide, always);
+  validate_plan(wide, taken);
+  EXPECT_LT(summarize(wide, taken).partial_bytes, summarize(wide, make_plan("node", wide)).partial_bytes);
+  never.extra["reread_ratio"] = -0.5;
+  expect_error([&] { make_plan("node", wide, never); }, "node: reread_ratio = -0.5");
 }
 
 // node folds a short shared node into its children's first KV pieces when
