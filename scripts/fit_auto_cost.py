@@ -22,6 +22,7 @@ same commit, and --sms as the suites had it). The features:
   ksegments      segments x kv heads, thousands
   padded_gflop   attention GFLOP with the tiles' padded rows
   wave_kt        per launch, waves of CTAs over the resident slots x its longest unit, thousands of tokens
+  masked_kt      the longest masked unit (compact subtrees, packs), thousands of tokens
 
 The fit is non-negative least squares on relative errors: for every config,
 each candidate's time (weight 0.3) and the difference between every two
@@ -31,6 +32,15 @@ the model predicts a gain of more than `margin`: the smallest margin of
 0, 0.01, ... 0.10 that meets the most configs on both of issue 21's criteria
 (auto <= 1.03 x min(node, per-query); auto within 5 % of the best planner).
 
+A/B pairs of auto's own variants (`scripts/planner_ab.sh` outputs: the same
+configs planned two ways and timed alternately) add what the suites'
+per-query and node plans do not show, e.g. plans of few long masked units:
+`--pairs MANIFEST`, a JSON list of {"table": planner_ab output, "configs":
+its CONFIGS_FILE, "a": [CLI options of variant A], "b": [...of B]}; each
+pair adds its difference (weight 1) and both times (0.3) to the fit, and the
+report counts the pairs where auto's rule on the fitted prices (B where
+predicted more than 5 % faster than A) picks a plan within 3 % of the faster.
+
   fit_auto_cost.py RESULTS.json... --out data/auto_cost_h100.json
   fit_auto_cost.py RESULTS.json... --loso      # leave one suite out: fit on the others, test on it
   fit_auto_cost.py RESULTS.json... --candidates per-query,node,fasttree --loso   # what another set would do
@@ -39,6 +49,7 @@ numpy only.
 """
 import argparse
 import collections
+import re
 import datetime
 import itertools
 import json
@@ -49,7 +60,7 @@ import sys
 import numpy as np
 
 FEATURES = ["const", "launches", "kv_mb", "unique_kv_mb", "partial_mb", "max_unit_kt", "kctas", "ksegments",
-            "padded_gflop", "wave_kt"]
+            "padded_gflop", "wave_kt", "masked_kt"]
 PLANNERS = ["per-query", "node", "node-chunk", "flatten", "fasttree", "pat", "forge"]
 PAIR_WEIGHT, ABS_WEIGHT = 1.0, 0.3
 
@@ -131,8 +142,52 @@ def nnls(A, b, iters=500):
     return x
 
 
-def fit(configs, cands):
+def load_pairs(manifest, treeattn):
+    """A/B pairs: (label, features of A, of B, time of A, of B) for every config of
+    each planner_ab table of the manifest, planned by `treeattn plan -p auto` with
+    the variant's options (from the repository root, as the runs were)."""
+    pairs = []
+    for entry in json.load(open(manifest)):
+        specs = [line.split(None, 1) for line in open(entry["configs"]) if line.strip() and not line.startswith("#")]
+        for line in open(entry["table"]):
+            m = re.match(r"^(\S+)\s+auto\s+(\d+/\d+)\s+[\d.]+\s+([\d.]+)\s+([\d.]+)\s", line)
+            if not m:
+                continue
+            name, heads, ta, tb = m.group(1), m.group(2), float(m.group(3)), float(m.group(4))
+            tail = name.split("/")[-1]  # the table cuts long specs at the front
+            full = [sp.strip() for h, sp in specs if h == heads and sp.strip().split("/")[-1].endswith(tail)]
+            if len(full) != 1:
+                sys.exit(f"{entry['table']}: {heads} {name} matches {len(full)} lines of {entry['configs']}")
+            f = []
+            for opts in (entry["a"], entry["b"]):
+                cmd = [treeattn, "plan", "--json", "--heads", heads, "-w", full[0], "-p", "auto"] + opts
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode != 0:
+                    sys.exit(f"{' '.join(cmd)}: {out.stderr.strip()}")
+                r = json.loads(out.stdout)[0]["auto_features"]
+                f.append(np.array([r[n] for n in FEATURES]))
+            pairs.append((f"{heads} {full[0]}", f[0], f[1], ta, tb))
+    return pairs
+
+
+def pair_score(pairs, coef, margin=0.05, show=False):
+    """Pairs where B (taken when predicted more than `margin` faster than A)
+    or A is within 3 % of the faster of the two."""
+    ok = 0
+    for label, fa, fb, ta, tb in pairs:
+        take_b = fb @ coef < (1 - margin) * (fa @ coef)
+        good = (tb if take_b else ta) <= 1.03 * min(ta, tb)
+        ok += good
+        if show and not good:
+            print(f"  pair {label[:70]}: predicted {fa @ coef:.1f} / {fb @ coef:.1f}, measured {ta:.1f} / {tb:.1f} us")
+    return ok
+
+
+def fit(configs, cands, pairs=()):
     A, b = [], []
+    for _, fa, fb, ta, tb in pairs:
+        A += [ABS_WEIGHT * fa / ta, ABS_WEIGHT * fb / tb, PAIR_WEIGHT * (fb - fa) / min(ta, tb)]
+        b += [ABS_WEIGHT, ABS_WEIGHT, PAIR_WEIGHT * (tb - ta) / min(ta, tb)]
     for _, _, v in configs:
         f = {p: features(v[p]) for p in cands}
         t = {p: v[p]["us"] for p in cands}
@@ -173,8 +228,8 @@ def score(configs, coef, cands, margin, show=False):
     return a, b, both, len(configs)
 
 
-def fit_with_margin(configs, cands):
-    coef = fit(configs, cands)
+def fit_with_margin(configs, cands, pairs=()):
+    coef = fit(configs, cands, pairs)
     margins = [i / 100 for i in range(11)]
     margin = max(margins, key=lambda m: (score(configs, coef, cands, m)[2], -m))
     return coef, margin
@@ -193,6 +248,7 @@ def main():
     ap.add_argument("--show", action="store_true", help="list the configs that miss a criterion")
     ap.add_argument("--treeattn", default=None, help="the treeattn CLI (default: build/cpu/treeattn, build/default/treeattn)")
     ap.add_argument("--sms", type=int, default=132, help="the SM count the suites planned for (treeattn --sms)")
+    ap.add_argument("--pairs", help="JSON manifest of planner_ab A/B runs of auto's variants to fit as well")
     args = ap.parse_args()
     cands = args.candidates.split(",")
     configs, devices = load(args.results)
@@ -202,14 +258,17 @@ def main():
     if not treeattn:
         sys.exit("no treeattn CLI found: build it or pass --treeattn")
     attach_features(configs, cands, treeattn, args.sms)
-    coef, margin = fit_with_margin(configs, cands)
+    pairs = load_pairs(args.pairs, treeattn) if args.pairs else []
+    coef, margin = fit_with_margin(configs, cands, pairs)
     print("coefficients (us per unit):", ", ".join(f"{n} {c:.4g}" for n, c in zip(FEATURES, coef)), f"margin {margin}")
     print("in sample:", fmt(score(configs, coef, cands, margin, args.show)))
+    if pairs:
+        print(f"A/B pairs: {pair_score(pairs, coef, show=args.show)}/{len(pairs)} within 3 % of the faster")
     if args.loso:
         for held in sorted({c[0] for c in configs}):
             train = [c for c in configs if c[0] != held]
             test = [c for c in configs if c[0] == held]
-            c2, m2 = fit_with_margin(train, cands)
+            c2, m2 = fit_with_margin(train, cands, pairs)
             print(f"held out {held} (fit on the others, margin {m2}):", fmt(score(test, c2, cands, m2, args.show)))
     if args.out:
         if cands != ["per-query", "node"]:
@@ -226,7 +285,8 @@ def main():
             "commit": commit,
             "source": "suites " + ", ".join(sources) + f" ({len(configs)} configs, measured at commit " +
                       ", ".join(sorted({r['commit'] for c in configs for r in c[2].values() if 'commit' in r})) + ")",
-            "fit": "scripts/fit_auto_cost.py " + " ".join(args.results) + " --out " + args.out,
+            "fit": "scripts/fit_auto_cost.py " + " ".join(args.results) +
+                   (f" --pairs {args.pairs}" if args.pairs else "") + " --out " + args.out,
             "margin": margin,
             "coefficients": {n: float(f"{c:.6g}") for n, c in zip(FEATURES, coef)},
         }

@@ -195,7 +195,7 @@ Plan plan_forge_with(const Workload& w, const PlanOptions& opt, const ForgeCostT
 // pass), in the units of the table's coefficients (microseconds per unit).
 // scripts/fit_auto_cost.py reads them from `treeattn plan --json`
 // ("auto_features"), so they are defined here only.
-inline constexpr int kAutoCostFeatures = 10;
+inline constexpr int kAutoCostFeatures = 11;
 inline constexpr std::array<const char*, kAutoCostFeatures> kAutoCostFeatureNames = {
     "const",         // 1
     "launches",      // attention launches: tile configs used (m16 units of <= 32 tokens apart)
@@ -208,7 +208,11 @@ inline constexpr std::array<const char*, kAutoCostFeatures> kAutoCostFeatureName
     "padded_gflop",  // attention GFLOP over the units' tile rows (padding included)
     "wave_kt",       // per launch, waves of CTAs over the resident slots x its longest unit:
                      // summed, thousands of tokens
+    "masked_kt",     // tokens of the longest masked unit (a compact subtree's or a pack's:
+                     // its tiles apply the entries' masks), thousands
 };
+// Features added after the first tables: a table without one prices it at 0.
+inline constexpr int kAutoCostFeaturesRequired = 10;
 using AutoCostFeatures = std::array<double, kAutoCostFeatures>;
 // The features of plan p of w, planned with opt (its SM count). A launch
 // runs the units of one tile config (as the CUDA executor groups them); its

@@ -97,14 +97,17 @@ json features_json(const AutoCostFeatures& f) {
 AutoCostFeatures features_from(const json& j, const std::string& where) {
   detail::require_object(j, where);
   AutoCostFeatures f{};
+  size_t found = 0;
   for (int i = 0; i < kAutoCostFeatures; ++i) {
+    if (i >= kAutoCostFeaturesRequired && !j.contains(kAutoCostFeatureNames[i])) continue;  // older samples: 0
     const json& v = detail::require(j, kAutoCostFeatureNames[i], where);
     if (!v.is_number())
       throw Error(detail::member_field(where, kAutoCostFeatureNames[i]) + " = " + detail::brief(v) +
                   " is not a number");
     f[i] = v.get<double>();
+    ++found;
   }
-  if (j.size() != size_t(kAutoCostFeatures))
+  if (j.size() != found)
     for (const auto& item : j.items()) {
       const std::string& key = item.key();
       if (std::find_if(kAutoCostFeatureNames.begin(), kAutoCostFeatureNames.end(),

@@ -505,22 +505,35 @@ TEST(AutoPlanner, ReplacingTheDefaultModelChangesTheChoice) {
 
 TEST(AutoCostModel, FeaturesAgreeWithThePlanSummary) {
   WorkloadParams p;
-  const Workload w = make_workload("pat:B=1,4,16:L=128,256,1024", p);
-  for (const char* planner : {"node", "per-query", "fasttree", "flatten"}) {
-    const Plan plan = make_plan(planner, w);
-    const PlanSummary s = summarize(w, plan);
-    const AutoCostFeatures f = auto_cost_features(w, plan);
-    EXPECT_EQ(f[0], 1);
-    EXPECT_GE(f[1], 1);
-    EXPECT_DOUBLE_EQ(f[2], s.kv_bytes * 1e-6) << planner;
-    EXPECT_DOUBLE_EQ(f[3], s.unique_kv_bytes * 1e-6) << planner;
-    EXPECT_DOUBLE_EQ(f[4], s.partial_bytes * 1e-6) << planner;
-    EXPECT_DOUBLE_EQ(f[5], s.max_unit_tokens * 1e-3) << planner;
-    EXPECT_DOUBLE_EQ(f[6], s.units * w.heads.num_kv_heads * 1e-3) << planner;
-    EXPECT_DOUBLE_EQ(f[7], s.segments * w.heads.num_kv_heads * 1e-3) << planner;
-    EXPECT_GE(f[8] * 1.000001, s.flops * 1e-9) << planner;
-    EXPECT_GE(f[9], f[5]) << planner << ": the launch of the longest unit runs at least one wave of it";
+  int masked_plans = 0;
+  for (const char* spec : {"pat:B=1,4,16:L=128,256,1024", "fasttree:N=1,256:C=256,32"}) {
+    const Workload w = make_workload(spec, p);
+    for (const char* planner : {"node", "per-query", "fasttree", "flatten"}) {
+      const Plan plan = make_plan(planner, w);
+      const PlanSummary s = summarize(w, plan);
+      const AutoCostFeatures f = auto_cost_features(w, plan);
+      EXPECT_EQ(f[0], 1);
+      EXPECT_GE(f[1], 1);
+      EXPECT_DOUBLE_EQ(f[2], s.kv_bytes * 1e-6) << planner;
+      EXPECT_DOUBLE_EQ(f[3], s.unique_kv_bytes * 1e-6) << planner;
+      EXPECT_DOUBLE_EQ(f[4], s.partial_bytes * 1e-6) << planner;
+      EXPECT_DOUBLE_EQ(f[5], s.max_unit_tokens * 1e-3) << planner;
+      EXPECT_DOUBLE_EQ(f[6], s.units * w.heads.num_kv_heads * 1e-3) << planner;
+      EXPECT_DOUBLE_EQ(f[7], s.segments * w.heads.num_kv_heads * 1e-3) << planner;
+      EXPECT_GE(f[8] * 1.000001, s.flops * 1e-9) << planner;
+      EXPECT_GE(f[9], f[5]) << planner << ": the launch of the longest unit runs at least one wave of it";
+      int64_t longest_masked = 0;
+      for (int32_t u = 0; u < plan.num_units(); ++u) {
+        if (!plan.unit_masked[u]) continue;
+        int64_t t = 0;
+        for (int32_t k = plan.unit_segment_offset[u]; k < plan.unit_segment_offset[u + 1]; ++k) t += plan.segments[k].size();
+        longest_masked = std::max(longest_masked, t);
+      }
+      EXPECT_DOUBLE_EQ(f[10], longest_masked * 1e-3) << planner;
+      masked_plans += longest_masked > 0;
+    }
   }
+  EXPECT_GE(masked_plans, 1);  // node's compact units of fasttree:N=1,256 are masked
 }
 
 // The library's default (kBuiltinAutoCost in src/plan/planners/auto.cpp) and

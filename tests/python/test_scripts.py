@@ -72,10 +72,11 @@ def test_calibrate_auto_fits_as_fit_auto_cost_py_does(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     import fit_auto_cost as fac
     rng = np.random.default_rng(21)
-    truth = np.array([0.7, 7.6, 0.12, 0.17, 0.55, 7.1, 6.3, 0.2, 0.0, 2.5])
+    truth = np.array([0.7, 7.6, 0.12, 0.17, 0.55, 7.1, 6.3, 0.2, 0.0, 2.5, 3.0])
+    assert len(truth) == len(fac.FEATURES)
     samples, configs = [], []
     for i in range(150):
-        f = {p: np.concatenate([[1.0], rng.uniform(0, 10, 9)]) for p in ("per-query", "node")}
+        f = {p: np.concatenate([[1.0], rng.uniform(0, 10, len(truth) - 1)]) for p in ("per-query", "node")}
         # Times of the model with 10 % noise, so the fit is a compromise, not an exact solve.
         t = {p: float(f[p] @ truth * rng.uniform(0.9, 1.1)) for p in f}
         samples.append(dict(config=f"c{i}", group="g", per_query_us=t["per-query"], node_us=t["node"],
@@ -162,3 +163,39 @@ def test_compare_kv_dtypes_estimates_the_dram_only_speedup(tmp_path):
     assert abs(means["memory_bound_geomean"] - (40 / 25 * 60 / 45) ** 0.5) < 1e-9, out
     again = subprocess.run(script + ["--compare", str(out_json)], capture_output=True, text=True, check=True).stdout
     assert again.splitlines()[-2:] == out.splitlines()[-2:], again
+
+
+def test_fit_auto_cost_reads_ab_pairs(tmp_path):
+    """fit_auto_cost.py --pairs: a planner_ab table's configs (long specs cut at
+    the front, as the table prints them) are planned with each variant's options,
+    and auto's rule on a model's prices is scored against the measured times."""
+    import numpy as np
+    import pytest
+    cli = _treeattn_cli()
+    if cli is None:
+        pytest.skip("the treeattn CLI is not built (build/cpu or build/default)")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fit_auto_cost as fac
+    spec = "fasttree:N=1,4,16,64:C=1024,256,128,32"
+    configs = tmp_path / "configs.txt"
+    configs.write_text(f"# a comment\n32/8 {spec}\n")
+    table = tmp_path / "ab.txt"
+    table.write_text("all   configs   1: B/A eager geomean 1.2\n\n"
+                     "config    planner  heads   read    A us    B us    B/A  A graph  B graph\n"
+                     f"{spec[8:]}   auto   32/8   5.0   10.0   12.0  1.200   10.1   12.1\n")
+    manifest = tmp_path / "pairs.json"
+    manifest.write_text(json.dumps([{"table": str(table), "configs": str(configs), "a": [],
+                                     "b": ["--plan-opt", "tile_rows=16"]}]))
+    pairs = fac.load_pairs(str(manifest), str(cli))
+    assert len(pairs) == 1
+    label, fa, fb, ta, tb = pairs[0]
+    assert label == f"32/8 {spec}" and (ta, tb) == (10.0, 12.0)
+    kctas = fac.FEATURES.index("kctas")
+    assert fb[kctas] > fa[kctas], "16-row tiles make more units"
+    cheap_units = np.zeros(len(fac.FEATURES))
+    cheap_units[fac.FEATURES.index("kv_mb")] = 1.0  # B re-reads more KV: priced slower, A kept (the faster)
+    assert fac.pair_score(pairs, cheap_units) == 1
+    favour_b = np.zeros(len(fac.FEATURES))
+    favour_b[fac.FEATURES.index("launches")] = 1.0  # B's one launch priced faster: B taken, 1.2x slower
+    assert fb @ favour_b < 0.95 * (fa @ favour_b)
+    assert fac.pair_score(pairs, favour_b) == 0

@@ -78,16 +78,17 @@ int64_t resident_ctas(int t, const Workload& w, const PlanOptions& opt) {
 // auto_cost_features' sums over a plan's units and its per-tile counts,
 // filled unit by unit (`copies` units alike at once).
 struct FeatureTally {
-  int64_t units = 0, segments = 0, tokens = 0, max_tokens = 0, padded_row_tokens = 0;
+  int64_t units = 0, segments = 0, tokens = 0, max_tokens = 0, padded_row_tokens = 0, max_masked_tokens = 0;
   std::array<int64_t, kTileConfigs.size()> tile_units{}, longest{};  // per tile
   bool m16_long = false;
 
-  void add(int tile, int64_t t, int64_t segs, int64_t copies) {
+  void add(int tile, int64_t t, int64_t segs, int64_t copies, bool masked) {
     units += copies;
     segments += segs * copies;
     tokens += t * copies;
     max_tokens = std::max(max_tokens, t);
     padded_row_tokens += int64_t(kTileConfigs[tile].m) * t * copies;
+    if (masked) max_masked_tokens = std::max(max_masked_tokens, t);
     tile_units[tile] += copies;
     longest[tile] = std::max(longest[tile], t);
     m16_long = m16_long || (tile == kTile16 && t > 32);
@@ -100,6 +101,7 @@ struct FeatureTally {
     tokens += o.tokens;
     max_tokens = std::max(max_tokens, o.max_tokens);
     padded_row_tokens += o.padded_row_tokens;
+    max_masked_tokens = std::max(max_masked_tokens, o.max_masked_tokens);
     for (size_t t = 0; t < tile_units.size(); ++t) {
       tile_units[t] += o.tile_units[t];
       longest[t] = std::max(longest[t], o.longest[t]);
@@ -141,6 +143,7 @@ struct FeatureTally {
     // at 0 (decode is memory-bound there).
     f[8] = gflop(w, padded_row_tokens);
     f[9] = wave_tokens * 1e-3;
+    f[10] = double(max_masked_tokens) * 1e-3;
     return f;
   }
 };
@@ -153,7 +156,7 @@ int64_t unit_tokens(const Plan& p, int32_t u) {
 
 AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions& opt, double unique_kv_mb) {
   FeatureTally tally;
-  for (int32_t u = 0; u < p.num_units(); ++u) tally.add(p.unit_tile[u], unit_tokens(p, u), p.unit_num_segments(u), 1);
+  for (int32_t u = 0; u < p.num_units(); ++u) tally.add(p.unit_tile[u], unit_tokens(p, u), p.unit_num_segments(u), 1, p.unit_masked[u] != 0);
   return tally.finish(w, opt, p.num_slots, unique_kv_mb);
 }
 
@@ -203,6 +206,7 @@ AutoCostModel parse_auto_cost_model(std::string_view text) {
   if (c == j.end() || !c->is_object()) throw Error("auto cost model: coefficients is missing or not an object");
   for (int i = 0; i < kAutoCostFeatures; ++i) {
     const auto v = c->find(kAutoCostFeatureNames[i]);
+    if (v == c->end() && i >= kAutoCostFeaturesRequired) continue;  // a table from before the feature: 0
     if (v == c->end())
       throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " is missing");
     if (!v->is_number())
@@ -348,18 +352,18 @@ NodeFeatures node_features(const Workload& w, const Plan& p, const PlanOptions& 
   for (int32_t u = 0; u < p.num_units(); ++u) {
     const int64_t queries = p.unit_num_queries(u), t = unit_tokens(p, u), segs = p.unit_num_segments(u);
     if (p.unit_masked[u] || queries <= fewest) {
-      same.add(p.unit_tile[u], t, segs, 1);
+      same.add(p.unit_tile[u], t, segs, 1, p.unit_masked[u] != 0);
       continue;
     }
-    own.add(p.unit_tile[u], t, segs, 1);
+    own.add(p.unit_tile[u], t, segs, 1, false);
     for (size_t i = 0; i < n; ++i) {
       if (queries <= per_tile[i]) {
-        tally[i].add(p.unit_tile[u], t, segs, 1);
+        tally[i].add(p.unit_tile[u], t, segs, 1, false);
         continue;
       }
       const int64_t full = queries / per_tile[i], rest = queries % per_tile[i];
-      tally[i].add(tile_of[per_tile[i] * G], t, segs, full);
-      if (rest > 0) tally[i].add(tile_of[rest * G], t, segs, 1);
+      tally[i].add(tile_of[per_tile[i] * G], t, segs, full, false);
+      if (rest > 0) tally[i].add(tile_of[rest * G], t, segs, 1, false);
     }
   }
   NodeFeatures f;
@@ -399,7 +403,7 @@ AutoCostFeatures whole_tree_compact_estimate(const Workload& w, const TreeIndex&
   for (int64_t i = 0; i < units; ++i) {
     t += tokens[size_t(i)];
     segs += segments[size_t(i)];
-    tally.add(smallest_tile_for_rows(int(std::min(per, Q - i * per) * G)), t, segs, 1);
+    tally.add(smallest_tile_for_rows(int(std::min(per, Q - i * per) * G)), t, segs, 1, true);
   }
   return tally.finish(w, opt, 0, 0);
 }
