@@ -148,7 +148,7 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
       Shape s = at;
       s.compact_rows = rows;
       const Plan p = node_shaped(w, opt, s);
-      if (rows > 0 && same_plan(p, node_shaped(w, no_compact, {0, at.tile_rows}))) continue;
+      if (rows > 0 && (same_plan(p, node_shaped(w, no_compact, {0, at.tile_rows})) || !fills(w, opt, p))) continue;
       const double us = node_us(w, m, opt, p);
       if (us < (1 - m.wider_units_margin) * best) taken = s, best = us;
     }
@@ -392,6 +392,20 @@ TEST(AutoPlanner, DeeperCompactSubtreesWhereTheModelPricesThemFaster) {
   EXPECT_EQ(c.num_slots, 0);
   fixed.extra["flat_tokens"] = 4096;
   EXPECT_TRUE(same_plan(c, make_plan("auto", star, fixed)));
+
+  // A wider width must fill three quarters of the CTA slots, as in step 2:
+  // fasttree:N=1,4,16,512 at 32/8 in 128-row units is 16 units x 8 kv heads
+  // for 264 slots, priced faster and run slower (92.6 us against 71.7 for 32
+  // units of 64 rows, planners/masked_table_ab.txt); auto takes the 64 rows.
+  const Workload deep = make_workload("fasttree:N=1,4,16,512:C=1024,256,128,32", p);
+  fixed.extra.clear();
+  fixed.extra["flat_rows"] = 128;
+  const Plan few = make_plan("auto", deep, fixed), d = make_plan("auto", deep);
+  EXPECT_FALSE(fills(deep, {}, few));
+  EXPECT_LT(node_us(deep, m, {}, few), (1 - m.wider_units_margin) * node_us(deep, m, {}, d));
+  EXPECT_TRUE(fills(deep, {}, d));
+  EXPECT_EQ(d.num_slots, 0);
+  EXPECT_TRUE(same_plan(d, node_shaped(deep, {}, node_shape_by_brute_force(deep, m, {}))));
 }
 
 // auto estimates smaller Q tiles from the plan in hand, prices a wider

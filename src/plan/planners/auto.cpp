@@ -306,7 +306,8 @@ namespace {
 //     few-shot prompts); under the wider-units margin.
 //  4. Deeper compact subtrees: node's compact subtrees hold paths of at most
 //     512 tokens (flat_tokens); auto prices paths of up to 2 and 4 times that,
-//     each at node's compact width and the wider ones of step 2. The queries
+//     each at node's compact width and the wider ones of step 2 (those, as
+//     there, only where they fill three quarters of the CTA slots). The queries
 //     of a subtree planned whole need no merge, and its units re-read the
 //     subtree's shared nodes: on deep trees of many queries (1024 queries
 //     under 256-128-64-token levels) the slots saved outweigh the re-reads,
@@ -449,7 +450,8 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   // length at node's compact width and, unless flat_rows fixes it, at the
   // wider ones of step 2 (long paths pay with more rows per unit), those only
   // where merging away every unit the rows limit closed could pay (step 2's
-  // bound). Tried first, so that steps 1-3 shape the plan taken.
+  // bound) and, as in step 2, where they fill three quarters of the CTA
+  // slots. Tried first, so that steps 1-3 shape the plan taken.
   const int32_t root = ix.roots.empty() ? -1 : ix.roots[0];
   const bool whole_tree = ix.roots.size() == 1 && ix.subtree_queries[size_t(root)] == w.num_queries();
   const auto deeper = [&] {
@@ -485,7 +487,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
         if (rows <= std::max<int64_t>(32, G)) continue;
         const planning::NodeShape candidate = at.with_compact_rows(rows);
         planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
-        if (m.compact_units.units == 0) continue;
+        if (m.compact_units.units == 0 || !planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
         if (take(candidate, features_of(w, other, opt, 0), model.wider_units_margin)) node = node_features(w, out, opt);
       }
     }
