@@ -36,10 +36,14 @@ A/B pairs of auto's own variants (`scripts/planner_ab.sh` outputs: the same
 configs planned two ways and timed alternately) add what the suites'
 per-query and node plans do not show, e.g. plans of few long masked units:
 `--pairs MANIFEST`, a JSON list of {"table": planner_ab output, "configs":
-its CONFIGS_FILE, "a": [CLI options of variant A], "b": [...of B]}; each
-pair adds its difference (weight 1) and both times (0.3) to the fit, and the
-report counts the pairs where auto's rule on the fitted prices (B where
-predicted more than 5 % faster than A) picks a plan within 3 % of the faster.
+its CONFIGS_FILE, "a": [CLI options of variant A], "b": [...of B], "plans":
+{"HEADS SPEC": [[units, segments, kv_bytes, partial_bytes] of A, ... of B]}
+as timed}; each pair adds its difference (weight 1) and both times (0.3) to
+the fit, and the report counts the pairs where auto's rule on the fitted
+prices (B where predicted more than 5 % faster than A) picks a plan within
+3 % of the faster. A pair whose plans the CLI no longer makes as timed (the
+planner changed since) is left out and counted; `--record-plans` writes the
+CLI's plans into the manifest (run it with the commit that timed them).
 
   fit_auto_cost.py RESULTS.json... --out data/auto_cost_h100.json
   fit_auto_cost.py RESULTS.json... --loso      # leave one suite out: fit on the others, test on it
@@ -142,12 +146,16 @@ def nnls(A, b, iters=500):
     return x
 
 
-def load_pairs(manifest, treeattn):
+def load_pairs(manifest, treeattn, record=False):
     """A/B pairs: (label, features of A, of B, time of A, of B) for every config of
     each planner_ab table of the manifest, planned by `treeattn plan -p auto` with
-    the variant's options (from the repository root, as the runs were)."""
-    pairs = []
-    for entry in json.load(open(manifest)):
+    the variant's options (from the repository root, as the runs were), and the
+    number of pairs left out because a plan differs from the one timed. With
+    `record`, the plans are written into the manifest instead of checked."""
+    pairs, stale = [], 0
+    entries = json.load(open(manifest))
+    for entry in entries:
+        timed = entry.setdefault("plans", {})
         specs = [line.split(None, 1) for line in open(entry["configs"]) if line.strip() and not line.startswith("#")]
         for line in open(entry["table"]):
             m = re.match(r"^(\S+)\s+auto\s+(\d+/\d+)\s+[\d.]+\s+([\d.]+)\s+([\d.]+)\s", line)
@@ -158,16 +166,26 @@ def load_pairs(manifest, treeattn):
             full = [sp.strip() for h, sp in specs if h == heads and sp.strip().split("/")[-1].endswith(tail)]
             if len(full) != 1:
                 sys.exit(f"{entry['table']}: {heads} {name} matches {len(full)} lines of {entry['configs']}")
-            f = []
+            f, plans = [], []
             for opts in (entry["a"], entry["b"]):
                 cmd = [treeattn, "plan", "--json", "--heads", heads, "-w", full[0], "-p", "auto"] + opts
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode != 0:
                     sys.exit(f"{' '.join(cmd)}: {out.stderr.strip()}")
-                r = json.loads(out.stdout)[0]["auto_features"]
-                f.append(np.array([r[n] for n in FEATURES]))
-            pairs.append((f"{heads} {full[0]}", f[0], f[1], ta, tb))
-    return pairs
+                r = json.loads(out.stdout)[0]
+                f.append(np.array([r["auto_features"][n] for n in FEATURES]))
+                plans.append([r[k] for k in ("units", "segments", "kv_bytes", "partial_bytes")])
+            label = f"{heads} {full[0]}"
+            if record:
+                timed[label] = plans
+            elif timed.get(label) != plans:
+                stale += 1
+                continue
+            pairs.append((label, f[0], f[1], ta, tb))
+    if record:
+        with open(manifest, "w") as out:
+            json.dump(entries, out, indent=1)
+    return pairs, stale
 
 
 def pair_score(pairs, coef, margin=0.05, show=False):
@@ -249,6 +267,8 @@ def main():
     ap.add_argument("--treeattn", default=None, help="the treeattn CLI (default: build/cpu/treeattn, build/default/treeattn)")
     ap.add_argument("--sms", type=int, default=132, help="the SM count the suites planned for (treeattn --sms)")
     ap.add_argument("--pairs", help="JSON manifest of planner_ab A/B runs of auto's variants to fit as well")
+    ap.add_argument("--record-plans", action="store_true",
+                    help="write the CLI's plans of the --pairs configs into the manifest and exit")
     args = ap.parse_args()
     cands = args.candidates.split(",")
     configs, devices = load(args.results)
@@ -257,8 +277,16 @@ def main():
                                      None)
     if not treeattn:
         sys.exit("no treeattn CLI found: build it or pass --treeattn")
+    if args.record_plans:
+        if not args.pairs:
+            sys.exit("--record-plans needs --pairs")
+        pairs, _ = load_pairs(args.pairs, treeattn, record=True)
+        print(f"recorded the plans of {len(pairs)} pairs in {args.pairs}")
+        return
     attach_features(configs, cands, treeattn, args.sms)
-    pairs = load_pairs(args.pairs, treeattn) if args.pairs else []
+    pairs, stale = load_pairs(args.pairs, treeattn) if args.pairs else ([], 0)
+    if stale:
+        print(f"A/B pairs: {stale} left out, their plans differ from the ones timed")
     coef, margin = fit_with_margin(configs, cands, pairs)
     print("coefficients (us per unit):", ", ".join(f"{n} {c:.4g}" for n, c in zip(FEATURES, coef)), f"margin {margin}")
     print("in sample:", fmt(score(configs, coef, cands, margin, args.show)))

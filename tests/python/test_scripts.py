@@ -186,8 +186,16 @@ def test_fit_auto_cost_reads_ab_pairs(tmp_path):
     manifest = tmp_path / "pairs.json"
     manifest.write_text(json.dumps([{"table": str(table), "configs": str(configs), "a": [],
                                      "b": ["--plan-opt", "tile_rows=16"]}]))
-    pairs = fac.load_pairs(str(manifest), str(cli))
-    assert len(pairs) == 1
+    # The plans as timed are recorded first (--record-plans), then checked:
+    # a pair whose plan the CLI no longer makes is left out.
+    recorded, _ = fac.load_pairs(str(manifest), str(cli), record=True)
+    assert len(recorded) == 1
+    pairs, stale = fac.load_pairs(str(manifest), str(cli))
+    assert len(pairs) == 1 and stale == 0
+    entries = json.loads(manifest.read_text())
+    entries[0]["plans"][f"32/8 {spec}"][1][0] += 1  # B timed with one unit more than the CLI now plans
+    manifest.write_text(json.dumps(entries))
+    assert fac.load_pairs(str(manifest), str(cli)) == ([], 1)
     label, fa, fb, ta, tb = pairs[0]
     assert label == f"32/8 {spec}" and (ta, tb) == (10.0, 12.0)
     kctas = fac.FEATURES.index("kctas")
