@@ -80,7 +80,7 @@ struct NodeShape {
   int64_t split_ctas_per_sm = 0;
   int64_t flat_tokens = kDefaultFlatTokens;  // the longest path in a compact subtree (0: none)
   // node's two trades of compact subtrees, as ratios (options reread_ratio
-  // and compact_stretch; auto prices the first with its cost model):
+  // and compact_stretch; measured: docs/planners.md "node" and "auto"):
   // compact subtrees with long leaves are taken where the KV they re-read is
   // at most `reread_per_slot_byte` bytes per byte of partial slots they save;
   // compact units too few to fill the GPU are kept where their longest is at
@@ -92,7 +92,6 @@ struct NodeShape {
   NodeShape with_tile_rows(int64_t v) const { NodeShape s = *this; s.tile_rows = v; return s; }
   NodeShape with_split_ctas_per_sm(int64_t v) const { NodeShape s = *this; s.split_ctas_per_sm = v; return s; }
   NodeShape with_flat_tokens(int64_t v) const { NodeShape s = *this; s.flat_tokens = v; return s; }
-  NodeShape with_compact_stretch(double v) const { NodeShape s = *this; s.compact_stretch = v; return s; }
 };
 NodeShape node_shape(const PlanOptions& opt);
 // node (plan_node_reusing) of the given shape. Leaves in scratch
