@@ -1,5 +1,6 @@
 // The plan validator: DESIGN.md's invariants, checked for any planner's output.
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <string>
 #include <tuple>
@@ -95,20 +96,34 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   const auto depth_bit = [](int32_t d) { return d < 64 ? uint64_t(1) << d : 0; };
   const auto on_path = [&](int32_t key, int32_t v) { return uint32_t(key - query_begin[v]) < uint32_t(subtree_queries[v]); };
   const int g = w.heads.group_size();
+  // Rows each tile holds at this head_dim, 0 where it does not fit shared
+  // memory: one comparison per unit finds a unit whose capacity is wrong.
+  std::array<int64_t, kTileConfigs.size()> tile_rows{};
+  for (size_t t = 0; t < kTileConfigs.size(); ++t)
+    tile_rows[t] = tile_fits_head_dim(int(t), w.heads.head_dim) ? kTileConfigs[t].m : 0;
+  const int32_t* const unit_segment_offset = p.unit_segment_offset.data();
+  const int32_t* const unit_query_offset = p.unit_query_offset.data();
+  const int32_t* const entry_query = p.entry_query.data();
+  const uint64_t* const entry_mask = p.entry_mask.data();
+  const int32_t* const entry_slot = p.entry_slot.data();
+  int32_t* const slot_owner = sc.slot_owner.data();
   for (int32_t u = 0; u < U; ++u) {
     // Labels are built only on failure: this runs every decode step.
     const auto unit = [&] { return "unit " + str(u) + ": "; };
-    if (p.unit_tile[u] >= kTileConfigs.size()) fail(p.planner, unit() + "tile " + str(p.unit_tile[u]) + " unknown");
-    const int32_t nseg = p.unit_num_segments(u), nq = p.unit_num_queries(u);
-    if (nseg > kMaxSegmentsPerUnit) fail(p.planner, unit() + str(nseg) + " segments exceed " + str(kMaxSegmentsPerUnit));
-    if (nq == 0) fail(p.planner, unit() + "has no queries");
-    if (!tile_fits_head_dim(p.unit_tile[u], w.heads.head_dim))
-      fail(p.planner, unit() + "tile m=" + str(kTileConfigs[p.unit_tile[u]].m) + " n=" + str(kTileConfigs[p.unit_tile[u]].n) +
-                          " does not fit shared memory at head_dim " + str(w.heads.head_dim));
-    if (nq * g > kTileConfigs[p.unit_tile[u]].m)
+    const size_t tile = p.unit_tile[u];
+    const int32_t nseg = unit_segment_offset[u + 1] - unit_segment_offset[u];
+    const int32_t e_begin = unit_query_offset[u], e_end = unit_query_offset[u + 1], nq = e_end - e_begin;
+    if (tile >= kTileConfigs.size() || nseg > kMaxSegmentsPerUnit || nq == 0 || int64_t(nq) * g > tile_rows[tile]) {
+      if (tile >= kTileConfigs.size()) fail(p.planner, unit() + "tile " + str(p.unit_tile[u]) + " unknown");
+      if (nseg > kMaxSegmentsPerUnit) fail(p.planner, unit() + str(nseg) + " segments exceed " + str(kMaxSegmentsPerUnit));
+      if (nq == 0) fail(p.planner, unit() + "has no queries");
+      if (tile_rows[tile] == 0)
+        fail(p.planner, unit() + "tile m=" + str(kTileConfigs[tile].m) + " n=" + str(kTileConfigs[tile].n) +
+                            " does not fit shared memory at head_dim " + str(w.heads.head_dim));
       fail(p.planner, unit() + str(nq) + " queries x " + str(g) + " heads exceed the tile's " +
-                          str(kTileConfigs[p.unit_tile[u]].m) + " rows");
-    const Segment* const segs = p.segments.data() + p.unit_segment_offset[u];
+                          str(kTileConfigs[tile].m) + " rows");
+    }
+    const Segment* const segs = p.segments.data() + unit_segment_offset[u];
     uint64_t non_empty = 0;  // bit k: segment k has tokens
     // The summary, where `whole_nodes` stays true.
     bool whole_nodes = p.unit_masked[u] == 0;
@@ -132,23 +147,23 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
     }
     const uint64_t full = full_mask(nseg);
     bool any_partial_mask = false;
-    for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) {
-      const int32_t q = p.entry_query[e];
-      if (q < 0 || q >= Q) fail(p.planner, unit() + "query " + str(q) + " out of range");
+    for (int32_t e = e_begin; e < e_end; ++e) {
+      const int32_t q = entry_query[e];
+      if (uint32_t(q) >= uint32_t(Q)) fail(p.planner, unit() + "query " + str(q) + " out of range");
       ValidatePlanScratch::Query& qs = queries[q];
       if (qs.last_unit == u) fail(p.planner, unit() + "query " + str(q) + " appears twice");
       qs.last_unit = u;
-      const uint64_t mask = p.entry_mask[e];
+      const uint64_t mask = entry_mask[e];
       if (mask & ~full) fail(p.planner, unit() + "query " + str(q) + " mask has bits beyond its " + str(nseg) + " segments");
       any_partial_mask |= mask != full;
       ++qs.units;
-      const int32_t slot = p.entry_slot[e];
+      const int32_t slot = entry_slot[e];
       if (slot != -1) {
-        if (slot < 0 || slot >= p.num_slots) fail(p.planner, unit() + "slot " + str(slot) + " out of range");
-        if (sc.slot_owner[slot] != -1)
-          fail(p.planner, "slot " + str(slot) + " is written twice (queries " + str(sc.slot_owner[slot]) + " and " +
+        if (uint32_t(slot) >= uint32_t(p.num_slots)) fail(p.planner, unit() + "slot " + str(slot) + " out of range");
+        if (slot_owner[slot] != -1)
+          fail(p.planner, "slot " + str(slot) + " is written twice (queries " + str(slot_owner[slot]) + " and " +
                               str(q) + ")");
-        sc.slot_owner[slot] = q;
+        slot_owner[slot] = q;
         ++qs.slots;
       }
       if (whole_nodes) {  // its mask is full (else the unit_masked check below fails)

@@ -73,6 +73,26 @@ TEST(Validator, RejectsOverfullTiles) {
   expect_invalid(w, [](Plan& p) { p.unit_tile[0] = 0; }, "exceed the tile");
 }
 
+TEST(Validator, RejectsUnknownTiles) {
+  expect_invalid(small_tree(), [](Plan& p) { p.unit_tile[0] = uint8_t(kTileConfigs.size()); }, "unit 0: tile 9 unknown");
+}
+
+TEST(Validator, RejectsTilesThatDoNotFitTheHeadDim) {
+  // The n = 128 tiles need (m + 512) x 256 x 2 bytes + 8 KB of shared memory at head_dim 256.
+  Workload w = small_tree();
+  w.heads = {8, 2, 256};
+  static_assert(!tile_fits_head_dim(tile_index(32, 128), 256) && tile_fits_head_dim(tile_index(32, 128), 128));
+  expect_invalid(w, [](Plan& p) { p.unit_tile[0] = uint8_t(tile_index(32, 128)); },
+                 "tile m=32 n=128 does not fit shared memory at head_dim 256");
+}
+
+TEST(Validator, RejectsUnitsWithoutQueries) {
+  expect_invalid(small_tree(), [](Plan& p) {
+    // Unit 0's entries move to unit 1: unit 0 keeps its segments and no queries.
+    p.unit_query_offset[1] = p.unit_query_offset[0];
+  }, "unit 0: has no queries");
+}
+
 TEST(Validator, RejectsMaskBitsBeyondSegments) {
   expect_invalid(small_tree(), [](Plan& p) { p.entry_mask[0] = 0b10; }, "mask has bits beyond");
 }
