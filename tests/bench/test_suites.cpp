@@ -19,7 +19,7 @@ std::string resolve(const std::string& spec) {
 }  // namespace
 
 TEST(Suites, BuiltInSuitesBuildEveryWorkload) {
-  const std::pair<const char*, size_t> expected[] = {{"fasttree", 15}, {"pat", 20}, {"flashforge", 0}, {"deft", 0}, {"forests", 19}};
+  const std::pair<const char*, size_t> expected[] = {{"fasttree", 15}, {"pat", 20}, {"flashforge", 0}, {"deft", 0}, {"forests", 19}, {"offsuite", 46}};
   for (const auto& [name, count] : expected) {
     const bench::Suite s = bench::load_suite(name, std::string(TREEATTN_SOURCE_DIR) + "/data");
     if (count) EXPECT_EQ(s.entries.size(), count) << name;
