@@ -189,7 +189,13 @@ Shape node_shape_by_brute_force(const Workload& w, const AutoCostModel& m, const
 Plan expected_auto(const Workload& w, const AutoCostModel& m, const PlanOptions& opt = {}, bool widths = true) {
   Plan node = node_shaped(w, opt, node_shape_by_brute_force(w, m, opt, widths));
   Plan pq = make_plan("per-query", w, opt);
-  const bool take_pq = m.predict(auto_cost_features(w, pq, opt)) < (1 - m.margin) * m.predict(auto_cost_features(w, node, opt));
+  // Each priced with its merge kernel as one launch more (auto's last step).
+  const auto us = [&](const Plan& p) {
+    AutoCostFeatures f = auto_cost_features(w, p, opt);
+    f[1] += p.num_slots > 0 ? 1 : 0;
+    return m.predict(f);
+  };
+  const bool take_pq = us(pq) < (1 - m.margin) * us(node);
   return take_pq ? pq : node;
 }
 

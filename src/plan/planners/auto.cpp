@@ -546,6 +546,16 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   return node.own;
 }
 
+// f with the plan's merge kernel counted among its launches (a plan with
+// partial slots launches it after its attention launches). Only node's
+// final comparison with per-query prices it: the shape steps take a
+// candidate by a fraction of the plan's time, which a constant added to
+// both would shrink (docs/planners.md, "Off the suites").
+AutoCostFeatures with_merge_launch(AutoCostFeatures f, bool merges) {
+  f[1] += merges ? 1 : 0;
+  return f;
+}
+
 // auto into `out` with `model` (see the top of the file).
 void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, const AutoCostModel& model,
                     PlanScratch& scratch, Plan& out) {
@@ -560,7 +570,8 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   plan_node_reusing(w, ix, opt, scratch, out);
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
-  AutoCostFeatures node = take_cheaper_node_shape(w, ix, opt, model, scratch, out, node_features(w, out, opt));
+  AutoCostFeatures node = with_merge_launch(
+      take_cheaper_node_shape(w, ix, opt, model, scratch, out, node_features(w, out, opt)), out.num_slots > 0);
   // Per-query's features, each at most its value: every query's path loaded
   // once (exact), cut into pieces of split_length tokens (as per_query.cpp
   // does; more where a piece would exceed 64 segments), one launch, a
@@ -591,6 +602,7 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   if (tile == kTile16) tile = kTile16Short;
   const int64_t resident = resident_ctas(tile, w, opt);
   bound[9] = double((pieces * w.heads.num_kv_heads + resident - 1) / resident) * double(longest) * 1e-3;
+  bound = with_merge_launch(bound, slots > 0);  // exact: per-query merges where it cuts a path
   const double keep = 1 - model.margin;
   if (model.predict(bound) >= keep * model.predict(node)) {
     out.planner = "auto";
@@ -605,7 +617,8 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
   }
   Plan& other = scratch.buffers().other;
   plan_per_query_reusing(w, ix, opt, scratch, other);
-  if (model.predict(features_of(w, other, opt, unique_kv_mb)) < switch_below) std::swap(out, other);
+  if (model.predict(with_merge_launch(features_of(w, other, opt, unique_kv_mb), other.num_slots > 0)) < switch_below)
+    std::swap(out, other);
   out.planner = "auto";
 }
 
