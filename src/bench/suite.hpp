@@ -34,7 +34,7 @@ struct Suite {
 };
 
 Suite parse_suite(std::string_view text, const std::string& name);
-// A built-in name (fasttree, pat, flashforge, deft, forests) or a path to a suite file.
+// A built-in name (fasttree, pat, flashforge, deft, forests, offsuite) or a path to a suite file.
 Suite load_suite(const std::string& name_or_path, const std::string& data_dir);
 std::vector<std::string> builtin_suites();
 

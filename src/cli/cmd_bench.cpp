@@ -45,7 +45,7 @@ void add_bench_command(CLI::App& app) {
                 "build with -DTREEATTN_CTA_TRACE=ON, and its timings are not the ones to report");
   auto suite = std::make_shared<SuiteRun>();
   cmd->add_option("--suite", suite->suite,
-                  "run a whole suite (fasttree, pat, flashforge, deft, forests, or a suite file; see data/suites/) and write "
+                  "run a whole suite (fasttree, pat, flashforge, deft, forests, offsuite, or a suite file; see data/suites/) and write "
                   "results.json, report.md and plots under bench/results/<device>/<suite>/");
   cmd->add_flag("--quick", suite->quick, "with --suite: only its representative subset ('+' lines, quick_heads)");
   cmd->add_option("--out", suite->out_dir, "with --suite: output directory");
