@@ -122,8 +122,8 @@ struct AttnTraits {
   // launches of both overlap instead of queueing. The 32-token m = 16 variant
   // (2 warps, for units of at most 32 tokens) at 8 CTAs/SM keeps the same cap.
   // The 128-row wgmma tile at d <= 128 is capped at 128 registers too, for 2
-  // CTAs/SM: it spills 44 bytes, and measured 9% (pat:B=1,8,512 32/8) to 17%
-  // (pat:B=1,4,16,512 64/8) faster than 1 CTA/SM at 162 registers.
+  // CTAs/SM: it spills 44 bytes, and two CTAs per SM outrun one at 162
+  // registers on the shared trees (docs/cuda.md, "Kernel").
   // Persistent launches (AttnParams::work) only for decode tiles at d <= 128,
   // whose launches have thousands of short items; the other tiles are at
   // their register caps (the item loop's state made the 128-row tile spill
@@ -446,9 +446,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 
     // A persistent CTA claims its next item once it has issued this item's
     // last copies: near its end, so that items go to CTAs in the order they
-    // finish (claims made when items start handed the last items to the CTAs
-    // of the longest ones: a 20 us tail on fasttree:N=1,10 at 32/32), yet
-    // early enough that the claim is back by the epilogue.
+    // finish (claims made when items start hand the last items to the CTAs
+    // of the longest ones; docs/cuda.md, "Persistent launches"), yet early
+    // enough that the claim is back by the epilogue.
     const int claim_at = max(0, num_tiles - S);
     if (persistent && tid == 0 && num_tiles == 0) claimed = atomicAdd(p.work, 1u);
 

@@ -229,12 +229,10 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   // than one K/V tile, runs one wave of CTAs that claim items as they finish
   // (attention_kernel.cuh); its CTAs fetch the next descriptor during an
   // item's epilogue, and the merge launch may start (and load its plan data)
-  // as soon as the wave is resident. Measured on the H100 (same machine, 3
-  // rounds): pat:B=1,8,512 node 269.8 -> 267.6 us (32/8) and 849 -> 845 us
-  // (32/32), whose leaves have 4 tiles; on one-tile units (the 32-token
-  // leaves of fasttree:N=1,256) 39.9 -> 41.0 us at 32/8 and unchanged at
-  // 32/32, so those keep one CTA per item: the item's wait for its K/V (~5 of
-  // ~7 us) is the same either way.
+  // as soon as the wave is resident. Units of one K/V tile keep one CTA per
+  // item: most of such an item is the wait for its one tile, the same either
+  // way, and they measured no faster persistent (docs/cuda.md, "Persistent
+  // launches").
   for (Launch& l : m.launches) {
     const int64_t items = int64_t(l.num_units) * m.num_kv_heads;
     const int64_t wave = cuda::wave_ctas(l, dl);

@@ -36,21 +36,19 @@ __device__ __forceinline__ unsigned int ld_acquire(const unsigned int* p) {
 // kBatch: slots whose partials are loaded before they are folded. Registers
 // decide how many merge warps an SM holds: a tree's leaves give one merge per
 // (query, qo head), thousands of warps of a few slots each; with 8-slot
-// batches (85 registers at d = 128) 6 CTAs fit per SM and such a merge ran in
-// 2.6 (fasttree:N=1,256, 2 slots) to 5 (pat:B=1,8,512, 3 slots) waves after
-// the attention CTAs left. Plans whose queries have at most 4 slots run
-// 2-slot batches at 16 CTAs per SM (32 registers, 36 bytes spilled at
-// d = 128): the merge tail of fasttree:N=1,256 went from 10.5-11.9 to
-// 6.9-7.4 µs (CTA trace).
+// batches (85 registers at d = 128) 6 CTAs fit per SM and such a merge runs
+// in several waves after the attention CTAs leave. Plans whose queries have
+// at most 4 slots run 2-slot batches at 16 CTAs per SM (32 registers, 36
+// bytes spilled at d = 128), for fewer waves (docs/cuda.md, "Merge").
 constexpr int kSmallMergeSlots = 4;
 template <int D, int kBatch>
 constexpr int merge_min_blocks() { return kBatch <= 2 && D <= 128 ? 16 : 1; }
 // Queries of more slots than one 8-slot batch, when their (query, qo head)
 // pairs fit one wave of CTAs (6 per SM, the 8-slot variant's occupancy): one
-// CTA per pair. fasttree:N=1,10:C=4000,400 at 32/8 (10 queries x 32 heads,
-// 17 slots): merge phase 7.2 -> 4.6 us, run 34.9 -> 32.8 us. With thousands
-// of pairs the merge is not latency-bound and 4x the CTAs cost more: the
-// 1024-query deep trees of the FastTree suite (10 slots) went 23-41% slower.
+// CTA per pair, whose 4 warps load a quarter of the slots each (few pairs of
+// many slots, a long prompt split for few queries: latency-bound on dependent
+// batches). With thousands of pairs the merge is not latency-bound and 4x
+// the CTAs cost more (docs/cuda.md, "Merge").
 constexpr int kSplitMergeSlots = 8, kSplitMergeCtasPerSm = 6;
 bool splits_slots(const MergeParams& p) {
   return p.max_slots > kSplitMergeSlots &&

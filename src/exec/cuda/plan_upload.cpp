@@ -92,12 +92,11 @@ void choose_stages(Launch& l, int64_t ctas, const DeviceLimits& dl, bool concurr
   int per_sm = int(std::min<int64_t>(by_regs, std::max<int64_t>(1, (ctas + num_sms - 1) / num_sms)));
   // With other launches running at the same time, leave an SM room for one of
   // their CTAs: a deep pipeline that takes a whole SM's shared memory makes
-  // them queue behind it (measured: it bought nothing for 128-row CTAs, which
-  // are issue-bound, not latency-bound). A tree's upper level of at most one
-  // CTA per SM once took all of an SM's shared memory but one CTA's worth of
-  // the other launch (a96c35a); with 8 short leaf CTAs per SM that kept 7 of
-  // them off 64 SMs for the root's 20 us: fasttree:N=1,256 went 39.9 -> 37.4
-  // us at 32/8 without that rule (same machine, two rounds), nothing slower.
+  // them queue behind it, and buys nothing for 128-row CTAs, which are
+  // issue-bound, not latency-bound. This holds for a tree's upper level of
+  // at most one CTA per SM too: taking all of an SM but one CTA's worth kept
+  // most of the short leaf CTAs an SM holds waiting for the root
+  // (docs/cuda.md, "Executor").
   if (concurrent) per_sm = std::max(per_sm, 2);
   const int tiles = (l.max_len + k.n - 1) / k.n;
   // One stage only where every unit has one tile (nothing to overlap inside

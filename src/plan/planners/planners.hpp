@@ -202,10 +202,8 @@ bool deeper_compact_subtrees(const Workload& w, const TreeIndex& ix, const DownP
 // masked to its own segments. The rows were padded to 16 anyway, so the
 // tensor-core work is unchanged, while one CTA streams 8-16 short nodes
 // through its pipeline instead of each waiting for its one K/V tile and
-// leaving. Measured (node, 32/32, same machine, two rounds):
-// fasttree:N=1,256:C=256,32 80-82 -> 75 us, C=256,16 72 -> 56.5 us; packs of
-// 4 four-row leaves at 32/8 were slower (C=256,32 37.6 -> 38.4 us, C=256,64
-// 52.5 -> 56.1 us), and so were 32- and 64-row packs. Packs stay small
+// leaving; packs of 4 four-row leaves and 32- or 64-row packs measured
+// slower (docs/cuda.md, "Tried and measured"). Packs stay small
 // enough that the units x kv heads still fill the resident CTA slots; units
 // that share a query are not packed. Returns whether any are: `out` then
 // holds the units, packed; else it is left as it was and `units` stand.
