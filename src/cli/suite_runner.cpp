@@ -98,6 +98,35 @@ std::string write_report(const std::string& dir) {
   return md;
 }
 
+std::string suite_command(const SuiteRun& run, const CommonOptions& o, const BenchOptions& b) {
+  const CommonOptions defaults;
+  const BenchOptions bench_defaults;
+  std::string c = "treeattn bench --suite " + run.suite;
+  const auto add = [&c](const std::string& flag, const std::string& value = {}) {
+    c += " " + flag;
+    if (!value.empty()) c += " " + value;
+  };
+  if (run.quick) add("--quick");
+  for (const std::string& p : run.planners) add("-p", p);
+  if (!o.kv_dtype.empty()) add("--kv-dtype", o.kv_dtype);
+  for (const std::string& opt : o.plan_opts) add("--plan-opt", opt);
+  if (o.seed != defaults.seed) add("--seed", std::to_string(o.seed));
+  if (o.num_sms != defaults.num_sms) add("--sms", std::to_string(o.num_sms));
+  if (!o.forge_table.empty()) add("--forge-table", o.forge_table);
+  if (!o.pat_rules.empty()) add("--pat-rules", o.pat_rules);
+  if (!o.auto_cost.empty()) add("--auto-cost", o.auto_cost);
+  if (b.iters != bench_defaults.iters) add("--iters", std::to_string(b.iters));
+  if (b.warmup != bench_defaults.warmup) add("--warmup", std::to_string(b.warmup));
+  if (!b.flush_l2) add("--no-flush");
+  if (!b.graph) add("--no-graph");
+  if (!b.persistent) add("--no-persistent");
+  if (b.streams) add("--streams");
+  if (b.l2_persistent_plan) add("--l2-persistent-plan");
+  if (b.trace) add("--trace");
+  add("--verify", std::to_string(b.verify_queries));
+  return c;
+}
+
 bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b) {
   namespace fs = std::filesystem;
   const bench::Suite suite = bench::load_suite(
@@ -125,9 +154,7 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
       if (!run.quick || e.quick) configs.emplace_back(e.spec, h);
 
   const double bw = measure_hbm_bandwidth_gbps();
-  const std::string command = "treeattn bench --suite " + run.suite + (run.quick ? " --quick" : "") +
-                              (o.kv_dtype.empty() ? "" : " --kv-dtype " + o.kv_dtype) + " --verify " +
-                              std::to_string(b.verify_queries);
+  const std::string command = suite_command(run, common, b);
   const auto start = std::chrono::steady_clock::now();
   nlohmann::json records = nlohmann::json::array();
   size_t first = 0;          // configs before it are kept from the run resumed

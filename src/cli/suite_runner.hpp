@@ -29,6 +29,11 @@ struct SuiteRun {
 // (Re)writes report.md and the plots of DIR/results.json; returns the markdown.
 std::string write_report(const std::string& dir);
 
+// The command line that reproduces a suite run: the suite and every option
+// that changes its plans or timings (those at their defaults left out; not
+// --out or --resume). results.json records it; --resume requires it equal.
+std::string suite_command(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b);
+
 // Returns false when a sampled query was over tolerance.
 bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b);
 

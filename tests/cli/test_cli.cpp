@@ -14,6 +14,8 @@
 #include "treeattn/bench.hpp"
 #include "treeattn/cost_models.hpp"
 #include "treeattn/planner.hpp"
+#include "cli/common.hpp"
+#include "cli/suite_runner.hpp"
 
 namespace {
 
@@ -290,4 +292,34 @@ TEST(Cli, BenchReportRewritesASuiteReportWithoutAGpu) {
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("| node | 40.0% | 2.00x |"), std::string::npos) << text;
   expect_error("bench --report /nonexistent/dir", "cannot read");
+}
+
+// results.json's "command" must reproduce the run: a report that drops -p or
+// --plan-opt would name a different run, and --resume compares it.
+TEST(Cli, SuiteCommandKeepsEveryOptionThatChangesTheRun) {
+  using treeattn::cli::suite_command;
+  treeattn::cli::SuiteRun run;
+  run.suite = "offsuite";
+  treeattn::cli::CommonOptions o;
+  treeattn::BenchOptions b;
+  EXPECT_EQ(suite_command(run, o, b), "treeattn bench --suite offsuite --verify 8");
+
+  run.quick = true;
+  run.planners = {"auto", "node"};
+  run.out_dir = "/tmp/elsewhere";  // where it writes, not what it measures
+  run.resume = true;
+  o.kv_dtype = "fp8_e4m3";
+  o.plan_opts = {"tile_rows=32", "split_tokens=512"};
+  o.seed = 7;
+  o.num_sms = 66;
+  o.auto_cost = "my_table.json";
+  b.iters = 200;
+  b.flush_l2 = false;
+  b.graph = false;
+  b.l2_persistent_plan = true;
+  b.verify_queries = 0;
+  EXPECT_EQ(suite_command(run, o, b),
+            "treeattn bench --suite offsuite --quick -p auto -p node --kv-dtype fp8_e4m3 --plan-opt tile_rows=32 "
+            "--plan-opt split_tokens=512 --seed 7 --sms 66 --auto-cost my_table.json --iters 200 --no-flush "
+            "--no-graph --l2-persistent-plan --verify 0");
 }
