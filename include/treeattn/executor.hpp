@@ -45,6 +45,12 @@ struct AttentionArgs {
   int64_t kv_page_stride = 0;   // between pages (dense: page_size * token stride)
   float k_scale = 1.f;          // K = stored K x k_scale
   float v_scale = 1.f;          // V = stored V x v_scale
+  // TreeAttention::run: the queries (rows of q and out, and lse) the
+  // caller's tensors hold; a plan of another count is refused, checked under
+  // the same lock as the run, so a plan_*() from another thread between the
+  // caller's own check and the run cannot make it write past `out`. -1: not
+  // checked (the executors, given their workload, ignore it).
+  int64_t num_queries = -1;
 };
 
 // The strides of AttentionArgs with the dense defaults filled in.

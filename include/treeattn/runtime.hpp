@@ -93,6 +93,12 @@ struct DraftArrays {
   std::span<const int64_t> draft_rows;
 };
 
+// Threads: any member function may be called from any thread. Calls on one
+// object are serialised by its mutex (a run() waits for a plan_*() in
+// progress and the other way round), so each run() sees one whole plan; which
+// one is the callers' to order. workload() and plan() return the plan in
+// force, valid until the next plan_*() replaces it: read them only while no
+// other thread plans.
 class TreeAttention {
  public:
   explicit TreeAttention(const TreeAttentionConfig& config);

@@ -459,6 +459,7 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   a.out_stride = out.strides[0];
   a.kv_page_stride = k.strides[0];
   a.kv_token_stride = k.strides[1];
+  a.num_queries = Q;  // checked again by run() under the runtime's lock: another thread may plan in between
   if (lse) {
     const View& l = *lse;
     if (l.dtype != Code::fp32) throw nb::type_error(("lse: expected dtype float32, got " + dtype_desc(l)).c_str());

@@ -2,6 +2,7 @@
 // Workload and Plan -> the CPU executor or a CudaStepExecutor.
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -54,6 +55,9 @@ void check_capacity(const char* name, int64_t value, int64_t cap) {
 }  // namespace
 
 struct TreeAttention::Impl {
+  // Held by every public member function but config(), workload() and plan()
+  // (TreeAttention's comment): the state below is one thread's at a time.
+  mutable std::mutex mutex;
   TreeAttentionConfig cfg;
   const PlannerInfo* planner = nullptr;
   // Memory reused step to step (no allocation once grown to the largest step):
@@ -480,6 +484,9 @@ struct TreeAttention::Impl {
     scratch_table.ids.assign(t.page_ids.begin(), t.page_ids.end());
     scratch_table.offsets.assign(t.page_offsets.begin(), t.page_offsets.end());
   }
+
+  // plan_tree's work, for the public functions that hold the mutex.
+  void plan_tree(const TreeArrays& tree, void* stream);
 };
 
 TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::make_unique<Impl>()) {
@@ -547,15 +554,21 @@ TreeAttention::~TreeAttention() = default;
 TreeAttention::TreeAttention(TreeAttention&&) noexcept = default;
 TreeAttention& TreeAttention::operator=(TreeAttention&&) noexcept = default;
 
+void TreeAttention::Impl::plan_tree(const TreeArrays& tree, void* stream) {
+  if (try_extend(tree, stream)) return;
+  load_tree(tree, 0, 0);
+  commit(stream);
+}
+
 void TreeAttention::plan_tree(const TreeArrays& tree, void* stream) {
-  if (impl_->try_extend(tree, stream)) return;
-  impl_->load_tree(tree, 0, 0);
-  impl_->commit(stream);
+  const std::lock_guard lock(impl_->mutex);
+  impl_->plan_tree(tree, stream);
 }
 
 void TreeAttention::plan_block_tables(std::span<const int32_t> block_tables, int32_t batch, int32_t width,
                                       std::span<const int32_t> seq_lens, void* stream) {
   Impl& m = *impl_;
+  const std::lock_guard lock(m.mutex);
   if (batch <= 0 || width <= 0) fail("block_tables shape [" + std::to_string(batch) + ", " + std::to_string(width) +
                                      "] must be positive");
   if (block_tables.size() != size_t(batch) * size_t(width))
@@ -568,11 +581,12 @@ void TreeAttention::plan_block_tables(std::span<const int32_t> block_tables, int
   // (a decode step that only grew sequences extends the last plan).
   BlockTableTree& t = m.block_table_tree;
   build_block_table_tree(block_tables, batch, width, seq_lens, m.cfg.page_size, m.cfg.num_pages, t);
-  plan_tree({t.parents, t.num_tokens, t.page_offsets, t.page_ids, t.query_nodes, {}}, stream);
+  m.plan_tree({t.parents, t.num_tokens, t.page_offsets, t.page_ids, t.query_nodes, {}}, stream);
 }
 
 void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays& d, void* stream) {
   Impl& m = *impl_;
+  const std::lock_guard lock(m.mutex);
   const size_t k = d.draft_nodes.size();
   if (d.draft_parents.size() != k || d.draft_rows.size() != k)
     fail("draft_nodes, draft_parents and draft_rows differ in length (" + std::to_string(k) + ", " +
@@ -617,7 +631,11 @@ void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays&
 
 void TreeAttention::run(const AttentionArgs& args, void* stream) const {
   const Impl& m = *impl_;
+  const std::lock_guard lock(m.mutex);
   if (!m.planned) fail("run() before any plan_*() call");
+  if (args.num_queries >= 0 && args.num_queries != m.w.num_queries())
+    fail("run(): the tensors hold " + std::to_string(args.num_queries) + " queries, the plan in force " +
+         std::to_string(m.w.num_queries()) + " (planned again since they were sized?)");
 #if defined(TREEATTN_HAVE_CUDA)
   if (m.cuda) {
     DeviceGuard on(m.cfg.device_index);
@@ -630,15 +648,23 @@ void TreeAttention::run(const AttentionArgs& args, void* stream) const {
 }
 
 const TreeAttentionConfig& TreeAttention::config() const { return impl_->cfg; }
-int32_t TreeAttention::num_queries() const { return impl_->planned ? impl_->w.num_queries() : 0; }
+int32_t TreeAttention::num_queries() const {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->planned ? impl_->w.num_queries() : 0;
+}
 const Workload& TreeAttention::workload() const { return impl_->w; }
 const Plan& TreeAttention::plan() const { return impl_->plan; }
 PlanSummary TreeAttention::summary() const {
+  const std::lock_guard lock(impl_->mutex);
   if (!impl_->planned) fail("summary() before any plan_*() call");
   return summarize(impl_->w, impl_->plan);
 }
-PlanStats TreeAttention::plan_stats() const { return impl_->stats; }
+PlanStats TreeAttention::plan_stats() const {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->stats;
+}
 std::string TreeAttention::describe() const {
+  const std::lock_guard lock(impl_->mutex);
 #if defined(TREEATTN_HAVE_CUDA)
   if (impl_->cuda) return impl_->cuda->describe();
 #endif

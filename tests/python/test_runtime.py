@@ -754,6 +754,57 @@ def test_bound_run_equals_run_and_checks_the_plan_size():
         bound()
 
 
+def test_run_and_plan_from_two_threads_see_one_whole_plan():
+    """run() releases the GIL; a plan_tree() from another thread meanwhile must
+    not swap the plan under it (this crashed before the runtime held a lock).
+    Both trees have 16 queries, so every run is accepted and equals one tree's
+    output bit for bit."""
+    import threading
+
+    ps, pages = 16, 512
+    attn = treeattn.TreeAttention(8, 2, 64, ps, pages, device="cpu", cpu_threads=1, max_extension_tokens=0,
+                                  max_queries=16, max_nodes=64, max_page_refs=pages)
+
+    def fewshot(prompt, leaf):
+        ntok = [prompt] + [leaf + i for i in range(16)]
+        offs, pids = [0], []
+        for t in ntok:
+            pids += range(len(pids), len(pids) + (t + ps - 1) // ps)
+            offs.append(len(pids))
+        return dict(parents=[-1] + [0] * 16, num_tokens=ntok, page_offsets=offs, page_ids=pids,
+                    query_nodes=list(range(1, 17)))
+
+    trees = [fewshot(1200, 9), fewshot(200, 120)]
+    rng = np.random.default_rng(11)
+    q = rng.uniform(-1, 1, (16, 8, 64)).astype(np.float16)
+    k = rng.uniform(-1, 1, (pages, ps, 2, 64)).astype(np.float16)
+    v = rng.uniform(-1, 1, (pages, ps, 2, 64)).astype(np.float16)
+    expected = []
+    for t in trees:
+        attn.plan_tree(**t)
+        expected.append(attn.run(q, k, v))
+    assert not np.array_equal(expected[0], expected[1])
+    done, failures, runs = threading.Event(), [], [0]
+
+    def runner():
+        out = np.empty_like(q)
+        while not done.is_set() or runs[0] < 20:
+            attn.run(q, k, v, out)
+            runs[0] += 1
+            if not any(np.array_equal(out, e) for e in expected):
+                failures.append(runs[0])
+
+    thread = threading.Thread(target=runner)
+    thread.start()
+    try:
+        for i in range(300):
+            attn.plan_tree(**trees[i % 2])
+    finally:
+        done.set()
+        thread.join()
+    assert failures == [], f"{len(failures)} of {runs[0]} runs matched neither tree"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
 @pytest.mark.parametrize("framework", ["cupy", "jax"])

@@ -8,10 +8,14 @@
 #include <cmath>
 #include <optional>
 #include <random>
+#include <atomic>
+#include <cstring>
+#include <thread>
 
 #include <string>
 #include <vector>
 
+#include "tests/support/error_text.hpp"
 #include "tests/support/tree_arrays.hpp"
 #include "treeattn/runtime.hpp"
 #include "treeattn/workloads.hpp"
@@ -535,6 +539,57 @@ TEST(TreeAttentionCpu, FreshPlansRecheckOnlyChangedPagesAndAgreeWithTheValidator
     EXPECT_EQ(ta.plan_stats().pages_rechecked, rechecked_expected) << "extension " << extension;
     EXPECT_GE(rechecked_expected, 50) << "extension " << extension;
   }
+}
+
+// One object, two threads: one plans two trees in turn (as many queries, other
+// shapes, so that each step is planned afresh), the other runs. Every run sees
+// one whole plan: its output is bit for bit that tree's alone. Before the
+// runtime held a lock, the run read a plan being swapped out and crashed.
+TEST(TreeAttentionCpu, RunsAndPlansFromTwoThreadsSeeOneWholePlan) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  p.page_size = 4;
+  const Workload wa = make_workload("fewshot:prompt=300:branches=16:len=9", p);
+  const Workload wb = make_workload("fewshot:prompt=60:branches=16:len=40", p);
+  ASSERT_EQ(wa.num_queries(), wb.num_queries());
+  const Workload& big = wa.layout.num_pages >= wb.layout.num_pages ? wa : wb;
+  TreeAttentionConfig c = cpu_config(p, big.layout.num_pages);
+  c.cpu_threads = 1;
+  c.max_extension_tokens = 0;
+  const Arrays a(wa), b(wb);
+  HostTensors h = make_random_inputs(big, 3);  // the larger pool; q and out of 16 queries serve both
+  AttentionArgs args = h.args();
+  args.num_queries = wa.num_queries();
+  const auto output_of = [&](const Arrays& t) {
+    TreeAttention one(c);
+    one.plan_tree(t.view());
+    one.run(args);
+    return h.out;
+  };
+  const std::vector<uint8_t> out_a = output_of(a), out_b = output_of(b);
+  ASSERT_NE(out_a, out_b);
+
+  TreeAttention ta(c);
+  ta.plan_tree(a.view());
+  std::atomic<bool> done{false};
+  std::thread planner([&] {
+    for (int i = 0; i < 1000; ++i) ta.plan_tree((i % 2 ? a : b).view());
+    done = true;
+  });
+  int runs = 0, wrong = 0;
+  while (!done || runs < 50) {
+    ta.run(args);
+    wrong += h.out != out_a && h.out != out_b;
+    ++runs;
+  }
+  planner.join();
+  EXPECT_EQ(wrong, 0) << "of " << runs << " runs";
+
+  // The query count the tensors hold is checked under the same lock.
+  args.num_queries = wa.num_queries() - 1;
+  EXPECT_NE(test_support::error_text([&] { ta.run(args); })
+                .find("the tensors hold 15 queries, the plan in force 16"),
+            std::string::npos);
 }
 
 }  // namespace
