@@ -93,8 +93,15 @@ std::string dtype_desc(const View& t) {
     if (!d.is_valid()) PyErr_Clear();
     return d.is_valid() ? str_of(d.ptr()) : "?";
   }
-  return "code " + std::to_string(t.dl_dtype.code) + " bits " + std::to_string(t.dl_dtype.bits) +
-         (t.dl_dtype.lanes != 1 ? " lanes " + std::to_string(t.dl_dtype.lanes) : "");
+  // Another framework's array: its own dtype name (NumPy, CuPy, JAX), else
+  // the DLPack type's.
+  nb::object d = nb::steal(PyObject_GetAttrString(t.obj, "dtype"));
+  if (d.is_valid()) return str_of(d.ptr());
+  PyErr_Clear();
+  static const char* const kinds[] = {"int", "uint", "float", "opaque", "bfloat", "complex", "bool"};
+  const uint8_t code = t.dl_dtype.code;
+  return (code < 7 ? std::string(kinds[code]) : "dlpack type " + std::to_string(code) + " of ") +
+         std::to_string(t.dl_dtype.bits) + (t.dl_dtype.lanes != 1 ? " x" + std::to_string(t.dl_dtype.lanes) : "");
 }
 
 std::string device_desc(const View& t) {
@@ -423,6 +430,28 @@ void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c,
                 ", 1), got strides " + std::to_string(t.strides[ndim - 2]) + ", " + std::to_string(t.strides[ndim - 1]));
 }
 
+// The bytes [first, end) a view's elements span, strides of either sign (an
+// empty view spans none).
+std::pair<uintptr_t, uintptr_t> byte_span(const View& t) {
+  const int64_t item = t.dtype == Code::fp32 ? 4 : t.dtype == Code::fp16 || t.dtype == Code::bf16 ? 2 : 1;
+  int64_t lo = 0, hi = 0;  // element offsets from ptr of the first and the last element
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return {t.ptr, t.ptr};
+    const int64_t extent = (t.shape[d] - 1) * t.strides[d];
+    (extent < 0 ? lo : hi) += extent;
+  }
+  return {uintptr_t(int64_t(t.ptr) + lo * item), uintptr_t(int64_t(t.ptr) + (hi + 1) * item)};
+}
+
+// ValueError where `written` shares bytes with `read`.
+void check_disjoint(const char* written_name, const View& written, const char* read_name, const View& read) {
+  const auto [w0, w1] = byte_span(written);
+  const auto [r0, r1] = byte_span(read);
+  if (w0 < r1 && r0 < w1)
+    value_error(std::string(written_name) + ": must not overlap " + read_name + "'s memory (the runtime reads " +
+                read_name + " while it writes " + written_name + ")");
+}
+
 // The checks of a run's tensors against the runtime and its last plan; the
 // arguments the runtime's run() takes.
 AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k, const View& v, const View& out,
@@ -472,7 +501,14 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
                   (l.device_index >= 0 ? "cuda:" + std::to_string(l.device_index) : device_desc(l)));
     a.lse = reinterpret_cast<float*>(l.ptr);
   }
-  if (q.ptr == out.ptr) value_error("out: must not alias q");
+  // What run() writes must not share memory with what it reads (nor lse with
+  // out): CTAs would read values other CTAs already overwrote.
+  check_disjoint("out", out, "q", q);
+  check_disjoint("out", out, "k_pool", k);
+  check_disjoint("out", out, "v_pool", v);
+  if (lse)
+    for (const auto& [name, t] : {std::pair{"q", &q}, {"k_pool", &k}, {"v_pool", &v}, {"out", &out}})
+      check_disjoint("lse", *lse, name, *t);
   return a;
 }
 

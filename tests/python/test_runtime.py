@@ -480,8 +480,27 @@ def test_bad_run_arguments_name_the_argument():
         attn.run(q[:, :2], k, k)
     with pytest.raises(ValueError, match="dense"):
         attn.run(q[:, :, ::2].repeat(2, axis=2)[:, :, ::1][:, ::-1], k, k)
-    with pytest.raises(ValueError, match="out: must not alias q"):
+    with pytest.raises(ValueError, match="out: must not overlap q's memory"):
         attn.run(q, k, k, out=q)
+    # Overlaps short of the same pointer: views of one buffer.
+    buf = np.zeros((4, 4, 64), np.float16)
+    buf[:2] = q
+    with pytest.raises(ValueError, match="out: must not overlap q's memory"):
+        attn.run(buf[:2], k, k, out=buf[1:3])
+    with pytest.raises(ValueError, match="out: must not overlap q's memory"):
+        attn.run(buf[:2], k, k, out=buf[:2][::-1])  # negative strides: the same bytes
+    v = k.copy()
+    with pytest.raises(ValueError, match="out: must not overlap v_pool's memory"):
+        attn.run(q, k, v, out=v.reshape(-1)[512:1024].reshape(2, 4, 64))  # a view into the pool
+    out = np.zeros((2, 4, 64), np.float16)
+    with pytest.raises(ValueError, match="lse: must not overlap out's memory"):
+        attn.run(q, k, k, out=out, lse=out.view(np.float32).reshape(-1)[:8].reshape(2, 4))
+    assert np.array_equal(attn.run(buf[:2], k, k, out=buf[2:]), attn.run(q, k, k))  # adjacent, not overlapping
+    # A NumPy array's dtype is named as NumPy names it.
+    with pytest.raises(TypeError, match="lse: expected dtype float32, got float64"):
+        attn.run(q, k, k, lse=np.zeros((2, 4)))
+    with pytest.raises(TypeError, match="out: expected dtype float16 .*, got int16"):
+        attn.run(q, k, k, out=np.zeros((2, 4, 64), np.int16))
     read_only = q.copy()
     read_only.setflags(write=False)
     with pytest.raises(ValueError, match="out: a read-only array"):
@@ -907,7 +926,7 @@ def test_torch_bad_run_arguments_name_the_argument():
          dict(out=torch.zeros(2, 64, 4, dtype=torch.float16).transpose(1, 2))),
         (ValueError, "k_pool and v_pool must have the same strides",
          dict(k=torch.zeros(16, 2, 4, 2, 64, dtype=torch.float16)[:, 0])),
-        (ValueError, "out: must not alias q", dict(out=q)),
+        (ValueError, "out: must not overlap q's memory", dict(out=q)),
         (ValueError, "q: expected a tensor on the cpu .* got one on meta",
          dict(q=torch.empty(2, 4, 64, dtype=torch.float16, device="meta"))),
         (TypeError, "v_pool: expected a tensor .* got list", dict(v=[1, 2])),
