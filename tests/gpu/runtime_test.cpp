@@ -1,6 +1,6 @@
 // GPU tests of the engine-facing runtime: TreeAttention / CudaStepExecutor
 // against the fp64 reference on random trees and the suites' families (every
-// planner, GQA 1-16, fp16/bf16, page sizes 1 and 16, strided pools, lse);
+// planner, GQA 1-16 (7 and 5 too), fp16/bf16, page sizes 1, 5, 16 and 100, strided pools, lse);
 // draft token trees; and one CUDA graph of several runs captured once and
 // replayed after re-planning with other trees, each replay bit-equal to an
 // eager run (also with the plan kept in L2). Tests named Sanitize* run under
@@ -77,7 +77,10 @@ TEST(Runtime, EveryPlannerRandomTreesAndFamilies) {
   for (int s = 0; s < 3; ++s) specs.push_back("random:seed=" + std::to_string(11 + s));
   for (const auto& [qo, kv, d, t, page] : std::vector<std::tuple<int, int, int, DType, int>>{
            {32, 8, 128, DType::fp16, 16}, {16, 1, 128, DType::bf16, 16}, {8, 8, 64, DType::fp16, 1},
-           {16, 4, 256, DType::bf16, 16}}) {
+           {16, 4, 256, DType::bf16, 16},
+           // Group sizes and pages that are not powers of two (Qwen2.5-7B's 28/4; 40/8): the
+           // kernels divide by both with cuda::Divisor.
+           {28, 4, 128, DType::bf16, 5}, {40, 8, 64, DType::fp16, 100}}) {
     WorkloadParams p;
     p.heads = {qo, kv, d};
     p.dtype = t;

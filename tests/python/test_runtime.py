@@ -615,10 +615,10 @@ def test_gpu_l2_persistent_plan_changes_no_bit_of_the_output():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("heads", [(32, 8), (16, 1), (8, 8)])
+@pytest.mark.parametrize("heads", [(32, 8), (16, 1), (8, 8), (28, 4)])
 def test_gpu_matches_torch_reference(dtype, heads):
     rng = np.random.default_rng(6)
-    ps, D = 16, 128
+    ps, D = (16, 128) if heads != (28, 4) else (5, 128)  # a group of 7 and 5-token pages, as well
     tree, pages = random_tree(rng, 40, 48, ps, max_tokens=300)
     attn = treeattn.TreeAttention(*heads, D, ps, pages, dtype=dtype, device="cuda")
     k = torch.randn(pages, ps, heads[1], D, dtype=dtype, device="cuda")
