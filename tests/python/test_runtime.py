@@ -1089,6 +1089,23 @@ def test_block_tables_example_decodes_against_its_reference():
     assert stats["extended"] > stats["planned"], stats  # decode steps grow the tree and extend the plan
 
 
+def test_speculative_verify_example_matches_its_reference_both_ways():
+    """examples/speculative_verify.py on the CPU: draft token trees verified with
+    plan_tree_queries (drafts in the pool) and with plan_tree + lse merged with a
+    dense tree-masked part (drafts outside it), both against a per-query softmax."""
+    import importlib.util
+    import os
+
+    pytest.importorskip("torch")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "speculative_verify.py")
+    spec = importlib.util.spec_from_file_location("speculative_verify_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    worst = mod.main(["--device", "cpu", "--steps", "3", "--requests", "3", "--prompt-len", "100",
+                      "--context-len", "40", "--quiet"])
+    assert worst < 2e-3
+
+
 # -- torch.ops.treeattn.run (treeattn/torch_ops.py) -------------------------
 torch_ops = pytest.importorskip("treeattn.torch_ops")
 needs_custom_op = pytest.mark.skipif(not torch_ops.available, reason="needs torch.library.custom_op (PyTorch >= 2.4)")
