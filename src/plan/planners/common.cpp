@@ -41,8 +41,22 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
     return n;
   };
   // Longest-first list scheduling onto `slots` equal slots: the latest finish.
-  // slot_loads is a min-heap: the next piece goes to the least loaded slot.
+  // A job of t tokens in k pieces has pieces of ceil(t / k) and floor(t / k)
+  // tokens. Pieces that fit one wave end with the longest. Else the first
+  // `slots` pieces (the longest) take a slot each: those loads, ascending,
+  // are already a min-heap, and each later piece goes to the least loaded
+  // slot. (Which of equally loaded slots takes a piece does not change the
+  // loads' multiset, so neither the finish.)
   auto makespan = [&](int64_t p) {
+    if (pieces(p) <= slots) {
+      int64_t end = 0;
+      for (const auto& [tokens, copies] : jobs)
+        if (tokens > 0 && copies > 0) {
+          const int64_t k = (tokens + p - 1) / p;
+          end = std::max(end, (tokens + k - 1) / k + kPieceCost);
+        }
+      return end;
+    }
     std::vector<int64_t>& len = piece_lengths;
     len.clear();
     for (const auto& [tokens, copies] : jobs) {
@@ -51,11 +65,11 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
         for (int64_t i = 0; i < k; ++i) len.push_back(tokens / k + (i < tokens % k ? 1 : 0) + kPieceCost);
     }
     std::sort(len.begin(), len.end(), std::greater<>());
-    slot_loads.assign(size_t(slots), 0);
-    int64_t end = 0;
-    for (const int64_t l : len) {
+    slot_loads.assign(len.rend() - slots, len.rend());  // the `slots` longest, ascending
+    int64_t end = len.front();
+    for (size_t i = size_t(slots); i < len.size(); ++i) {
       std::pop_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
-      const int64_t at = slot_loads.back() + l;
+      const int64_t at = slot_loads.back() + len[i];
       slot_loads.back() = at;
       std::push_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
       end = std::max(end, at);
@@ -207,6 +221,8 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   segs.assign(n, 0);
   leaf.assign(n, 0);
   branches.assign(n, 0);
+  with_tokens.assign(n, 0);
+  path_nodes.assign(n, 0);
   // Children before parents: when v is reached, its entries hold the
   // maxima its children with queries pushed up; v's own are set from them
   // and pushed to its parent. Selects instead of branches (which nodes have
@@ -218,11 +234,15 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
     segs[v] = here ? segs[v] + (own > 0 ? 1 : 0) : 0;
     leaf[v] = !here ? 0 : branches[v] ? leaf[v] : own;
     branches[v] = here ? branches[v] : 0;
+    with_tokens[v] = own > 0 ? ix.subtree_queries[v] : with_tokens[v];  // a path through v holds its tokens
+    path_nodes[v] += int32_t(here & (own > 0));
     if (p < 0) continue;
     tok[p] = std::max(tok[p], tok[v]);
     segs[p] = std::max(segs[p], segs[v]);
     leaf[p] = std::max(leaf[p], leaf[v]);
     branches[p] |= char(here);
+    with_tokens[p] += with_tokens[v];
+    path_nodes[p] += path_nodes[v];
   }
 }
 
@@ -257,11 +277,17 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     is_compact[v] = char(compact_subtree_root(ix, down, size_t(v), max_tokens, max_leaf_tokens));
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
-  // Node x has segment position[x] of the open unit when opened_in[x] is
-  // the open unit's number `open` (each unit, of every call, has its own).
-  std::vector<int32_t>&path = scratch.path, &opened_in = scratch.opened_in, &position = scratch.position;
+  // Node x is in the open unit when opened_in[x] is the open unit's number
+  // `open` (each unit, of every call, has its own); then path_mask[x] holds
+  // the segment positions of the non-empty nodes from the unit's root down to
+  // x. The unit's nodes are the union of its queries' paths from the root:
+  // a connected subtree. So a query's nodes missing from the unit are those
+  // below its deepest ancestor in it, and a query costs a walk over those
+  // (its whole path only after a unit closed), not over its path.
+  std::vector<int32_t>&path = scratch.path, &opened_in = scratch.opened_in;
+  std::vector<uint64_t>& path_mask = scratch.path_mask;
   opened_in.assign(size_t(n), -1);
-  position.resize(size_t(n));
+  path_mask.resize(size_t(n));
   int32_t open = 0;
   // Units closed by a limit (rows or segments) before their subtree's end:
   // the only ones a grouping of more rows could merge away.
@@ -281,55 +307,84 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
       ++open;
     };
     ++open;
+    // q's nodes from v down that the open unit lacks, bottom up, into
+    // `path`; returns the mask of the path above them (the unit's) and sets
+    // `fresh` to how many of them are non-empty.
+    const auto missing = [&](int32_t v, int32_t q, size_t& fresh) {
+      path.clear();
+      fresh = 0;
+      for (int32_t x = w.query_nodes[q];; x = ix.parent[x]) {
+        if (opened_in[x] == open) return path_mask[x];
+        path.push_back(x);
+        fresh += ix.tokens[x] > 0;
+        if (x == v) return uint64_t(0);
+      }
+    };
     for (const int32_t v : roots) {
       for (const int32_t q : sub[v]) {
-        path.clear();  // q's non-empty nodes from v down
-        for (int32_t x = w.query_nodes[q];; x = ix.parent[x]) {
-          if (ix.tokens[x] > 0) path.push_back(x);
-          if (x == v) break;
-        }
-        if (path.empty()) continue;  // nothing of q's path is here
-        std::reverse(path.begin(), path.end());
-        const auto fresh = [&] {  // path nodes the open unit lacks
-          size_t k = 0;
-          for (const int32_t x : path) k += opened_in[x] != open;
-          return k;
-        };
+        size_t fresh = 0;
+        uint64_t mask = missing(v, q, fresh);
+        if (mask == 0 && fresh == 0) continue;  // nothing of q's path is here
         if (units.open_queries() > 0 && (int64_t(units.open_queries() + 1) * G > cap ||
-                                         units.open_segs().size() + fresh() > size_t(kMaxSegmentsPerUnit)))
+                                         units.open_segs().size() + fresh > size_t(kMaxSegmentsPerUnit))) {
           flush(true);
-        uint64_t mask = 0;
-        for (const int32_t x : path) {
-          if (opened_in[x] != open) {
-            opened_in[x] = open;
-            position[x] = int32_t(units.open_segs().size());
+          mask = missing(v, q, fresh);  // the new unit lacks all of it
+        }
+        for (auto it = path.rbegin(); it != path.rend(); ++it) {  // top down: segments in path order
+          const int32_t x = *it;
+          if (ix.tokens[x] > 0) {
+            mask |= 1ull << units.open_segs().size();
             units.add_segment({x, 0, ix.tokens[x]});
           }
-          mask |= 1ull << position[x];
+          opened_in[x] = open;
+          path_mask[x] = mask;
         }
         units.add_query(q, mask);
       }
       flush(false);
     }
   };
-  const auto fills = [&](const ProtoUnits& units) { return fills_slots(units.size(), w, opt); };
-  // Units at a cut: the larger decode tile (32 rows, else 16) whose CTAs
-  // still fill the resident slots (not 64: those go to wgmma CTAs too few per
-  // SM to keep their loads in flight; docs/planners.md, "node").
-  const auto units_at = [&](const std::vector<int32_t>& roots, ProtoUnits& units) {
-    if (rows > 0) return group(roots, std::max(std::min<int64_t>(rows, kMaxTileRows), G), units);
-    for (const int64_t cap : {32, 16}) {
-      group(roots, std::max(cap, G), units);
-      if (fills(units)) break;
+  // How many units a cut makes, without making them where that is known:
+  // a subtree with at most kMaxSegmentsPerUnit nodes on its queries' paths
+  // (down.path_nodes) never reaches the segment limit, so grouping closes a
+  // unit every cap / G queries whose path from the root holds a token
+  // (down.with_tokens).
+  const std::vector<int32_t>&with_tokens = down.with_tokens, &path_nodes = down.path_nodes;
+  // A cut's units: counted where every root's subtree has at most that many
+  // path nodes, else made (into `made`).
+  ProtoUnits& made = scratch.made;
+  const auto units_at = [&](const std::vector<int32_t>& cut, int64_t cap, bool& is_made) {
+    is_made = std::any_of(cut.begin(), cut.end(), [&](int32_t v) { return path_nodes[v] > kMaxSegmentsPerUnit; });
+    if (is_made) {
+      group(cut, cap, made);
+      return made.size();
     }
+    const int64_t per_unit = cap / G;  // cap >= G: at least one query
+    size_t units = 0;
+    for (const int32_t v : cut) units += size_t((with_tokens[v] + per_unit - 1) / per_unit);
+    return units;
+  };
+  // The rows of a cut's units: the larger decode tile (32 rows, else 16)
+  // whose CTAs still fill the resident slots (not 64: those go to wgmma CTAs
+  // too few per SM to keep their loads in flight; docs/planners.md, "node").
+  const auto cap_at = [&](const std::vector<int32_t>& cut, size_t& units, bool& is_made) {
+    if (rows > 0) {
+      const int64_t cap = std::max(std::min<int64_t>(rows, kMaxTileRows), G);
+      units = units_at(cut, cap, is_made);
+      return cap;
+    }
+    units = units_at(cut, std::max<int64_t>(32, G), is_made);
+    if (fills_slots(units, w, opt)) return std::max<int64_t>(32, G);
+    units = units_at(cut, std::max<int64_t>(16, G), is_made);
+    return std::max<int64_t>(16, G);
   };
 
   // The highest cut (subtree roots) whose units fill the slots; failing that,
   // the one with the most units (a lower cut splits a subtree that is too
   // small to fill the GPU into its compact children, for more CTAs). `out`
-  // holds the best cut's units.
+  // holds the best cut's units: copied where they were made, else made once
+  // the cut is chosen.
   std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
-  ProtoUnits& units = scratch.units;
   best_roots.clear();
   roots.resize(size_t(n));
   size_t highest = 0;  // compact subtrees whose parent's is not, in BFS order
@@ -339,16 +394,27 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     highest += is_compact[v] && !(p >= 0 && is_compact[p]);
   }
   roots.resize(highest);
+  size_t best_units = 0;
+  int64_t best_cap = 0;
+  bool taken = false, best_made = false;
   while (!roots.empty()) {
-    units_at(roots, units);
-    const bool full = fills(units);
-    if (units.size() > out.size() || full) {
-      out = units;  // a copy: each buffer keeps its capacity (no allocation once grown)
-      summary.highest_cut = best_roots.empty();
+    size_t units = 0;
+    bool is_made = false;
+    const int64_t cap = cap_at(roots, units, is_made);
+    const bool full = fills_slots(units, w, opt);
+    if (units > best_units || full) {
+      summary.highest_cut = !taken;
+      taken = true;
+      best_units = units;
+      best_cap = cap;
       best_roots = roots;
-      summary.full_units = full_units;
-      summary.full_tokens = full_tokens;
-      summary.full_segments = full_segments;
+      best_made = is_made;
+      if (is_made) {
+        out = made;  // a copy: each buffer keeps its capacity (no allocation once grown)
+        summary.full_units = full_units;
+        summary.full_tokens = full_tokens;
+        summary.full_segments = full_segments;
+      }
     }
     if (full || rows > 0) break;
     next.clear();
@@ -356,6 +422,13 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
       for (int32_t k = ix.child_offset[v]; k < ix.child_offset[v + 1]; ++k)
         if (is_compact[ix.children[k]]) next.push_back(ix.children[k]);
     std::swap(roots, next);
+  }
+  if (!taken) return;
+  if (!best_made) {
+    group(best_roots, best_cap, out);
+    summary.full_units = full_units;
+    summary.full_tokens = full_tokens;
+    summary.full_segments = full_segments;
   }
   if (out.size() == 0) return;
   summary.units = int64_t(out.size());

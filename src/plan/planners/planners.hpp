@@ -177,6 +177,10 @@ struct SubtreeQueries {
 struct DownPaths {
   std::vector<int64_t> tokens, segments, leaf;
   std::vector<char> branches;
+  // Of v's subtree: the queries whose path from v holds a token
+  // (with_tokens), and the non-empty nodes with queries below (path_nodes):
+  // what compact_subtree_units counts a cut's units by.
+  std::vector<int32_t> with_tokens, path_nodes;
   void build(const Workload& w, const TreeIndex& ix);
 };
 
@@ -239,9 +243,10 @@ struct CompactUnitsSummary {
   int64_t max_tokens = 0, max_leaf_tokens = 0;
 };
 struct CompactScratch {
-  std::vector<int32_t> path, roots, best_roots, next, opened_in, position;
+  std::vector<int32_t> path, roots, best_roots, next, opened_in;
+  std::vector<uint64_t> path_mask;
   std::vector<char> is_compact;
-  ProtoUnits units;
+  ProtoUnits made;
 };
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
                            int64_t max_tokens, int64_t max_leaf_tokens, int64_t rows, const PlanOptions& opt,
