@@ -345,21 +345,23 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
     }
   };
   // How many units a cut makes, without making them where that is known:
-  // a subtree with at most kMaxSegmentsPerUnit nodes on its queries' paths
-  // (down.path_nodes) never reaches the segment limit, so grouping closes a
-  // unit every cap / G queries whose path from the root holds a token
-  // (down.with_tokens).
+  // where no unit can reach the segment limit, grouping closes a unit every
+  // cap / G queries whose path from the root holds a token (down.with_tokens).
   const std::vector<int32_t>&with_tokens = down.with_tokens, &path_nodes = down.path_nodes;
-  // A cut's units: counted where every root's subtree has at most that many
-  // path nodes, else made (into `made`).
+  // A cut's units: counted where no unit of a root can exceed the limit
+  // (its subtree's path nodes, or its queries' paths of at most
+  // down.segments[v] nodes each, are at most that many), else made (into
+  // `made`).
   ProtoUnits& made = scratch.made;
   const auto units_at = [&](const std::vector<int32_t>& cut, int64_t cap, bool& is_made) {
-    is_made = std::any_of(cut.begin(), cut.end(), [&](int32_t v) { return path_nodes[v] > kMaxSegmentsPerUnit; });
+    const int64_t per_unit = cap / G;  // cap >= G: at least one query
+    is_made = std::any_of(cut.begin(), cut.end(), [&](int32_t v) {
+      return std::min<int64_t>(path_nodes[v], per_unit * down.segments[v]) > kMaxSegmentsPerUnit;
+    });
     if (is_made) {
       group(cut, cap, made);
       return made.size();
     }
-    const int64_t per_unit = cap / G;  // cap >= G: at least one query
     size_t units = 0;
     for (const int32_t v : cut) units += size_t((with_tokens[v] + per_unit - 1) / per_unit);
     return units;
