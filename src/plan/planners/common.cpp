@@ -344,14 +344,12 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
       flush(false);
     }
   };
-  // How many units a cut makes, without making them where that is known:
-  // where no unit can reach the segment limit, grouping closes a unit every
-  // cap / G queries whose path from the root holds a token (down.with_tokens).
+  // A cut's units, counted where no unit of a root can reach the segment
+  // limit (its subtree has at most that many path nodes, or cap / G queries
+  // of paths of at most down.segments[v] nodes cannot have more): grouping
+  // then closes a unit every cap / G queries whose path from the root holds
+  // a token (down.with_tokens). Elsewhere made, into `made`.
   const std::vector<int32_t>&with_tokens = down.with_tokens, &path_nodes = down.path_nodes;
-  // A cut's units: counted where no unit of a root can exceed the limit
-  // (its subtree's path nodes, or its queries' paths of at most
-  // down.segments[v] nodes each, are at most that many), else made (into
-  // `made`).
   ProtoUnits& made = scratch.made;
   const auto units_at = [&](const std::vector<int32_t>& cut, int64_t cap, bool& is_made) {
     const int64_t per_unit = cap / G;  // cap >= G: at least one query
