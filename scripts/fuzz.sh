@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets of fuzz/ with clang, ASan and UBSan (build/fuzz)
-# and runs each for SECONDS (default 60) on its committed seed corpus, one at
-# a time under nice; then prints each target's executions and exec/s.
-#   usage: scripts/fuzz.sh [SECONDS] [TARGET-REGEX]
+# and runs each for SECONDS (default 60) on its committed seed corpus under
+# nice, FUZZ_JOBS (default 1) at a time, which also sets the build's jobs; then
+# prints each target's executions and exec/s. A target is one process on one
+# core, so FUZZ_JOBS up to the core count keeps each target's executions.
+#   usage: [FUZZ_JOBS=N] scripts/fuzz.sh [SECONDS] [TARGET-REGEX]
 # A crash, leak, sanitizer report or oracle failure fails the run; the input is
-# kept under build/fuzz/fuzz/artifacts/. CI runs `scripts/fuzz.sh 20`.
+# kept under build/fuzz/fuzz/artifacts/. CI runs `FUZZ_JOBS=$(nproc) scripts/fuzz.sh 20`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -27,10 +29,11 @@ cmake -S . -B build/fuzz -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelW
   -DCMAKE_CXX_FLAGS="$san -fsanitize=fuzzer-no-link" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   -DTREEATTN_CUDA=OFF -DTREEATTN_TESTS=OFF -DTREEATTN_BENCHMARKS=OFF -DTREEATTN_FUZZ=ON \
   -DTREEATTN_FUZZ_SECONDS="$secs" >/dev/null
-nice -n 10 cmake --build build/fuzz -j"${FUZZ_JOBS:-1}" --target fuzz_json_tree fuzz_block_table \
+jobs=${FUZZ_JOBS:-1}
+nice -n 10 cmake --build build/fuzz -j"$jobs" --target fuzz_json_tree fuzz_block_table \
   fuzz_workload_spec fuzz_tot fuzz_medusa fuzz_plan_mutation fuzz_runtime_plan fuzz_cost_tables
 rc=0
-nice -n 10 ctest --test-dir build/fuzz -L fuzz ${only:+-R "$only"} -j1 --output-on-failure || rc=$?
+nice -n 10 ctest --test-dir build/fuzz -L fuzz ${only:+-R "$only"} -j"$jobs" --output-on-failure || rc=$?
 # Executions per target from libFuzzer's final stats in CTest's log.
 awk '/^[0-9]+\/[0-9]+ Test: / {t=$3} /stat::number_of_executed_units/ {n[t]=$2}
      /stat::average_exec_per_sec/ {s[t]=$2}

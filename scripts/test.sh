@@ -30,5 +30,6 @@ cmake --build --preset asan-ubsan -j"$jobs" --target treeattn_tests treeattn_cli
 ctest --preset asan-ubsan -j"$jobs"
 
 # ---- fuzzing (issue 20): each libFuzzer target of fuzz/ for 20 s under ASan +
-# UBSan (CTest label `fuzz` in build/fuzz; clang-14 + libfuzzer-14-dev).
-bash scripts/fuzz.sh 20
+# UBSan (CTest label `fuzz` in build/fuzz; clang-14 + libfuzzer-14-dev), as
+# many at a time as there are cores.
+FUZZ_JOBS=$jobs bash scripts/fuzz.sh 20
