@@ -128,6 +128,16 @@ _BY_HANDLE: "weakref.WeakValueDictionary[int, TreeAttention]" = weakref.WeakValu
 _HANDLES = itertools.count(1)
 
 
+def _alloc_run_output(q: Any, num_qo_heads: int, lse: bool) -> Any:
+    """run()'s out (q's shape and dtype) or, with ``lse``, its lse (float32
+    ``[num_queries, num_qo_heads]``), on q's device, where run() is given none."""
+    if not hasattr(q, "shape"):
+        raise TypeError(f"q: expected a tensor (PyTorch, or anything with DLPack), got {type(q).__name__}")
+    if lse:
+        return _empty_like(q, (q.shape[0], num_qo_heads), float32=True)
+    return _empty_like(q, tuple(q.shape))
+
+
 def _empty_like(x: Any, shape, float32: bool = False) -> Any:
     if _is_torch(x):
         import torch
@@ -273,7 +283,11 @@ class TreeAttention:
         # run()'s C++ entry: reads and checks the tensors (PyTorch through a few
         # attribute reads, anything else through DLPack) and takes the stream
         # from the source above when none is given, in one call.
-        self._run = _treeattn._Runner(self._impl, stream_fn, stream_arg, torch_gpus > 1)
+        self._run = _treeattn._Runner(self._impl, stream_fn, stream_arg, torch_gpus > 1, _alloc_run_output)
+        if type(self).run is TreeAttention.run:  # a subclass's own run() stays in force
+            # The per-layer call straight into C++, without run()'s Python
+            # frame (~0.5-1 us a call); run() below documents it and calls it.
+            self.run = self._run.call
         self.op_handle = next(_HANDLES)  # this object in torch.ops.treeattn.run (run_op)
         _BY_HANDLE[self.op_handle] = self
 
@@ -332,16 +346,10 @@ class TreeAttention:
         attention part by the log-sum-exp rule). ``k_scale`` / ``v_scale``
         (default 1): K = stored K x k_scale, V = stored V x v_scale (fp8
         pools' per-tensor scales). Launch only on CUDA: no allocation when
-        ``out`` (and ``lse``) are given."""
-        if out is not None and not return_lse:  # the per-layer call: one C++ call reads, checks and runs
-            self._run(q, k_pool, v_pool, out, lse, scale, k_scale, v_scale, stream)
-            return out if lse is None else (out, lse)
-        if out is None:
-            out = _empty_like(q, tuple(q.shape))
-        if lse is None and return_lse:
-            lse = _empty_like(q, (q.shape[0], self.num_qo_heads), float32=True)
-        self._run(q, k_pool, v_pool, out, lse, scale, k_scale, v_scale, stream)
-        return (out, lse) if lse is not None else out
+        ``out`` (and ``lse``) are given. On an instance, ``attn.run`` is the
+        C++ entry this calls (the same arguments, no Python frame)."""
+        return self._run.call(q, k_pool, v_pool, out, return_lse=return_lse, lse=lse, scale=scale, k_scale=k_scale,
+                              v_scale=v_scale, stream=stream)
 
     def bind(self, q, k_pool, v_pool, out, *, lse=None, scale: Optional[float] = None,
              k_scale: Optional[float] = None, v_scale: Optional[float] = None) -> "BoundRun":

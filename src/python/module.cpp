@@ -588,12 +588,26 @@ struct Runner {
   const TreeAttention* ta;
   StreamSource stream_source;
   Where where;
+  nb::object alloc;  // alloc(q, num_qo_heads, lse): run()'s out, or its lse, allocated like q
   void run(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale,
            nb::handle k_scale, nb::handle v_scale, nb::handle stream) const {
     const AttentionArgs a = read_args(*ta, where, q, k, v, out, lse, scale, k_scale, v_scale);
     const uintptr_t s = stream_source.get(stream);
     nb::gil_scoped_release release;  // the CPU executor may run for a while
     ta->run(a, reinterpret_cast<void*>(s));
+  }
+  // TreeAttention.run() whole: out, and lse where return_lse asks for it,
+  // allocated where not given; returns out, or (out, lse) when there is an lse.
+  nb::object call(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle return_lse, nb::handle lse,
+                  nb::handle scale, nb::handle k_scale, nb::handle v_scale, nb::handle stream) const {
+    const int truth = PyObject_IsTrue(return_lse.ptr());
+    if (truth < 0) throw nb::python_error();
+    const int heads = ta->config().heads.num_qo_heads;
+    nb::object o = out.is_none() ? alloc(q, heads, false) : nb::borrow(out);
+    nb::object l = lse.is_none() && truth ? alloc(q, heads, true) : nb::borrow(lse);
+    run(q, k, v, o, l, scale, k_scale, v_scale, stream);
+    if (l.is_none()) return o;
+    return nb::make_tuple(o, l);
   }
   BoundRun bind(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle scale,
                 nb::handle k_scale, nb::handle v_scale) const {
@@ -712,20 +726,30 @@ void bind_runtime(nb::module_& m) {
   nb::class_<Runner>(m, "_Runner")
       .def(
           "__init__",
-          [](Runner* self, const TreeAttention& ta, nb::object stream_fn, nb::object stream_arg, bool torch_index) {
+          [](Runner* self, const TreeAttention& ta, nb::object stream_fn, nb::object stream_arg, bool torch_index,
+             nb::object alloc) {
             const TreeAttentionConfig& c = ta.config();
             new (self) Runner{&ta, {std::move(stream_fn), std::move(stream_arg)},
-                              {c.device == Device::cuda, c.device_index, torch_index}};
+                              {c.device == Device::cuda, c.device_index, torch_index}, std::move(alloc)};
           },
           nb::arg("attn"), nb::arg("stream_fn").none(), nb::arg("stream_arg").none(), nb::arg("torch_device_index"),
-          nb::keep_alive<1, 2>(),
+          nb::arg("alloc"), nb::keep_alive<1, 2>(),
           "TreeAttention.run()'s entry: `stream_fn(stream_arg)` (or `stream_fn()` when stream_arg is None) gives "
           "the stream when run() is given none; stream_fn None: the default stream. torch_device_index: check "
-          "PyTorch tensors' device index (one more attribute call each; DLPack tensors always carry theirs).")
+          "PyTorch tensors' device index (one more attribute call each; DLPack tensors always carry theirs). "
+          "alloc(q, num_qo_heads, lse): the output (lse: float32 [queries, heads]) allocated like q, where run() "
+          "is given none.")
       .def("__call__", &Runner::run, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
            nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("k_scale").none(),
            nb::arg("v_scale").none(), nb::arg("stream").none(),
            "Reads and checks the tensors (PyTorch: attributes; others: DLPack), then runs.")
+      .def("call", &Runner::call, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
+           nb::arg("out").none() = nb::none(), nb::kw_only(), nb::arg("return_lse").none() = false,
+           nb::arg("lse").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+           nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(),
+           nb::arg("stream").none() = nb::none(),
+           "TreeAttention.run() (see its docstring): allocates out (and lse with return_lse) where not given, "
+           "reads and checks the tensors, runs; returns out, or (out, lse).")
       .def("bind", &Runner::bind, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
            nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("k_scale").none(),
            nb::arg("v_scale").none(), nb::keep_alive<0, 1>(),

@@ -872,6 +872,46 @@ def torch_small(seed=10):
     return attn, tree, q, k, v
 
 
+def test_instance_run_is_the_cpp_entry_and_agrees_with_the_method():
+    """attn.run is the C++ entry (no Python frame per layer call); the class's
+    run() documents it and calls the same entry: every argument form returns
+    the same objects and values both ways, and its errors are the same. A
+    subclass that overrides run() keeps its own."""
+    attn, _, q, k, v = torch_small()
+    assert type(attn.run).__name__ != "method"
+    method = lambda *a, **kw: treeattn.TreeAttention.run(attn, *a, **kw)
+    for run in (attn.run, method):
+        out = torch.zeros_like(q)
+        assert run(q, k, v, out) is out
+        got, lse = run(q, k, v, return_lse=True)
+        assert got.shape == q.shape and got.dtype == q.dtype and lse.shape == (2, 4) and lse.dtype == torch.float32
+        assert np.array_equal(got.numpy(), out.numpy())
+        lse2 = torch.zeros(2, 4)
+        both = run(q, k, v, torch.zeros_like(q), lse=lse2)
+        assert isinstance(both, tuple) and both[1] is lse2 and np.array_equal(lse2.numpy(), lse.numpy())
+        assert not isinstance(run(q.numpy(), k.numpy(), v.numpy(), return_lse=0), tuple)
+        with pytest.raises(TypeError, match="positional arguments|incompatible function arguments"):
+            run(q, k, v, out, True)  # return_lse is keyword-only
+        with pytest.raises(TypeError, match="q: expected a tensor .* got list"):
+            run([1.0], k, v)
+        with pytest.raises(TypeError, match="out: pass an output array for inputs of type memoryview"):
+            run(memoryview(q.numpy()), k, v)
+        with pytest.raises(ValueError, match="out: must not overlap q"):
+            run(q, k, v, q)
+
+    class Logged(treeattn.TreeAttention):
+        calls = 0
+
+        def run(self, *a, **kw):
+            Logged.calls += 1
+            return super().run(*a, **kw)
+
+    sub = Logged(4, 2, 64, 4, 16, device="cpu", max_queries=4, max_nodes=8, max_page_refs=16)
+    sub.plan_tree(**make_small()[1])
+    sub.run(q, k, v, torch.zeros_like(q))
+    assert Logged.calls == 1
+
+
 def test_torch_run_equals_numpy_run_and_takes_every_argument_form():
     attn, _, q, k, v = torch_small()
     expected, expected_lse = attn.run(q.numpy(), k.numpy(), v.numpy(), return_lse=True)
@@ -1045,7 +1085,7 @@ def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
 
     for arg, seen in [(7, (7,)), (None, ())]:
         calls.clear()
-        runner = treeattn._treeattn._Runner(attn._impl, source, arg, False)
+        runner = treeattn._treeattn._Runner(attn._impl, source, arg, False, treeattn._alloc_run_output)
         runner(q, k, v, out, None, None, None, None, None)
         assert calls == [seen]
         runner(q, k, v, out, None, None, None, None, 0)
@@ -1054,7 +1094,7 @@ def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
         bound(None)
         bound(5)
         assert calls == [seen, seen]
-    runner = treeattn._treeattn._Runner(attn._impl, lambda: "not a stream", None, False)
+    runner = treeattn._treeattn._Runner(attn._impl, lambda: "not a stream", None, False, treeattn._alloc_run_output)
     with pytest.raises(TypeError, match="stream: expected a stream handle"):
         runner(q, k, v, out, None, None, None, None, None)
 
