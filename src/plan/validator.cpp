@@ -94,7 +94,6 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
   // query numbers [lo, hi) its entries' queries must lie in to have all of its
   // nodes on their path.
   const auto depth_bit = [](int32_t d) { return d < 64 ? uint64_t(1) << d : 0; };
-  const auto on_path = [&](int32_t key, int32_t v) { return uint32_t(key - query_begin[v]) < uint32_t(subtree_queries[v]); };
   const int g = w.heads.group_size();
   // Rows each tile holds at this head_dim, 0 where it does not fit shared
   // memory: one comparison per unit finds a unit whose capacity is wrong.
@@ -124,6 +123,15 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
                           str(kTileConfigs[tile].m) + " rows");
     }
     const Segment* const segs = p.segments.data() + unit_segment_offset[u];
+    // What an entry's walk over its mask needs of each non-empty segment,
+    // gathered once per unit from the index (an entry reads only this).
+    struct SegmentFacts {
+      int32_t query_begin, subtree_queries;  // on the path of a query of key k iff k - query_begin < subtree_queries
+      int32_t begin, end, depth;
+      bool whole;    // the whole node, at depth < 64
+      uint64_t bit;  // depth_bit of the node's depth
+    };
+    std::array<SegmentFacts, kMaxSegmentsPerUnit> facts;
     uint64_t non_empty = 0;  // bit k: segment k has tokens
     // The summary, where `whole_nodes` stays true.
     bool whole_nodes = p.unit_masked[u] == 0;
@@ -142,7 +150,9 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
       hi = std::min(hi, query_begin[s.node] + subtree_queries[s.node]);
       unit_tokens += s.end - s.begin;
       const uint64_t bit = depth_bit(depth[s.node]);
-      whole_nodes &= s.begin == 0 && s.end == tokens[s.node] && bit != 0 && (depths & bit) == 0;
+      const bool whole = s.begin == 0 && s.end == tokens[s.node] && bit != 0;
+      facts[size_t(k)] = {query_begin[s.node], subtree_queries[s.node], s.begin, s.end, depth[s.node], whole, bit};
+      whole_nodes &= whole && (depths & bit) == 0;
       depths |= bit;
     }
     const uint64_t full = full_mask(nseg);
@@ -173,21 +183,20 @@ void validate_plan(const Workload& w, const Plan& p, ValidatePlanScratch* scratc
         continue;
       }
       for (uint64_t seen = mask & non_empty; seen != 0; seen &= seen - 1) {
-        const Segment& s = segs[std::countr_zero(seen)];
-        if (!on_path(qs.key, s.node)) {
+        const SegmentFacts& f = facts[size_t(std::countr_zero(seen))];
+        if (uint32_t(qs.key - f.query_begin) >= uint32_t(f.subtree_queries)) {  // off its path
           qs.unsure = 1;
           continue;
         }
-        qs.tokens += s.end - s.begin;
-        const uint64_t bit = depth_bit(depth[s.node]);
-        if (bit != 0 && s.begin == 0 && s.end == tokens[s.node]) {
-          qs.unsure |= int32_t((qs.whole & bit) != 0);
-          qs.whole |= bit;
+        qs.tokens += f.end - f.begin;
+        if (f.whole) {
+          qs.unsure |= int32_t((qs.whole & f.bit) != 0);
+          qs.whole |= f.bit;
         } else {
-          qs.pieces |= bit;
-          int32_t& next = sc.cells[size_t(qs.first_cell + depth[s.node])];
-          qs.unsure |= int32_t(next != s.begin);
-          next = s.end;
+          qs.pieces |= f.bit;
+          int32_t& next = sc.cells[size_t(qs.first_cell + f.depth)];
+          qs.unsure |= int32_t(next != f.begin);
+          next = f.end;
         }
       }
     }
