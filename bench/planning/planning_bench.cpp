@@ -258,7 +258,7 @@ void runtime_block_tables(benchmark::State& state, bool extend) {
 // Queries: the requests' pending tokens, then every draft. Every step is a
 // fresh plan (the drafts change); 16 steps of other draft trees cycled.
 // `planner`: the runtime's (auto, or another to compare with).
-void runtime_tree_queries(benchmark::State& state, int requests, int drafts, const char* planner) {
+void runtime_tree_queries(benchmark::State& state, int requests, int drafts, const std::string& planner) {
   constexpr int kPage = 16, kPrompt = 1000, kOwn = 2000, kSteps = 16;
   std::vector<int32_t> parents{-1}, tokens{kPrompt}, offsets{0}, pages, queries;
   int32_t next_page = 0;
@@ -561,13 +561,13 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("runtime/decode_steps/cpu/" + std::to_string(nodes)).c_str(), runtime_decode_steps,
                                  nodes, Device::cpu)
         ->Unit(benchmark::kMicrosecond);
-  for (const char* planner : {"auto", "node", "per-query"})
-    for (const auto& [requests, drafts] : {std::pair{1, 64}, std::pair{8, 64}, std::pair{32, 16}})
-      benchmark::RegisterBenchmark(("runtime/tree_queries/cpu/" + std::to_string(requests) + "x" +
-                                    std::to_string(drafts) + (planner == std::string("auto") ? "" : "/" + std::string(planner)))
-                                       .c_str(),
-                                   runtime_tree_queries, requests, drafts, planner)
+  for (const std::string planner : {"auto", "node", "per-query"})
+    for (const auto& [requests, drafts] : {std::pair{1, 64}, std::pair{8, 64}, std::pair{32, 16}}) {
+      const std::string name = "runtime/tree_queries/cpu/" + std::to_string(requests) + "x" + std::to_string(drafts) +
+                               (planner == "auto" ? "" : "/" + planner);  // auto: the runtime's default
+      benchmark::RegisterBenchmark(name.c_str(), runtime_tree_queries, requests, drafts, planner)
           ->Unit(benchmark::kMicrosecond);
+    }
   benchmark::RegisterBenchmark("runtime/block_tables/cpu/decode_steps", runtime_block_tables, true)
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("runtime/block_tables/cpu/afresh", runtime_block_tables, false)
