@@ -739,17 +739,13 @@ void bind_runtime(nb::module_& m) {
           "PyTorch tensors' device index (one more attribute call each; DLPack tensors always carry theirs). "
           "alloc(q, num_qo_heads, lse): the output (lse: float32 [queries, heads]) allocated like q, where run() "
           "is given none.")
-      .def("__call__", &Runner::run, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
-           nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("k_scale").none(),
-           nb::arg("v_scale").none(), nb::arg("stream").none(),
-           "Reads and checks the tensors (PyTorch: attributes; others: DLPack), then runs.")
       .def("call", &Runner::call, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
            nb::arg("out").none() = nb::none(), nb::kw_only(), nb::arg("return_lse").none() = false,
            nb::arg("lse").none() = nb::none(), nb::arg("scale").none() = nb::none(),
            nb::arg("k_scale").none() = nb::none(), nb::arg("v_scale").none() = nb::none(),
            nb::arg("stream").none() = nb::none(),
            "TreeAttention.run() (see its docstring): allocates out (and lse with return_lse) where not given, "
-           "reads and checks the tensors, runs; returns out, or (out, lse).")
+           "reads and checks the tensors (PyTorch: attributes; others: DLPack), runs; returns out, or (out, lse).")
       .def("bind", &Runner::bind, nb::arg("q").none(), nb::arg("k_pool").none(), nb::arg("v_pool").none(),
            nb::arg("out").none(), nb::arg("lse").none(), nb::arg("scale").none(), nb::arg("k_scale").none(),
            nb::arg("v_scale").none(), nb::keep_alive<0, 1>(),

@@ -1086,9 +1086,9 @@ def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
     for arg, seen in [(7, (7,)), (None, ())]:
         calls.clear()
         runner = treeattn._treeattn._Runner(attn._impl, source, arg, False, treeattn._alloc_run_output)
-        runner(q, k, v, out, None, None, None, None, None)
+        runner.call(q, k, v, out)
         assert calls == [seen]
-        runner(q, k, v, out, None, None, None, None, 0)
+        runner.call(q, k, v, out, stream=0)
         assert calls == [seen]
         bound = runner.bind(q, k, v, out, None, None, None, None)
         bound(None)
@@ -1096,7 +1096,7 @@ def test_run_takes_its_stream_from_the_source_only_when_none_is_given():
         assert calls == [seen, seen]
     runner = treeattn._treeattn._Runner(attn._impl, lambda: "not a stream", None, False, treeattn._alloc_run_output)
     with pytest.raises(TypeError, match="stream: expected a stream handle"):
-        runner(q, k, v, out, None, None, None, None, None)
+        runner.call(q, k, v, out)
 
 
 def test_run_overhead_bench_runs():
