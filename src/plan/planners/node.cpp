@@ -281,8 +281,10 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
     m.query_tiles[size_t(k)] = tiles;
     if (left == 0) ++tiles, left = per_tile;
   }
-  m.sub.build(w, ix);
-  m.down.build(w, ix);
+  if (!m.paths_of_tree) {
+    m.sub.build(w, ix);
+    m.down.build(w, ix);
+  }
   find_fold_candidates(w, ix, m.query_tiles, m.fold_candidates);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);
   const int64_t flat = shape.flat_tokens;

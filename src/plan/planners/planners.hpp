@@ -297,6 +297,10 @@ struct NodeCandidate {
 struct PlanScratch::Buffers {
   planning::SubtreeQueries sub;
   planning::DownPaths down;
+  // sub and down are the planned tree's already: auto sets it while it plans
+  // node's candidate shapes of one tree (they do not depend on the shape);
+  // plan_node_shaped builds them otherwise.
+  bool paths_of_tree = false;
   // node: the taken candidate's units and the alternative's, each unpacked (raw) and packed
   planning::ProtoUnits raw, packed, raw_alternative, packed_alternative;
   planning::CompactScratch compact;
