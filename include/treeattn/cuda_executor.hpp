@@ -202,6 +202,7 @@ class CudaStepExecutor {
 
   const StepCapacity& capacity() const;
   size_t device_bytes() const;  // plan buffer + workspace
+  int num_launches() const;     // attention launches per run (the merge launch besides)
   std::string describe() const; // one line per launch: tile, CTAs, stages, shared memory
 
  private:

@@ -40,6 +40,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--l2-persistent-plan", b->l2_persistent_plan,
                 "keep each plan's device arrays in the L2 set-aside for persisting accesses (the flush before each "
                 "run then leaves them in L2, as they stay there between a model's layers)");
+  cmd->add_flag("--step-executor", b->step_executor,
+                "run each plan through the runtime's executor (CudaStepExecutor: fixed grids that read the plan "
+                "from its upload, as TreeAttention and the Python package run it, graphs valid from plan to plan; "
+                "capacities of the plan's own sizes) instead of one made for the plan (CudaExecutor)");
   cmd->add_flag("--trace", b->trace,
                 "print each launch's CTA timeline of the last timed run (phases per CTA, p50/p90 in us); needs a "
                 "build with -DTREEATTN_CTA_TRACE=ON, and its timings are not the ones to report");

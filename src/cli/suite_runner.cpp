@@ -75,6 +75,7 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   r["slots"] = t.slots;
   r["iters"] = b.iters;
   r["l2_flush"] = b.flush_l2;
+  r["executor"] = b.step_executor ? "step" : "plan";
   r["plan_ms"] = plan_ms;
   return r;
 }
@@ -122,6 +123,7 @@ std::string suite_command(const SuiteRun& run, const CommonOptions& o, const Ben
   if (!b.persistent) add("--no-persistent");
   if (b.streams) add("--streams");
   if (b.l2_persistent_plan) add("--l2-persistent-plan");
+  if (b.step_executor) add("--step-executor");
   if (b.trace) add("--trace");
   add("--verify", std::to_string(b.verify_queries));
   return c;

@@ -70,5 +70,32 @@ TEST(BenchRoofline, TimedRunsAreReleasedByTheHost) {
   }
 }
 
+// The runtime's executor timed on the same inputs (BenchOptions::
+// step_executor): its output checks against fp64 like CudaExecutor's, it runs
+// its fixed launch set (one per n = 64 tile that fits d = 128) and replays as
+// a graph, and it is no faster than the roofline either.
+TEST(BenchRoofline, TheStepExecutorIsTimedOnTheSameInputs) {
+  WorkloadParams p;
+  p.heads = HeadConfig{32, 8, 128};
+  const Workload w = fewshot_workload(1000, 64, 16, p);
+  GpuBench bench(w);
+  BenchOptions o;
+  o.verify_queries = 4;
+  for (const char* planner : {"per-query", "node"}) {
+    const Plan plan = make_plan(planner, w);
+    const GpuTiming per_plan = bench.time(plan, o);
+    o.step_executor = true;
+    const GpuTiming step = bench.time(plan, o);
+    o.step_executor = false;
+    EXPECT_LT(step.max_rel_err, 2e-3) << planner;
+    EXPECT_LT(per_plan.max_rel_err, 2e-3) << planner;
+    EXPECT_EQ(step.launches, 4) << step.launch_info;
+    EXPECT_EQ(step.launch_info.rfind("step executor: ", 0), 0u) << step.launch_info;
+    EXPECT_GE(step.us, step.roofline_us) << planner;
+    EXPECT_GT(step.us_graph, 0.0) << planner;
+    EXPECT_EQ(step.unique_kv_bytes, per_plan.unique_kv_bytes);
+  }
+}
+
 }  // namespace
 }  // namespace treeattn

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -393,14 +394,36 @@ double check_sampled_queries(const Workload& w, const DeviceTensors& d, int coun
 GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   Impl& m = *impl_;
   const Workload& w = m.w;
-  CudaExecutorOptions eo;
-  eo.short_m16 = !o.exact_tiles;
-  eo.stream_per_tile_config = o.streams;
-  eo.persistent = o.persistent;
-  eo.trace = o.trace;
-  eo.l2_persistent_plan = o.l2_persistent_plan;
-  CudaExecutor ex(w, p, eo);
+  // The executor under test, made (and the plan uploaded) before any timing.
+  std::optional<CudaExecutor> ex;
+  std::optional<CudaStepExecutor> step;
+  if (o.step_executor) {
+    if (o.trace) throw Error("bench: --trace times CudaExecutor's launches, not the step executor's");
+    StepCapacity cap;
+    cap.max_queries = std::max(1, w.num_queries());
+    cap.max_units = std::max(1, p.num_units());
+    cap.max_segments = std::max<int32_t>(1, int32_t(p.segments.size()));
+    cap.max_entries = std::max<int32_t>(1, int32_t(p.entry_query.size()));
+    cap.max_slots = std::max(1, p.num_slots);
+    int64_t refs = 0;
+    for (const Node& n : w.tree.nodes) refs += int64_t(n.pages.size());
+    cap.max_page_refs = std::max<int64_t>(1, refs);
+    CudaStepOptions so;
+    so.l2_persistent_plan = o.l2_persistent_plan;
+    step.emplace(w.heads, w.layout, cap, so);
+    step->set_plan(w, p, m.stream);
+    check_cuda(cudaStreamSynchronize(m.stream), "bench: step executor upload");
+  } else {
+    CudaExecutorOptions eo;
+    eo.short_m16 = !o.exact_tiles;
+    eo.stream_per_tile_config = o.streams;
+    eo.persistent = o.persistent;
+    eo.trace = o.trace;
+    eo.l2_persistent_plan = o.l2_persistent_plan;
+    ex.emplace(w, p, eo);
+  }
   const AttentionArgs args = m.d.args();
+  const auto run = [&] { ex ? ex->run(args, m.stream) : step->run(args, m.stream); };
   const PlanSummary s = summarize(w, p);
 
   GpuTiming r;
@@ -417,12 +440,12 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   r.roofline_us = std::max(r.floor_us, r.compute_floor_us);
   r.units = p.num_units();
   r.slots = p.num_slots;
-  r.launches = ex.num_launches();
-  r.launch_info = ex.describe();
+  r.launches = ex ? ex->num_launches() : step->num_launches();
+  r.launch_info = ex ? ex->describe() : "step executor: " + step->describe();
 
   // Verification first, on a poisoned output.
   m.d.poison_out(m.stream);
-  ex.run(args, m.stream);
+  run();
   check_cuda(cudaStreamSynchronize(m.stream), "bench: verification run");
   if (o.verify_queries > 0) r.max_rel_err = check_sampled_queries(w, m.d, o.verify_queries);
 
@@ -441,7 +464,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   };
   std::vector<double> us;
   for (int i = 0; i < o.warmup + o.iters; ++i) {
-    const double x = timed_run([&] { ex.run(args, m.stream); });
+    const double x = timed_run(run);
     if (i >= o.warmup) us.push_back(x);
   }
   r.us = median(us);
@@ -475,7 +498,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     check_cuda(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "bench: begin capture");
-    ex.run(args, m.stream);
+    run();
     check_cuda(cudaStreamEndCapture(m.stream, &graph), "bench: end capture");
     check_cuda(cudaGraphInstantiate(&exec, graph, 0), "bench: graph instantiate");
     std::vector<double> gus;
@@ -492,7 +515,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   if (r.host_gate_timeouts > 0)
     std::fprintf(stderr, "bench: %d timed runs waited over 1 s for the host to enqueue them; their times include part of it\n",
                  r.host_gate_timeouts);
-  if (o.trace) r.trace = ex.trace_report();
+  if (o.trace) r.trace = ex->trace_report();
   return r;
 }
 

@@ -241,6 +241,7 @@ CudaStepExecutor& CudaStepExecutor::operator=(CudaStepExecutor&&) noexcept = def
 
 const StepCapacity& CudaStepExecutor::capacity() const { return impl_->cap; }
 size_t CudaStepExecutor::device_bytes() const { return impl_->plan_buf.size() + impl_->workspace.size(); }
+int CudaStepExecutor::num_launches() const { return int(impl_->launches.size()); }
 
 std::string CudaStepExecutor::describe() const {
   std::string out;
