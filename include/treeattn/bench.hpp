@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "treeattn/plan.hpp"
 
@@ -35,6 +36,12 @@ struct BenchOptions {
   // CudaExecutor (grids of the plan's own sizes). exact_tiles, streams and
   // persistent do not apply.
   bool step_executor = false;
+  // With step_executor: its launches (CudaStepOptions::tiles, indices into
+  // kTileConfigs; empty: its default, the n = 64 tiles largest m first), or,
+  // with step_plan_tiles, the tiles the plan's units use (largest m first),
+  // which shows what its other, empty launches cost.
+  std::vector<int> step_tiles;
+  bool step_plan_tiles = false;
 };
 
 struct GpuTiming {

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <ctime>
 #include <map>
+#include <sstream>
+#include <string>
 
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
@@ -44,6 +46,10 @@ void add_bench_command(CLI::App& app) {
                 "run each plan through the runtime's executor (CudaStepExecutor: fixed grids that read the plan "
                 "from its upload, as TreeAttention and the Python package run it, graphs valid from plan to plan; "
                 "capacities of the plan's own sizes) instead of one made for the plan (CudaExecutor)");
+  auto step_tiles = std::make_shared<std::string>();
+  cmd->add_option("--step-tiles", *step_tiles,
+                  "with --step-executor: its launches, tiles MxN or M (n = 64) comma-separated in launch order "
+                  "(e.g. 128,16x32), or `plan`: the tiles each plan's units use (default: 128,64,32,16)");
   cmd->add_flag("--trace", b->trace,
                 "print each launch's CTA timeline of the last timed run (phases per CTA, p50/p90 in us); needs a "
                 "build with -DTREEATTN_CTA_TRACE=ON, and its timings are not the ones to report");
@@ -59,7 +65,7 @@ void add_bench_command(CLI::App& app) {
   auto report = std::make_shared<std::string>();
   cmd->add_option("--report", *report,
                   "no timing: rewrite report.md and the plots of DIR/results.json (a suite's output directory)");
-  cmd->callback([o, b, flags, suite, report] {
+  cmd->callback([o, b, flags, suite, report, step_tiles] {
     if (!report->empty()) {
       std::printf("%s", write_report(*report).c_str());
       return;
@@ -72,6 +78,28 @@ void add_bench_command(CLI::App& app) {
     b->graph = !(*flags)[1];
     b->persistent = !(*flags)[2];
     b->seed = o->seed;
+    if (!step_tiles->empty()) {
+      if (!b->step_executor) throw Error("--step-tiles: needs --step-executor");
+      if (*step_tiles == "plan") {
+        b->step_plan_tiles = true;
+      } else {
+        std::stringstream list(*step_tiles);
+        for (std::string item; std::getline(list, item, ',');) {
+          const size_t x = item.find('x');
+          int m = 0, n = kDefaultKvTile;
+          try {
+            m = std::stoi(item.substr(0, x));
+            if (x != std::string::npos) n = std::stoi(item.substr(x + 1));
+          } catch (const std::exception&) {
+            m = 0;
+          }
+          const int t = m > 0 ? tile_index(m, n) : -1;
+          if (t < 0)
+            throw Error("--step-tiles: '" + item + "' is not a compiled tile (M or MxN, e.g. 128 or 16x32)");
+          b->step_tiles.push_back(t);
+        }
+      }
+    }
     if (!suite->suite.empty()) {
       if (!o->workloads.empty()) throw Error("suite: --suite and --workload exclude each other");
       suite->planners = o->planners;

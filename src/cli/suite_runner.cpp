@@ -124,6 +124,14 @@ std::string suite_command(const SuiteRun& run, const CommonOptions& o, const Ben
   if (b.streams) add("--streams");
   if (b.l2_persistent_plan) add("--l2-persistent-plan");
   if (b.step_executor) add("--step-executor");
+  if (b.step_plan_tiles) {
+    add("--step-tiles", "plan");
+  } else if (!b.step_tiles.empty()) {
+    std::string tiles;
+    for (const int t : b.step_tiles)
+      tiles += (tiles.empty() ? "" : ",") + std::to_string(kTileConfigs[t].m) + "x" + std::to_string(kTileConfigs[t].n);
+    add("--step-tiles", tiles);
+  }
   if (b.trace) add("--trace");
   add("--verify", std::to_string(b.verify_queries));
   return c;

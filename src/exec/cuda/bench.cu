@@ -410,6 +410,14 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     cap.max_page_refs = std::max<int64_t>(1, refs);
     CudaStepOptions so;
     so.l2_persistent_plan = o.l2_persistent_plan;
+    so.tiles = o.step_tiles;
+    if (o.step_plan_tiles) {
+      so.tiles.clear();
+      for (int t = int(kTileConfigs.size()) - 1; t >= 0; --t)
+        if (std::find(p.unit_tile.begin(), p.unit_tile.end(), uint8_t(t)) != p.unit_tile.end()) so.tiles.push_back(t);
+      std::stable_sort(so.tiles.begin(), so.tiles.end(),
+                       [](int a, int b) { return kTileConfigs[a].m > kTileConfigs[b].m; });
+    }
     step.emplace(w.heads, w.layout, cap, so);
     step->set_plan(w, p, m.stream);
     check_cuda(cudaStreamSynchronize(m.stream), "bench: step executor upload");
