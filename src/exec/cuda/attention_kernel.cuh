@@ -256,7 +256,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   const bool persistent = Tr::kPersistent && p.work != nullptr;
   int item = blockIdx.x;
   UnitDesc u{};
-  if (item < num_items()) u = units()[item / Hkv];
+  const bool has_items = item < num_items();  // a step executor's fixed grid may leave a CTA none
+  if (has_items) u = units()[item / Hkv];
   for (bool first_item = true; item < num_items(); first_item = false) {
     unsigned int claimed = 0;  // persistent: thread 0's claim of the next item, read after the KV loop
     const int kvh = item % Hkv;
@@ -887,12 +888,13 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // Every thread's stores, then one fence and the count: the barrier orders
     // them before thread 0's fence, which makes them visible device-wide
     // before the count (cumulativity, as a grid barrier does), and the other
-    // warps can leave without a fence round trip of their own.
-    __syncthreads();
-    if (tid == 0) {
-      __threadfence();
-      atomicAdd(p.ctas_done, 1u);
+    // warps can leave without a fence round trip of their own. A CTA without
+    // items stored nothing: it only counts itself.
+    if (has_items) {
+      __syncthreads();
+      if (tid == 0) __threadfence();
     }
+    if (tid == 0) atomicAdd(p.ctas_done, 1u);
   }
   if (tid == 0) {
     trace.mark(kTraceDone);

@@ -66,6 +66,13 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
   const int64_t item = kSplit ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kMergeWarps + warp;
   const int32_t num_merges = p.num_merges_dev ? *p.num_merges_dev : p.num_merges;
   const bool active = item < int64_t(num_merges) * H;  // kSplit: the same for the whole CTA
+  // The CTAs that hold a merge (at least one, which resets the counters
+  // below). A step executor's grid is sized for its capacity: the CTAs past
+  // these have nothing to merge, nor to wait for, and leave at once instead
+  // of each waiting for every attention CTA and counting itself.
+  const int64_t needed = kSplit ? int64_t(num_merges) * H : (int64_t(num_merges) * H + kMergeWarps - 1) / kMergeWarps;
+  const unsigned participants = needed < 1 ? 1u : needed < int64_t(gridDim.x) ? unsigned(needed) : gridDim.x;
+  if (blockIdx.x >= participants) return;
   // Plan data first (descriptor, the first 32 slot ids), so that in a chained
   // run these loads overlap the wait below.
   MergeDesc md{};
@@ -85,7 +92,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
     // all CTAs of the one before had), so this wait cannot starve them.
     if (threadIdx.x == 0) {
       while (ld_acquire(p.ctas_done) < p.attention_ctas) __nanosleep(256);
-      if (atomicAdd(p.merge_ctas_past, 1u) == gridDim.x - 1) {  // every merge CTA is past the wait
+      if (atomicAdd(p.merge_ctas_past, 1u) == participants - 1) {  // every participating CTA is past the wait
         *p.ctas_done = 0;
         *p.merge_ctas_past = 0;
       }
