@@ -5,7 +5,9 @@
 // GB/s, the fraction of the roofline reached (the larger of the unique-KV
 // floor and the compute floor) and the speedup over per-query. Sampled queries
 // are checked against the fp64 reference (exit 1 when over tolerance).
+#include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "cli/commands.hpp"
 #include "cli/common.hpp"
@@ -73,33 +76,36 @@ void add_bench_command(CLI::App& app) {
     if (suite->resume && suite->suite.empty()) throw Error("--resume: needs --suite");
     if (b->iters < 50) throw Error("iters: " + std::to_string(b->iters) + " must be at least 50");
     if (b->warmup < 0) throw Error("warmup: " + std::to_string(b->warmup) + " must not be negative");
-    if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");
-    b->flush_l2 = !(*flags)[0];
-    b->graph = !(*flags)[1];
-    b->persistent = !(*flags)[2];
-    b->seed = o->seed;
     if (!step_tiles->empty()) {
       if (!b->step_executor) throw Error("--step-tiles: needs --step-executor");
       if (*step_tiles == "plan") {
         b->step_plan_tiles = true;
       } else {
+        // A whole decimal number, else -1.
+        const auto number = [](std::string_view text) {
+          int v = -1;
+          const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+          return ec == std::errc() && end == text.data() + text.size() && !text.empty() ? v : -1;
+        };
         std::stringstream list(*step_tiles);
         for (std::string item; std::getline(list, item, ',');) {
           const size_t x = item.find('x');
-          int m = 0, n = kDefaultKvTile;
-          try {
-            m = std::stoi(item.substr(0, x));
-            if (x != std::string::npos) n = std::stoi(item.substr(x + 1));
-          } catch (const std::exception&) {
-            m = 0;
-          }
-          const int t = m > 0 ? tile_index(m, n) : -1;
+          const int m = number(std::string_view(item).substr(0, x)),
+                    n = x == std::string::npos ? kDefaultKvTile : number(std::string_view(item).substr(x + 1));
+          const int t = m > 0 && n > 0 ? tile_index(m, n) : -1;
           if (t < 0)
             throw Error("--step-tiles: '" + item + "' is not a compiled tile (M or MxN, e.g. 128 or 16x32)");
+          if (std::find(b->step_tiles.begin(), b->step_tiles.end(), t) != b->step_tiles.end())
+            throw Error("--step-tiles: '" + item + "' is listed twice");
           b->step_tiles.push_back(t);
         }
       }
     }
+    if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");
+    b->flush_l2 = !(*flags)[0];
+    b->graph = !(*flags)[1];
+    b->persistent = !(*flags)[2];
+    b->seed = o->seed;
     if (!suite->suite.empty()) {
       if (!o->workloads.empty()) throw Error("suite: --suite and --workload exclude each other");
       suite->planners = o->planners;

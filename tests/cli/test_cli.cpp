@@ -178,6 +178,12 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
   expect_error("calibrate --auto --from-samples /nonexistent/samples.json", "/nonexistent/samples.json");
   expect_error("calibrate --suite fasttree", "need --auto");
   expect_error("bench -w fasttree:N=1,4:C=128,32 --resume", "--resume: needs --suite");
+  expect_error("bench -w fasttree:N=1,4:C=128,32 --step-tiles 16", "--step-tiles: needs --step-executor");
+  expect_error("bench -w fasttree:N=1,4:C=128,32 --step-executor --step-tiles 128,24",
+               "--step-tiles: '24' is not a compiled tile");
+  expect_error("bench -w fasttree:N=1,4:C=128,32 --step-executor --step-tiles 16x32x2",
+               "--step-tiles: '16x32x2' is not a compiled tile");
+  expect_error("bench -w fasttree:N=1,4:C=128,32 --step-executor --step-tiles 16,16x64", "'16x64' is listed twice");
   expect_error("calibrate --auto --pat-tiles", "pick one");
   expect_error("calibrate --auto --from-samples " + samples + " --out /nonexistent/dir/table.json",
                "calibrate --auto --out: cannot write '/nonexistent/dir/table.json'");
@@ -322,4 +328,11 @@ TEST(Cli, SuiteCommandKeepsEveryOptionThatChangesTheRun) {
             "treeattn bench --suite offsuite --quick -p auto -p node --kv-dtype fp8_e4m3 --plan-opt tile_rows=32 "
             "--plan-opt split_tokens=512 --seed 7 --sms 66 --auto-cost my_table.json --iters 200 --no-flush "
             "--no-graph --l2-persistent-plan --verify 0");
+  b.step_executor = true;
+  b.step_tiles = {treeattn::tile_index(128, 64), treeattn::tile_index(16, 32)};
+  EXPECT_NE(suite_command(run, o, b).find("--l2-persistent-plan --step-executor --step-tiles 128x64,16x32 --verify 0"),
+            std::string::npos)
+      << suite_command(run, o, b);
+  b.step_plan_tiles = true;
+  EXPECT_NE(suite_command(run, o, b).find("--step-executor --step-tiles plan --verify 0"), std::string::npos);
 }
