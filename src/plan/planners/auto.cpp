@@ -567,14 +567,7 @@ void plan_auto_into(const Workload& w, const TreeIndex& ix, const PlanOptions& o
     out.planner = "auto";
     return;
   }
-  plan_node_reusing(w, ix, opt, scratch, out);
-  // node's other shapes reuse the tree's paths its plan built.
-  bool& paths_of_tree = scratch.buffers().paths_of_tree;
-  paths_of_tree = true;
-  struct ClearOnExit {
-    bool& flag;
-    ~ClearOnExit() { flag = false; }
-  } clear_paths{paths_of_tree};
+  plan_node_reusing(w, ix, opt, scratch, out);  // also builds the tree's paths node's other shapes reuse
   // The tree's unique KV is a feature of both plans, priced >= 0, at first
   // left out (0): a per-query bound that loses without it loses with it.
   AutoCostFeatures node = with_merge_launch(

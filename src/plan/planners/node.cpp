@@ -247,6 +247,9 @@ Plan plan_node(const Workload& w, const PlanOptions& opt) { return planning::pla
 
 void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, PlanScratch& scratch,
                        Plan& out) {
+  PlanScratch::Buffers& m = scratch.buffers();
+  m.sub.build(w, ix);
+  m.down.build(w, ix);
   planning::plan_node_shaped(w, ix, opt, planning::node_shape(opt), scratch, out);
 }
 
@@ -280,10 +283,6 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   for (int32_t k = 0, tiles = 0, left = 0; size_t(k) < m.query_tiles.size(); ++k, --left) {  // ceil(k / per_tile)
     m.query_tiles[size_t(k)] = tiles;
     if (left == 0) ++tiles, left = per_tile;
-  }
-  if (!m.paths_of_tree) {
-    m.sub.build(w, ix);
-    m.down.build(w, ix);
   }
   find_fold_candidates(w, ix, m.query_tiles, m.fold_candidates);
   const int64_t pack = planning::integer_option(opt, "node", "pack_tokens", 2 * kDefaultKvTile, 0);

@@ -94,8 +94,11 @@ struct NodeShape {
   NodeShape with_flat_tokens(int64_t v) const { NodeShape s = *this; s.flat_tokens = v; return s; }
 };
 NodeShape node_shape(const PlanOptions& opt);
-// node (plan_node_reusing) of the given shape. Leaves in scratch
-// (compact_units) the summary of the plan's compact-subtree units.
+// node (plan_node_reusing) of the given shape, with the tree's subtree
+// queries and down paths (scratch's sub and down, which do not depend on the
+// shape) already built: plan_node_reusing builds them, and auto's other
+// shapes of the same tree reuse them. Leaves in scratch (compact_units) the
+// summary of the plan's compact-subtree units.
 void plan_node_shaped(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, const NodeShape& shape,
                       PlanScratch& scratch, Plan& out);
 
@@ -297,10 +300,6 @@ struct NodeCandidate {
 struct PlanScratch::Buffers {
   planning::SubtreeQueries sub;
   planning::DownPaths down;
-  // sub and down are the planned tree's already: auto sets it while it plans
-  // node's candidate shapes of one tree (they do not depend on the shape);
-  // plan_node_shaped builds them otherwise.
-  bool paths_of_tree = false;
   // node: the taken candidate's units and the alternative's, each unpacked (raw) and packed
   planning::ProtoUnits raw, packed, raw_alternative, packed_alternative;
   planning::CompactScratch compact;
