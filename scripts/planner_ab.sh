@@ -8,6 +8,8 @@
 # B / A) is printed last.
 # Usage: A="-p auto --plan-opt split_sm_ctas=2" B="-p auto" ROUNDS=3 \
 #          scripts/planner_ab.sh CONFIGS_FILE
+#   BIN_A / BIN_B: another binary for that variant (default BIN), e.g. a base
+#   commit's CLI against HEAD's with the same arguments.
 #   CONFIGS_FILE: one config per line, "HEADS SPEC" (e.g. "32/8 fewshot:prompt=4000:branches=30:len=100"); # comments
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +26,8 @@ for r in $(seq 1 "$ROUNDS"); do
       while read -r hh spec; do [ "$hh" = "$h" ] && specs+=(-w "$spec"); done < <(grep -v '^#' "$CONFIGS")
       f="$DIR/${h/\//-}_${r}_$v"
       # shellcheck disable=SC2086
-      "$BIN" bench "${specs[@]}" --heads "$h" ${!v} --verify 2 --json >"$f.json" 2>"$f.err" ||
+      bin_var=BIN_$v
+      "${!bin_var:-$BIN}" bench "${specs[@]}" --heads "$h" ${!v} --verify 2 --json >"$f.json" 2>"$f.err" ||
         { echo "round $r variant $v heads $h failed:"; tail -3 "$f.err"; }
     done
   done

@@ -140,6 +140,11 @@ struct CudaStepOptions {
   // CudaExecutorOptions::l2_persistent_plan: the window is the whole plan
   // buffer (its capacity), so that graphs captured once keep it.
   bool l2_persistent_plan = false;
+  // Eager run() calls (the stream is not capturing) launch only the tiles
+  // the plan in force uses, and the merge only where it has merges. A
+  // captured run() always launches every grid, so that its graph stays valid
+  // for any later plan within capacity. Off: eager runs launch every grid too.
+  bool skip_unused_launches = true;
 };
 
 // The executor of a serving engine's decode loop: made once with the engine's
@@ -197,12 +202,17 @@ class CudaStepExecutor {
   void set_plan(const Workload& w, const Plan& p, cudaStream_t stream, PlanCheck check = PlanCheck::validate,
                 const PageTableView* pages = nullptr, const TreeIndex* index = nullptr);
   // Attention of the last plan set, for device tensors `a`: the fixed
-  // launches, then the merge. Throws if no plan was set.
+  // launches, then the merge (eager: only those the plan uses, see
+  // CudaStepOptions::skip_unused_launches). Throws if no plan was set.
   void run(const AttentionArgs& a, cudaStream_t stream) const;
 
   const StepCapacity& capacity() const;
   size_t device_bytes() const;  // plan buffer + workspace
   int num_launches() const;     // attention launches per run (the merge launch besides)
+  // Kernels an eager run() of the plan in force launches, the merge counted
+  // (CudaStepOptions::skip_unused_launches); a captured one launches
+  // num_launches() + 1.
+  int num_eager_launches() const;
   std::string describe() const; // one line per launch: tile, CTAs, stages, shared memory
 
  private:

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -325,6 +326,71 @@ TEST(Runtime, SanitizeGraphSurvivesReplanning) { graph_survives_replanning(4); }
 // The same with the plan buffer under an L2 persisting window, which the
 // captured launches carry as a launch attribute.
 TEST(Runtime, GraphSurvivesReplanningWithPlanInL2) { graph_survives_replanning(9, /*l2_persistent_plan=*/true); }
+
+// Eager runs launch only the grids the plan in force uses
+// (CudaStepOptions::skip_unused_launches): over plans that use one tile or
+// several, with merges and without, in turn on one executor (so that a run
+// without merges, which counts no CTA, comes between runs with them), the
+// output is bit-equal to an executor that launches every grid, and within
+// tolerance of the reference; the number of launches is the plan's tiles
+// plus a merge where it has merges.
+TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
+  WorkloadParams p;
+  p.heads = {32, 8, 128};
+  p.page_size = 16;
+  struct Case {
+    std::string spec, planner;
+  };
+  const std::vector<Case> cases = {{"fasttree:N=1,4,16:C=256,64,32", "node"},
+                                   {"pat:B=12:L=40", "per-query"},  // one short path per query: m16, no merge
+                                   {"fewshot:prompt=600:branches=8:len=20", "auto"},
+                                   {"random:seed=5", "per-query"},
+                                   {"fasttree:N=1,2,64:C=8,256,32", "auto"}};
+  std::vector<Workload> ws;
+  int64_t pool = 0;
+  for (const Case& c : cases) {
+    ws.push_back(make_workload(c.spec, p));
+    pool = std::max(pool, ws.back().layout.num_pages);
+  }
+  KvLayout layout = ws[0].layout;
+  layout.num_pages = pool;
+  CudaStepOptions all;
+  all.skip_unused_launches = false;
+  CudaStepExecutor skipping(p.heads, layout, StepCapacity{}), every(p.heads, layout, StepCapacity{}, all);
+  int without_merges = 0, with_merges = 0, single_launch = 0;
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < cases.size(); ++i) {
+      Workload w = ws[i];
+      w.layout.num_pages = pool;
+      const Plan plan = make_plan(cases[i].planner, w, PlanOptions{});
+      HostTensors h = make_random_inputs(w, 7 + i);
+      DeviceTensors d = DeviceTensors::upload(h);
+      skipping.set_plan(w, plan, nullptr);
+      every.set_plan(w, plan, nullptr);
+      // The default launches, one per m of the n = 64 tiles: a unit runs on
+      // the launch of its tile's m.
+      std::set<int> ms;
+      for (const uint8_t t : plan.unit_tile) ms.insert(kTileConfigs[t].m);
+      const int expected = int(ms.size()) + (plan.num_slots > 0 ? 1 : 0);
+      EXPECT_EQ(skipping.num_eager_launches(), expected) << cases[i].spec;
+      EXPECT_EQ(every.num_eager_launches(), every.num_launches() + 1) << cases[i].spec;
+      (plan.num_slots > 0 ? with_merges : without_merges) += 1;
+      single_launch += expected == 1 ? 1 : 0;
+      d.poison_out();
+      skipping.run(d.args(), nullptr);
+      HostTensors a = h;
+      d.download_out(a);
+      d.poison_out();
+      every.run(d.args(), nullptr);
+      HostTensors b = h;
+      d.download_out(b);
+      ASSERT_EQ(a.out, b.out) << cases[i].spec << ": skipping unused launches changed the output";
+      EXPECT_LE(relative_error(w, a.out.data(), reference_attention(w, h.args())), 2e-3) << cases[i].spec;
+    }
+  EXPECT_GT(without_merges, 0);
+  EXPECT_GT(with_merges, 0);
+  EXPECT_GT(single_launch, 0);
+}
 
 TEST(Runtime, CapacityErrorsNameTheCapacity) {
   WorkloadParams p;

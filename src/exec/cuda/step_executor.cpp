@@ -79,6 +79,10 @@ struct CudaStepExecutor::Impl {
   std::array<cudaEvent_t, kStaging> staged{};  // the copies out of staging[i] have run
   int next_staging = 0;
   bool has_plan = false;
+  // The header of the plan in force (a host copy of what its upload puts in
+  // counts): per launch, its first unit and its units; then the merges.
+  std::vector<int32_t> counts;
+  bool skip_unused_launches = true;  // CudaStepOptions
   // The shape of the last plan set (PlanCheck::extension must keep it).
   struct PlanShape {
     int32_t queries = 0, units = 0, slots = 0;
@@ -129,6 +133,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   positive("max_page_refs", cap.max_page_refs, int64_t(1) << 30);
   m.shape = {dtype, kv_dtype, heads, page_size, num_pages};
   m.cap = cap;
+  m.skip_unused_launches = o.skip_unused_launches;
   const cuda::DeviceLimits dl = cuda::DeviceLimits::current();
 
   // The launches: one per tile, in order of preference; each plan tile maps
@@ -304,8 +309,35 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
              "step executor: plan copy");
   check_cuda(cudaEventRecord(m.staged[si], stream), "step executor: cudaEventRecord");
   cuda::launch_copy_ranges(ranges, stream);
+  m.counts.assign(m.pack_scratch.counts.begin(), m.pack_scratch.counts.end());
   m.has_plan = true;
   m.last_shape = shape;
+}
+
+namespace {
+
+// Whether work enqueued on `stream` now would be captured into a graph. An
+// unanswered query counts as a capture: the caller then launches what a
+// capture needs.
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // the query's own error (the legacy stream during another stream's capture)
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+int CudaStepExecutor::num_eager_launches() const {
+  const Impl& m = *impl_;
+  if (!m.has_plan) return 0;
+  if (!m.skip_unused_launches) return int(m.launches.size()) + 1;
+  const size_t L = m.launches.size();
+  int n = m.counts[2 * L] > 0 ? 1 : 0;
+  for (size_t i = 0; i < L; ++i) n += m.counts[2 * i + 1] > 0 ? 1 : 0;
+  return n;
 }
 
 void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const {
@@ -316,19 +348,36 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
   cuda::MergeParams mg = m.merge;
   cuda::set_run_tensors(m.shape, args, a, mg);
   const cudaAccessPolicyWindow* l2_window = m.l2_window.num_bytes ? &m.l2_window : nullptr;
-  for (size_t i = 0; i < m.launches.size(); ++i) {
+  // A captured run launches every grid: the kernels read the plan's counts
+  // on the device, so the graph holds for any later plan. An eager run knows
+  // the plan in force (set_plan packed it on the host): it launches only the
+  // grids that have units and the merge only for merges, on a grid of their
+  // number; without merges no attention CTA counts itself, as nothing waits.
+  const size_t L = m.launches.size();
+  const bool eager = m.skip_unused_launches && !stream_is_capturing(stream);
+  const int32_t merges = m.counts[2 * L];
+  if (eager) {
+    mg.num_merges = merges;
+    if (merges == 0) a.ctas_done = nullptr;
+  }
+  uint32_t attention_ctas = 0;
+  for (size_t i = 0; i < L; ++i) {
     const cuda::Launch& l = m.launches[i];
+    if (eager && m.counts[2 * i + 1] == 0) continue;
     cuda::AttnParams lp = a;
     lp.launch_index = int32_t(i);
     lp.num_items = 0;  // read from counts on the device
     lp.work = l.persistent ? reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + l.work_offset) : nullptr;
     lp.stages = l.stages;
     void* kargs[] = {&lp};
+    // Chained to the attention launch before it; the first waits for the plan's upload.
     const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), stream,
-                                m.chained && i > 0, l2_window);
+                                m.chained && attention_ctas > 0, l2_window);
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "step executor: attention launch");
+    attention_ctas += uint32_t(l.grid);
   }
-  cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained, l2_window);
+  if (eager) mg.attention_ctas = attention_ctas;
+  cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained && attention_ctas > 0, l2_window);
 }
 
 }  // namespace treeattn
