@@ -884,7 +884,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     p.work[0] = 0;
     p.work[1] = 0;
   }
-  if (p.ctas_done) {
+  if (p.ctas_done && (!p.num_merges_dev || *p.num_merges_dev > 0)) {
     // Every thread's stores, then one fence and the count: the barrier orders
     // them before thread 0's fence, which makes them visible device-wide
     // before the count (cumulativity, as a grid barrier does), and the other

@@ -106,6 +106,10 @@ struct AttnParams {
   // Chained runs (executor.cpp): every CTA adds 1 after its last store, the
   // merge waits for the run's total. nullptr: not chained.
   unsigned int* ctas_done;
+  // Step executors: the plan's merge count (uploaded with it). A CTA counts
+  // itself only if it is non-zero: a plan without merges has nothing waiting
+  // (its merge launch leaves at once). nullptr: count whenever chained.
+  const int32_t* num_merges_dev;
   // Traced runs (CudaExecutorOptions::trace): kTracePoints stamps per CTA,
   // this launch's first CTA at trace[trace_first_cta]. nullptr: not traced.
   unsigned long long* trace;

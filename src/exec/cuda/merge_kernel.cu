@@ -66,6 +66,9 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
   const int64_t item = kSplit ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kMergeWarps + warp;
   const int32_t num_merges = p.num_merges_dev ? *p.num_merges_dev : p.num_merges;
   const bool active = item < int64_t(num_merges) * H;  // kSplit: the same for the whole CTA
+  // A step plan without merges: its attention CTAs did not count themselves
+  // (AttnParams::num_merges_dev), so there is nothing to wait for or reset.
+  if (p.num_merges_dev && num_merges == 0) return;
   // The CTAs that hold a merge (at least one, which resets the counters
   // below). A step executor's grid is sized for its capacity: the CTAs past
   // these have nothing to merge, nor to wait for, and leave at once instead

@@ -220,7 +220,7 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   mg.partial_lse = a.partial_lse;
   mg.merges = reinterpret_cast<const cuda::MergeDesc*>(base + m.layout.merges);
   mg.query_slots = reinterpret_cast<const int32_t*>(base + m.layout.query_slots);
-  mg.num_merges_dev = a.counts + 2 * m.launches.size();
+  mg.num_merges_dev = a.num_merges_dev = a.counts + 2 * m.launches.size();
   mg.num_merges = cap.max_queries;  // sizes the grid; the count itself is read on the device
   mg.max_slots = cuda::MergeDesc::kInline + 1;  // the general merge variant (any slot count)
   mg.num_qo_heads = H;
