@@ -66,7 +66,11 @@ struct GpuTiming {
   // measured (no flush).
   double read_us = 0;
   double max_rel_err = -1;      // worst per-query relative L2 error of the sampled queries; -1: not checked
-  int units = 0, slots = 0, launches = 0;
+  int units = 0, slots = 0;
+  // Kernels a run launches, the merge counted: an eager run (`launches`) and
+  // a graph replay (`launches_graph`). They differ for the step executor,
+  // whose eager runs launch only what the plan uses and whose graphs every grid.
+  int launches = 0, launches_graph = 0;
   std::string launch_info;      // CudaExecutor::describe()
   std::string trace;            // CudaExecutor::trace_report() of the last timed run (BenchOptions::trace)
   // Every timed run is held on the GPU until the host has enqueued all of it,

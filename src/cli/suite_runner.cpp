@@ -69,6 +69,7 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   r["read_us"] = t.read_us > 0 ? nlohmann::json(t.read_us) : nlohmann::json();
   r["max_rel_err"] = t.max_rel_err < 0 ? nlohmann::json() : nlohmann::json(t.max_rel_err);
   r["launches"] = t.launches;
+  r["launches_graph"] = t.launches_graph;
   r["launch_info"] = t.launch_info;
   if (!t.trace.empty()) r["cta_trace"] = t.trace;
   if (t.host_gate_timeouts > 0) r["host_gate_timeouts"] = t.host_gate_timeouts;  // those runs' times include the host's

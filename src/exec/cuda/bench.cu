@@ -448,7 +448,8 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   r.roofline_us = std::max(r.floor_us, r.compute_floor_us);
   r.units = p.num_units();
   r.slots = p.num_slots;
-  r.launches = ex ? ex->num_launches() : step->num_launches();
+  r.launches = ex ? ex->num_launches() : step->num_eager_launches();
+  r.launches_graph = ex ? ex->num_launches() : step->num_launches() + 1;
   r.launch_info = ex ? ex->describe() : "step executor: " + step->describe();
 
   // Verification first, on a poisoned output.

@@ -69,12 +69,14 @@ __global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>
   // A step plan without merges: its attention CTAs did not count themselves
   // (AttnParams::num_merges_dev), so there is nothing to wait for or reset.
   if (p.num_merges_dev && num_merges == 0) return;
-  // The CTAs that hold a merge (at least one, which resets the counters
-  // below). A step executor's grid is sized for its capacity: the CTAs past
-  // these have nothing to merge, nor to wait for, and leave at once instead
-  // of each waiting for every attention CTA and counting itself.
+  // The CTAs that hold a merge: at least one, since a launch has merges
+  // (launch_merge launches none without; a step plan without them left
+  // above), and the last of them past the wait resets the counters. A step
+  // executor's grid is sized for its capacity: the CTAs past these have
+  // nothing to merge, nor to wait for, and leave at once instead of each
+  // waiting for every attention CTA and counting itself.
   const int64_t needed = kSplit ? int64_t(num_merges) * H : (int64_t(num_merges) * H + kMergeWarps - 1) / kMergeWarps;
-  const unsigned participants = needed < 1 ? 1u : needed < int64_t(gridDim.x) ? unsigned(needed) : gridDim.x;
+  const unsigned participants = needed < int64_t(gridDim.x) ? unsigned(needed) : gridDim.x;
   if (blockIdx.x >= participants) return;
   // Plan data first (descriptor, the first 32 slot ids), so that in a chained
   // run these loads overlap the wait below.

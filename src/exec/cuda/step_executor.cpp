@@ -83,6 +83,12 @@ struct CudaStepExecutor::Impl {
   // counts): per launch, its first unit and its units; then the merges.
   std::vector<int32_t> counts;
   bool skip_unused_launches = true;  // CudaStepOptions
+
+  // What an eager run launches (skip_unused_launches): attention launch i
+  // only if the plan in force gives it units, the merge only for merges.
+  bool plan_uses_launch(size_t i) const { return counts[2 * i + 1] > 0; }
+  int64_t plan_items(size_t i) const { return int64_t(counts[2 * i + 1]) * shape.heads.num_kv_heads; }
+  int32_t plan_merges() const { return counts[2 * launches.size()]; }
   // The shape of the last plan set (PlanCheck::extension must keep it).
   struct PlanShape {
     int32_t queries = 0, units = 0, slots = 0;
@@ -334,9 +340,8 @@ int CudaStepExecutor::num_eager_launches() const {
   const Impl& m = *impl_;
   if (!m.has_plan) return 0;
   if (!m.skip_unused_launches) return int(m.launches.size()) + 1;
-  const size_t L = m.launches.size();
-  int n = m.counts[2 * L] > 0 ? 1 : 0;
-  for (size_t i = 0; i < L; ++i) n += m.counts[2 * i + 1] > 0 ? 1 : 0;
+  int n = m.plan_merges() > 0 ? 1 : 0;
+  for (size_t i = 0; i < m.launches.size(); ++i) n += m.plan_uses_launch(i) ? 1 : 0;
   return n;
 }
 
@@ -351,19 +356,18 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
   // A captured run launches every grid: the kernels read the plan's counts
   // on the device, so the graph holds for any later plan. An eager run knows
   // the plan in force (set_plan packed it on the host): it launches only the
-  // grids that have units and the merge only for merges, on a grid of their
-  // number; without merges no attention CTA counts itself, as nothing waits.
-  const size_t L = m.launches.size();
+  // grids that have units, each of no more CTAs than its items (a CTA takes
+  // the items past the grid in turn), and the merge only for merges, on a
+  // grid of their number (launch_merge launches nothing for none). Without merges no
+  // attention CTA counts itself, eager or captured: they read the plan's
+  // merge count on the device (AttnParams::num_merges_dev).
   const bool eager = m.skip_unused_launches && !stream_is_capturing(stream);
-  const int32_t merges = m.counts[2 * L];
-  if (eager) {
-    mg.num_merges = merges;
-    if (merges == 0) a.ctas_done = nullptr;
-  }
+  if (eager) mg.num_merges = m.plan_merges();
   uint32_t attention_ctas = 0;
-  for (size_t i = 0; i < L; ++i) {
+  for (size_t i = 0; i < m.launches.size(); ++i) {
     const cuda::Launch& l = m.launches[i];
-    if (eager && m.counts[2 * i + 1] == 0) continue;
+    if (eager && !m.plan_uses_launch(i)) continue;
+    const int64_t grid = eager ? std::min<int64_t>(l.grid, m.plan_items(i)) : l.grid;
     cuda::AttnParams lp = a;
     lp.launch_index = int32_t(i);
     lp.num_items = 0;  // read from counts on the device
@@ -371,10 +375,10 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
     lp.stages = l.stages;
     void* kargs[] = {&lp};
     // Chained to the attention launch before it; the first waits for the plan's upload.
-    const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), stream,
+    const cuda::LaunchConfig lc(dim3(unsigned(grid)), dim3(l.kernel.threads), size_t(l.smem), stream,
                                 m.chained && attention_ctas > 0, l2_window);
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "step executor: attention launch");
-    attention_ctas += uint32_t(l.grid);
+    attention_ctas += uint32_t(grid);
   }
   if (eager) mg.attention_ctas = attention_ctas;
   cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained && attention_ctas > 0, l2_window);
