@@ -141,10 +141,9 @@ struct CudaStepOptions {
   // buffer (its capacity), so that graphs captured once keep it.
   bool l2_persistent_plan = false;
   // Eager run() calls (the stream is not capturing) launch only the tiles
-  // the plan in force uses, each on a grid of at most its items (units x kv
-  // heads), and the merge only where it has merges. A captured run() always
-  // launches every grid at its full wave, so that its graph stays valid for
-  // any later plan within capacity. Off: eager runs launch every grid too.
+  // the plan in force uses, and the merge only where it has merges. A
+  // captured run() always launches every grid, so that its graph stays valid
+  // for any later plan within capacity. Off: eager runs launch every grid too.
   bool skip_unused_launches = true;
 };
 

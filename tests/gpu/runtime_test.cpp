@@ -327,10 +327,10 @@ TEST(Runtime, SanitizeGraphSurvivesReplanning) { graph_survives_replanning(4); }
 // captured launches carry as a launch attribute.
 TEST(Runtime, GraphSurvivesReplanningWithPlanInL2) { graph_survives_replanning(9, /*l2_persistent_plan=*/true); }
 
-// Eager runs launch only the grids the plan in force uses, of at most its
-// items (CudaStepOptions::skip_unused_launches): over plans that use one tile
-// or several, with merges and without, fewer items than a wave of CTAs or
-// more, in turn on one executor (so that a run without merges, which counts
+// Eager runs launch only the grids the plan in force uses
+// (CudaStepOptions::skip_unused_launches): over plans that use one tile or
+// several, with merges and without, fewer items than a wave of CTAs or more,
+// in turn on one executor (so that a run without merges, which counts
 // no CTA, comes between runs with them), the
 // output is bit-equal to an executor that launches every grid, and within
 // tolerance of the reference; the number of launches is the plan's tiles
@@ -347,8 +347,8 @@ TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
                                    {"fewshot:prompt=600:branches=8:len=20", "auto"},
                                    {"random:seed=5", "per-query"},
                                    {"fasttree:N=1,2,64:C=8,256,32", "auto"},
-                                   // 600 units x 8 kv heads: more items than a wave, claimed in turn
-                                   {"pat:B=1,600:L=40,40", "per-query"}};
+                                   // 200 units x 8 kv heads: more items than a wave, claimed in turn
+                                   {"pat:B=1,200:L=40,40", "per-query"}};
   std::vector<Workload> ws;
   int64_t pool = 0;
   for (const Case& c : cases) {

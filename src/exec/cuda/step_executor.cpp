@@ -87,7 +87,6 @@ struct CudaStepExecutor::Impl {
   // What an eager run launches (skip_unused_launches): attention launch i
   // only if the plan in force gives it units, the merge only for merges.
   bool plan_uses_launch(size_t i) const { return counts[2 * i + 1] > 0; }
-  int64_t plan_items(size_t i) const { return int64_t(counts[2 * i + 1]) * shape.heads.num_kv_heads; }
   int32_t plan_merges() const { return counts[2 * launches.size()]; }
   // The shape of the last plan set (PlanCheck::extension must keep it).
   struct PlanShape {
@@ -356,9 +355,8 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
   // A captured run launches every grid: the kernels read the plan's counts
   // on the device, so the graph holds for any later plan. An eager run knows
   // the plan in force (set_plan packed it on the host): it launches only the
-  // grids that have units, each of no more CTAs than its items (a CTA takes
-  // the items past the grid in turn), and the merge only for merges, on a
-  // grid of their number (launch_merge launches nothing for none). Without merges no
+  // grids that have units and the merge only for merges, on a grid of their
+  // number (launch_merge launches nothing for none). Without merges no
   // attention CTA counts itself, eager or captured: they read the plan's
   // merge count on the device (AttnParams::num_merges_dev).
   const bool eager = m.skip_unused_launches && !stream_is_capturing(stream);
@@ -367,7 +365,6 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
   for (size_t i = 0; i < m.launches.size(); ++i) {
     const cuda::Launch& l = m.launches[i];
     if (eager && !m.plan_uses_launch(i)) continue;
-    const int64_t grid = eager ? std::min<int64_t>(l.grid, m.plan_items(i)) : l.grid;
     cuda::AttnParams lp = a;
     lp.launch_index = int32_t(i);
     lp.num_items = 0;  // read from counts on the device
@@ -375,10 +372,10 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
     lp.stages = l.stages;
     void* kargs[] = {&lp};
     // Chained to the attention launch before it; the first waits for the plan's upload.
-    const cuda::LaunchConfig lc(dim3(unsigned(grid)), dim3(l.kernel.threads), size_t(l.smem), stream,
+    const cuda::LaunchConfig lc(dim3(unsigned(l.grid)), dim3(l.kernel.threads), size_t(l.smem), stream,
                                 m.chained && attention_ctas > 0, l2_window);
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "step executor: attention launch");
-    attention_ctas += uint32_t(grid);
+    attention_ctas += uint32_t(l.grid);
   }
   if (eager) mg.attention_ctas = attention_ctas;
   cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained && attention_ctas > 0, l2_window);
