@@ -7,8 +7,12 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <map>
+#include <queue>
+#include <random>
 
+#include "plan/planners/planners.hpp"
 #include "treeattn/executor.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
@@ -416,4 +420,46 @@ TEST(PlanOptionsByName, SetsFieldsAndKnobsAndRejectsTheRest) {
   EXPECT_ERROR_WITH(set_plan_option(opt, "tile_row", 64), "unknown key 'tile_row'", "tile_rows");
   EXPECT_EQ(opt.ctas_per_sm, 1);  // a rejected value leaves the options as they were
   EXPECT_EQ(opt.extra.count("alpha"), 0u);
+}
+
+// node's KV piece length schedules the pieces longest first onto the CTA
+// slots (planning::balanced_split_length). Its schedule counts pieces and
+// slots in groups of equal length; here it must finish when the textbook
+// schedule does (every piece, longest first, onto the least loaded slot),
+// over jobs of few distinct lengths (grouped) and of many, with fewer pieces
+// than slots and more.
+TEST(NodeSplit, GroupedScheduleFinishesWithThePieceByPieceOne) {
+  std::mt19937_64 rng(5);
+  planning::SplitScratch scratch;
+  int more_pieces_than_slots = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int64_t slots = 1 + int64_t(rng() % 300), p = 1 + int64_t(rng() % 700), cost = int64_t(rng() % 100);
+    const int64_t distinct = 1 + int64_t(rng() % (trial % 2 ? 4 : 60));
+    std::vector<std::pair<int64_t, int64_t>> jobs(1 + rng() % 40);
+    for (auto& [tokens, copies] : jobs) {
+      tokens = 1 + int64_t(rng() % uint64_t(distinct)) * 37 + (rng() % 8 == 0 ? int64_t(rng() % 5000) : 0);
+      copies = 1 + int64_t(rng() % (rng() % 2 ? 3 : 40));
+    }
+    std::vector<int64_t> pieces;
+    for (const auto& [tokens, copies] : jobs) {
+      const int64_t k = (tokens + p - 1) / p;
+      for (int64_t c = 0; c < copies; ++c)
+        for (int64_t i = 0; i < k; ++i) pieces.push_back(tokens / k + (i < tokens % k ? 1 : 0) + cost);
+    }
+    std::sort(pieces.begin(), pieces.end(), std::greater<>());
+    std::priority_queue<int64_t, std::vector<int64_t>, std::greater<>> loads;
+    for (int64_t s = 0; s < slots; ++s) loads.push(0);
+    int64_t finish = 0;
+    for (const int64_t piece : pieces) {
+      const int64_t at = loads.top() + piece;
+      loads.pop();
+      loads.push(at);
+      finish = std::max(finish, at);
+    }
+    more_pieces_than_slots += int64_t(pieces.size()) > slots;
+    ASSERT_EQ(planning::longest_first_finish(jobs, p, slots, cost, scratch), finish)
+        << "trial " << trial << ": " << jobs.size() << " jobs, " << pieces.size() << " pieces, " << slots << " slots";
+  }
+  EXPECT_GT(more_pieces_than_slots, 1000);
+  EXPECT_LT(more_pieces_than_slots, 2900);
 }

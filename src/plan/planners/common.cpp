@@ -24,9 +24,67 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
   return even_share(work_tokens, slots_per_kv_head(w, opt, opt.ctas_per_sm), opt);
 }
 
+int64_t longest_first_finish(const std::vector<std::pair<int64_t, int64_t>>& jobs, int64_t p, int64_t slots,
+                             int64_t piece_cost, SplitScratch& scratch) {
+  using Group = std::pair<int64_t, int64_t>;  // (a length or a load, how many)
+  const auto longer_first = [](const Group& x, const Group& y) { return x.first > y.first; };
+  // Pieces that fit one wave end with the longest.
+  int64_t pieces = 0, end = 0;
+  for (const auto& [tokens, copies] : jobs) {
+    const int64_t k = (tokens + p - 1) / p;
+    pieces += k * copies;
+    end = std::max(end, (tokens + k - 1) / k + piece_cost);
+  }
+  if (pieces <= slots) return end;
+  // Else the first `slots` pieces (the longest) take a slot each and each
+  // later piece goes to the least loaded slot. Pieces and slots are counted
+  // in groups of equal length (load): c pieces of length L given to a group
+  // of g slots of the least load a make min(g, c) slots of load a + L, since
+  // a slot that took a piece is loaded more than the others at a. (Which of
+  // equally loaded slots takes a piece does not change the loads' multiset,
+  // so neither the finish.)
+  std::vector<Group>& len = scratch.pieces;  // (length, pieces), longest first
+  len.clear();
+  for (const auto& [tokens, copies] : jobs) {
+    const int64_t k = (tokens + p - 1) / p, longer = tokens % k;
+    if (longer > 0) len.emplace_back(tokens / k + 1 + piece_cost, longer * copies);
+    len.emplace_back(tokens / k + piece_cost, (k - longer) * copies);
+  }
+  std::sort(len.begin(), len.end(), longer_first);
+  std::vector<Group>& heap = scratch.slots;  // a min-heap of (load, slots)
+  heap.clear();
+  size_t g = 0;
+  int64_t left = len[0].second;  // pieces of group g without a slot yet
+  for (int64_t free = slots; free > 0;) {
+    const int64_t take = std::min(left, free);
+    heap.emplace_back(len[g].first, take);
+    free -= take;
+    left -= take;
+    if (left == 0 && ++g < len.size()) left = len[g].second;
+  }
+  std::make_heap(heap.begin(), heap.end(), longer_first);
+  end = len.front().first;
+  for (; g < len.size(); left = ++g < len.size() ? len[g].second : 0) {
+    const int64_t length = len[g].first;
+    while (left > 0) {
+      std::pop_heap(heap.begin(), heap.end(), longer_first);
+      const auto [load, count] = heap.back();
+      const int64_t given = std::min(count, left);
+      heap.back() = {load + length, given};
+      std::push_heap(heap.begin(), heap.end(), longer_first);
+      if (given < count) {  // the group's other slots keep their load
+        heap.emplace_back(load, count - given);
+        std::push_heap(heap.begin(), heap.end(), longer_first);
+      }
+      end = std::max(end, load + length);
+      left -= given;
+    }
+  }
+  return end;
+}
+
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
-                              const PlanOptions& opt, std::vector<int64_t>& piece_lengths,
-                              std::vector<int64_t>& slot_loads, int64_t ctas_per_sm) {
+                              const PlanOptions& opt, SplitScratch& scratch, int64_t ctas_per_sm) {
   const int64_t slots = slots_per_kv_head(w, opt, ctas_per_sm > 0 ? ctas_per_sm : opt.ctas_per_sm);
   constexpr int64_t kPieceCost = 64;  // fixed cost of a CTA, in tokens
   constexpr int64_t kFewerPieces = 3, kMinGainPercent = 5;
@@ -35,52 +93,35 @@ int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jo
     work += tokens * copies;
     longest = std::max(longest, tokens);
   }
+  // The jobs that pieces() walks: `jobs`, then (once a schedule is needed)
+  // `alike`: the jobs with tokens, those of equal tokens as one (many are
+  // alike: a token tree's one-token drafts, the Q tiles of one node).
+  const std::vector<std::pair<int64_t, int64_t>>* walked = &jobs;
+  std::vector<std::pair<int64_t, int64_t>>& alike = scratch.jobs;
+  const auto group_alike_jobs = [&] {
+    alike.clear();
+    for (const auto& job : jobs)
+      if (job.first > 0 && job.second > 0) alike.push_back(job);
+    std::sort(alike.begin(), alike.end());
+    size_t n = 0;
+    for (size_t i = 0; i < alike.size(); ++i)
+      if (n > 0 && alike[n - 1].first == alike[i].first) alike[n - 1].second += alike[i].second;
+      else alike[n++] = alike[i];
+    alike.resize(n);
+    walked = &alike;
+  };
   auto pieces = [&](int64_t p) {
     int64_t n = 0;
-    for (const auto& [tokens, copies] : jobs) n += (tokens > 0 && tokens <= p ? 1 : (tokens + p - 1) / p) * copies;  // one piece: no division
+    for (const auto& [tokens, copies] : *walked) n += (tokens > 0 && tokens <= p ? 1 : (tokens + p - 1) / p) * copies;  // one piece: no division
     return n;
   };
-  // Longest-first list scheduling onto `slots` equal slots: the latest finish.
-  // A job of t tokens in k pieces has pieces of ceil(t / k) and floor(t / k)
-  // tokens. Pieces that fit one wave end with the longest. Else the first
-  // `slots` pieces (the longest) take a slot each: those loads, ascending,
-  // are already a min-heap, and each later piece goes to the least loaded
-  // slot. (Which of equally loaded slots takes a piece does not change the
-  // loads' multiset, so neither the finish.)
-  auto makespan = [&](int64_t p) {
-    if (pieces(p) <= slots) {
-      int64_t end = 0;
-      for (const auto& [tokens, copies] : jobs)
-        if (tokens > 0 && copies > 0) {
-          const int64_t k = (tokens + p - 1) / p;
-          end = std::max(end, (tokens + k - 1) / k + kPieceCost);
-        }
-      return end;
-    }
-    std::vector<int64_t>& len = piece_lengths;
-    len.clear();
-    for (const auto& [tokens, copies] : jobs) {
-      const int64_t k = (tokens + p - 1) / p;
-      for (int64_t c = 0; c < copies; ++c)
-        for (int64_t i = 0; i < k; ++i) len.push_back(tokens / k + (i < tokens % k ? 1 : 0) + kPieceCost);
-    }
-    std::sort(len.begin(), len.end(), std::greater<>());
-    slot_loads.assign(len.rend() - slots, len.rend());  // the `slots` longest, ascending
-    int64_t end = len.front();
-    for (size_t i = size_t(slots); i < len.size(); ++i) {
-      std::pop_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
-      const int64_t at = slot_loads.back() + len[i];
-      slot_loads.back() = at;
-      std::push_heap(slot_loads.begin(), slot_loads.end(), std::greater<>());
-      end = std::max(end, at);
-    }
-    return end;
-  };
+  auto makespan = [&](int64_t p) { return longest_first_finish(alike, p, slots, kPieceCost, scratch); };
   const int64_t even = even_share(work, slots, opt);
   const int64_t min_piece = std::max<int64_t>(opt.min_split_tokens, 1);
   const int64_t at_even = (longest + even - 1) / even;
   const bool one_wave = pieces(std::max(min_piece, longest)) <= slots;
   if (at_even < 2 && !one_wave) return even;
+  group_alike_jobs();
   const int64_t even_end = makespan(even);
   if (one_wave) {  // the least length whose pieces all fit one wave, where it finishes first
     int64_t lo = min_piece, hi = std::max(lo, longest);

@@ -159,7 +159,7 @@ void plan_nodes(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, 
   const int64_t forced = planning::integer_option(opt, "node", "split_tokens", 0, 0);  // 0: the balanced length
   const int64_t scale = planning::integer_option(opt, "node", "split_scale", 1, 1);
   c.piece = forced > 0 ? forced
-                      : scale * planning::balanced_split_length(jobs, w, opt, m.piece_lengths, m.slot_loads,
+                      : scale * planning::balanced_split_length(jobs, w, opt, m.split,
                                                                 split_ctas_per_sm);
   c.cuts = false;  // the compact units' jobs are never cut
   for (size_t j = c.compact.size(); j < jobs.size(); ++j) c.cuts |= jobs[j].first > c.piece;

@@ -54,11 +54,18 @@ int64_t split_length(int64_t work_tokens, const Workload& w, const PlanOptions& 
 // it predicted faster, and gains it put under 5 % went either way
 // (docs/planners.md, "node").
 // ctas_per_sm: the resident CTAs per SM whose slots the pieces fill (0:
-// opt.ctas_per_sm). pieces: memory for the pieces' lengths and the slots'
-// loads.
+// opt.ctas_per_sm).
+struct SplitScratch {  // balanced_split_length's memory: groups (value, count)
+  std::vector<std::pair<int64_t, int64_t>> jobs, pieces, slots;
+};
 int64_t balanced_split_length(const std::vector<std::pair<int64_t, int64_t>>& jobs, const Workload& w,
-                              const PlanOptions& opt, std::vector<int64_t>& pieces, std::vector<int64_t>& loads,
-                              int64_t ctas_per_sm = 0);
+                              const PlanOptions& opt, SplitScratch& scratch, int64_t ctas_per_sm = 0);
+// balanced_split_length's schedule: the latest finish of `jobs` (tokens,
+// copies; both > 0), each cut into k = ceil(tokens / p) pieces of
+// ceil(tokens / k) and floor(tokens / k) tokens, scheduled longest first onto
+// `slots` equal slots, a piece taking its tokens plus piece_cost.
+int64_t longest_first_finish(const std::vector<std::pair<int64_t, int64_t>>& jobs, int64_t p, int64_t slots,
+                             int64_t piece_cost, SplitScratch& scratch);
 
 // node's longest path in a compact subtree, in tokens (option flat_tokens).
 constexpr int64_t kDefaultFlatTokens = 512;
@@ -307,7 +314,7 @@ struct PlanScratch::Buffers {
   planning::NodeCandidate candidates[2];
   planning::FoldCandidates fold_candidates;
   std::vector<std::pair<int64_t, int64_t>> jobs;
-  std::vector<int64_t> piece_lengths, slot_loads;
+  planning::SplitScratch split;
   std::vector<int32_t> units_of_query, query_diff, path;
   std::vector<int32_t> query_tiles;  // node: query_tiles[k], the Q tiles of k queries (a table: no division)
   std::vector<Segment> segments;
