@@ -313,7 +313,11 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   // Compact subtrees with long leaves put several leaves in series in one
   // unit while node streams them side by side: taken only where they save
   // enough partial slots for the KV they re-read (reread_per_slot_byte).
-  if (flat > 0) {
+  // The two leaf limits pick the same subtrees where no leaf is longer than
+  // the shorter limit (a token tree's one-token drafts): b is a's then.
+  int64_t longest_leaf = 0;
+  for (const int32_t r : ix.roots) longest_leaf = std::max(longest_leaf, m.down.leaf[size_t(r)]);
+  if (flat > 0 && longest_leaf > std::min(flat, planning::kShortLeafTokens)) {
     const size_t long_compact = compact_units(b, flat, flat);
     if (long_compact > 0 && long_compact != compact) {
       plan_nodes(w, ix, opt, per_tile, shape.split_ctas_per_sm, m, b);
