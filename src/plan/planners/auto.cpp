@@ -16,6 +16,8 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
@@ -158,6 +160,39 @@ AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions
   FeatureTally tally;
   for (int32_t u = 0; u < p.num_units(); ++u) tally.add(p.unit_tile[u], unit_tokens(p, u), p.unit_num_segments(u), 1, p.unit_masked[u] != 0);
   return tally.finish(w, opt, p.num_slots, unique_kv_mb);
+}
+
+// features_of the plan `units` make (without the unique KV), without making
+// it: PlanBuilder gives each unit the smallest tile that holds its rows,
+// marks it masked where an entry's mask is neither ~0 (all) nor its segments'
+// full mask, and gives a query in k > 1 units k partial slots. Nothing where
+// the plan would hold more: a query in no unit (its path is empty), for
+// which PlanBuilder::finish adds units.
+std::optional<AutoCostFeatures> features_of(const Workload& w, const planning::ProtoUnits& units,
+                                            const PlanOptions& opt, std::vector<int32_t>& units_of_query) {
+  const int G = w.heads.group_size();
+  units_of_query.assign(size_t(w.num_queries()), 0);
+  FeatureTally tally;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::span<const Segment> segs = units.segs(u);
+    const std::span<const int32_t> queries = units.queries(u);
+    const std::span<const uint64_t> masks = units.masks(u);
+    int64_t tokens = 0;
+    for (const Segment& s : segs) tokens += s.size();
+    const uint64_t full = full_mask(std::min(int(segs.size()), kMaxSegmentsPerUnit));
+    bool masked = false;
+    for (size_t i = 0; i < queries.size(); ++i) {
+      ++units_of_query[size_t(queries[i])];
+      masked |= masks[i] != ~0ull && masks[i] != full;
+    }
+    tally.add(smallest_tile_for_rows(std::max(int(queries.size()) * G, 1)), tokens, int64_t(segs.size()), 1, masked);
+  }
+  int64_t slots = 0;
+  for (const int32_t n : units_of_query) {
+    if (n == 0) return std::nullopt;
+    slots += n > 1 ? n : 0;
+  }
+  return tally.finish(w, opt, slots, 0);
 }
 
 }  // namespace
@@ -421,17 +456,42 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   bool cuts = m.node_cuts;                                // of the plan in `out`
   double best = model.predict(node.own);                 // of the plan in `out`
   Plan& other = m.other;
-  // Takes node's plan of `candidate` in `other` where the model prices it
-  // (features f) below (1 - margin) x best.
-  const auto take = [&](const planning::NodeShape& candidate, const AutoCostFeatures& f, double margin) {
+  // Takes node's plan of `candidate` where the model prices it (features f)
+  // below (1 - margin) x best: the plan in `other`, or (`from_units`) the
+  // one its units, the last node_shaped_units, make.
+  const auto take = [&](const planning::NodeShape& candidate, const AutoCostFeatures& f, double margin,
+                        const planning::ProtoUnits* from_units = nullptr) {
     if (model.predict(f) >= (1 - margin) * best) return false;
-    std::swap(out, other);
+    if (from_units) {
+      PlanBuilder builder(w, "node", std::move(out));
+      from_units->emit(builder);
+      out = builder.finish();
+    } else {
+      std::swap(out, other);
+    }
     node.own = f;
     best = model.predict(f);
     base = m.compact_units;
     cuts = m.node_cuts;
     shape = candidate;
     return true;
+  };
+  // A candidate shape priced from its units, its plan made only if taken
+  // (into `out`), or else, where its plan would hold more than its units (a
+  // query with an empty path), made in `other` and priced there.
+  struct Candidate {
+    AutoCostFeatures features;
+    size_t units;                          // the plan's
+    const planning::ProtoUnits* made_from;  // null: the plan is in `other`
+  };
+  const auto candidate_of = [&](const planning::NodeShape& candidate) {
+    const planning::ProtoUnits& units = planning::node_shaped_units(w, ix, opt, candidate, scratch);
+    if (const std::optional<AutoCostFeatures> f = features_of(w, units, opt, m.candidate_units_of_query))
+      return Candidate{*f, units.size(), &units};
+    PlanBuilder builder(w, "node", std::move(other));
+    units.emit(builder);
+    other = builder.finish();
+    return Candidate{features_of(w, other, opt, 0), size_t(other.num_units()), nullptr};
   };
   // Whether wider compact units could pay on a plan of `units` priced `us`:
   // only units closed by the rows or segment limit can merge away, where the
@@ -475,20 +535,19 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
         if (least >= (1 - model.wider_units_margin / 2) * best) continue;
       }
       const planning::NodeShape at = shape.with_flat_tokens(longer);
-      planning::plan_node_shaped(w, ix, opt, at, scratch, other);
+      const Candidate c = candidate_of(at);
       const planning::CompactUnitsSummary units = m.compact_units;
       if (units.units == 0) continue;
-      const AutoCostFeatures f = features_of(w, other, opt, 0);
-      const double us = model.predict(f);
-      if (take(at, f, model.wider_units_margin)) node = node_features(w, out, opt);
+      const double us = model.predict(c.features);
+      if (take(at, c.features, model.wider_units_margin, c.made_from)) node = node_features(w, out, opt);
       if (opt.extra.count("flat_rows") != 0) continue;
       if (!widths_could_pay(units, us)) continue;
       for (const int64_t rows : {64, 128}) {
         if (rows <= std::max<int64_t>(32, G)) continue;
         const planning::NodeShape candidate = at.with_compact_rows(rows);
-        planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
-        if (m.compact_units.units == 0 || !planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
-        if (take(candidate, features_of(w, other, opt, 0), model.wider_units_margin)) node = node_features(w, out, opt);
+        const Candidate c = candidate_of(candidate);
+        if (m.compact_units.units == 0 || !planning::fills_slots(c.units, w, opt)) continue;
+        if (take(candidate, c.features, model.wider_units_margin, c.made_from)) node = node_features(w, out, opt);
       }
     }
   };
@@ -526,11 +585,11 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
       delta[7] = double(wide.segments - own.segments) * double(kv) * 1e-3;
       if (model.predict(delta) >= 0 || !planning::fills_slots(size_t(other_units + wide.units), w, opt)) continue;
       const planning::NodeShape candidate = shape.with_compact_rows(rows);
-      planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
+      const Candidate c = candidate_of(candidate);
       // At a fixed width node may drop its compact subtrees (its rules against
       // units too few or too long): that is not a wider width.
-      if (m.compact_units.units == 0 || !planning::fills_slots(size_t(other.num_units()), w, opt)) continue;
-      take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);
+      if (m.compact_units.units == 0 || !planning::fills_slots(c.units, w, opt)) continue;
+      take(candidate, c.features, model.wider_units_margin, c.made_from);
     }
   }
 
@@ -540,8 +599,8 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   if (cuts && opt.ctas_per_sm >= 2 && opt.extra.count("split_tokens") == 0 && opt.extra.count("split_scale") == 0 &&
       opt.extra.count("split_sm_ctas") == 0) {
     const planning::NodeShape candidate = shape.with_split_ctas_per_sm(opt.ctas_per_sm / 2);
-    planning::plan_node_shaped(w, ix, opt, candidate, scratch, other);
-    take(candidate, features_of(w, other, opt, 0), model.wider_units_margin);
+    const Candidate c = candidate_of(candidate);
+    take(candidate, c.features, model.wider_units_margin, c.made_from);
   }
   return node.own;
 }

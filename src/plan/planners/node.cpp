@@ -276,6 +276,14 @@ planning::NodeShape planning::node_shape(const PlanOptions& opt) {
 
 void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
                                 const NodeShape& shape, PlanScratch& scratch, Plan& out) {
+  const planning::ProtoUnits& units = node_shaped_units(w, ix, opt, shape, scratch);
+  PlanBuilder builder(w, "node", std::move(out));
+  units.emit(builder);
+  out = builder.finish();
+}
+
+const planning::ProtoUnits& planning::node_shaped_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                                                        const NodeShape& shape, PlanScratch& scratch) {
   const int64_t flat_rows = shape.compact_rows;
   const int32_t per_tile = queries_per_tile(w, shape.tile_rows);
   PlanScratch::Buffers& m = scratch.buffers();
@@ -347,9 +355,7 @@ void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const Pl
   }
   m.compact_units = compact > 0 ? taken->summary : planning::CompactUnitsSummary{};
   m.node_cuts = taken->cuts;
-  PlanBuilder builder(w, "node", std::move(out));
-  units->emit(builder);
-  out = builder.finish();
+  return *units;
 }
 
 }  // namespace treeattn

@@ -108,6 +108,12 @@ NodeShape node_shape(const PlanOptions& opt);
 // summary of the plan's compact-subtree units.
 void plan_node_shaped(const Workload& w, const TreeIndex& ix, const PlanOptions& opt, const NodeShape& shape,
                       PlanScratch& scratch, Plan& out);
+// The same plan's units before the plan is built from them (ProtoUnits::
+// emit, PlanBuilder::finish): what auto prices a shape by. They live in
+// scratch, until its next plan.
+class ProtoUnits;
+const ProtoUnits& node_shaped_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
+                                    const NodeShape& shape, PlanScratch& scratch);
 
 // Whether `units` units (each run once per kv head) fill three quarters of
 // the resident CTA slots.
@@ -325,6 +331,7 @@ struct PlanScratch::Buffers {
   std::vector<char> wider_covered;
   std::vector<int64_t> estimate_tokens, estimate_segments;  // auto: whole-tree compact units, estimated
   Plan other;  // auto: the candidate beside `out`
+  std::vector<int32_t> candidate_units_of_query;  // auto: a candidate's units per query
 };
 
 }  // namespace treeattn
