@@ -462,13 +462,8 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   const auto take = [&](const planning::NodeShape& candidate, const AutoCostFeatures& f, double margin,
                         const planning::ProtoUnits* from_units = nullptr) {
     if (model.predict(f) >= (1 - margin) * best) return false;
-    if (from_units) {
-      PlanBuilder builder(w, "node", std::move(out));
-      from_units->emit(builder);
-      out = builder.finish();
-    } else {
-      std::swap(out, other);
-    }
+    if (from_units) from_units->plan(w, "node", out);
+    else std::swap(out, other);
     node.own = f;
     best = model.predict(f);
     base = m.compact_units;
@@ -488,9 +483,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
     const planning::ProtoUnits& units = planning::node_shaped_units(w, ix, opt, candidate, scratch);
     if (const std::optional<AutoCostFeatures> f = features_of(w, units, opt, m.candidate_units_of_query))
       return Candidate{*f, units.size(), &units};
-    PlanBuilder builder(w, "node", std::move(other));
-    units.emit(builder);
-    other = builder.finish();
+    units.plan(w, "node", other);
     return Candidate{features_of(w, other, opt, 0), size_t(other.num_units()), nullptr};
   };
   // Whether wider compact units could pay on a plan of `units` priced `us`:

@@ -179,6 +179,12 @@ void ProtoUnits::emit(PlanBuilder& b) const {
   b.add_units({segs_.data(), segs}, seg_end_, {queries_.data(), queries}, {masks_.data(), queries}, query_end_);
 }
 
+void ProtoUnits::plan(const Workload& w, const std::string& planner, Plan& out) const {
+  PlanBuilder b(w, planner, std::move(out));
+  emit(b);
+  out = b.finish();
+}
+
 void ProtoUnits::discard_open() {
   segs_.resize(seg_end_.empty() ? 0 : size_t(seg_end_.back()));
   queries_.resize(query_end_.empty() ? 0 : size_t(query_end_.back()));

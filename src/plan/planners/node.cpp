@@ -276,10 +276,7 @@ planning::NodeShape planning::node_shape(const PlanOptions& opt) {
 
 void planning::plan_node_shaped(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
                                 const NodeShape& shape, PlanScratch& scratch, Plan& out) {
-  const planning::ProtoUnits& units = node_shaped_units(w, ix, opt, shape, scratch);
-  PlanBuilder builder(w, "node", std::move(out));
-  units.emit(builder);
-  out = builder.finish();
+  node_shaped_units(w, ix, opt, shape, scratch).plan(w, "node", out);
 }
 
 const planning::ProtoUnits& planning::node_shaped_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,

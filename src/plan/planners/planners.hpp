@@ -162,6 +162,8 @@ class ProtoUnits {
   void append(const ProtoUnits& from, size_t i);
   // Hands the closed units to b (PlanBuilder::add_units).
   void emit(PlanBuilder& b) const;
+  // The plan of the closed units alone, into `out` (whose memory it reuses).
+  void plan(const Workload& w, const std::string& planner, Plan& out) const;
 
  private:
   static size_t first(const std::vector<int32_t>& end, size_t i) { return i == 0 ? 0 : size_t(end[i - 1]); }
