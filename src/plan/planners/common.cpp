@@ -1,7 +1,6 @@
 // Helpers shared by planners: KV splitting and query grouping.
 #include <algorithm>
 #include <cmath>
-#include <functional>
 
 #include "plan/planners/planners.hpp"
 #include "plan/planners/tree_walk.hpp"
