@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "plan/planners/planners.hpp"
 #include "treeattn/cost_models.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
@@ -623,4 +626,43 @@ TEST(AutoCostModel, ParseErrorsNameTheField) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no_such_table.json"), std::string::npos);
   }
+}
+
+// auto prices node's candidate shapes from their units before any plan is
+// made of them (planning::unit_cost_features): over random trees, suite
+// trees and the shapes auto tries, those features equal the features of the
+// plan the units make, the unit count too.
+TEST(AutoPlanner, CandidatesPricedFromUnitsAsTheirPlans) {
+  const std::vector<std::string> specs = {"fewshot:prompt=600:branches=8:len=20", "fasttree:N=1,4,16,64:C=256,64,32,16",
+                                          "pat:B=1,4,16,256:L=512,128,64,32", "medusa:" + kData +
+                                              "workloads/APPS_tree_size64.json:record=0:step=10:prefix=2048"};
+  int compared = 0;
+  for (int i = 0; i < 24; ++i) {
+    WorkloadParams p;
+    p.heads = {32, std::array{32, 8, 2, 1}[i % 4], 128};
+    const std::string spec = i < int(specs.size()) ? specs[size_t(i)] : "random:seed=" + std::to_string(300 + i);
+    const Workload w = make_workload(spec, p);
+    const TreeIndex ix = TreeIndex::build(w.tree, w.query_nodes);
+    const PlanOptions opt;
+    PlanScratch scratch;
+    Plan plan;
+    plan_node_reusing(w, ix, opt, scratch, plan);  // builds the subtree queries and down paths the shapes use
+    const planning::NodeShape own = planning::node_shape(opt);
+    for (const planning::NodeShape& shape :
+         {own, own.with_flat_tokens(4 * own.flat_tokens), own.with_compact_rows(64), own.with_compact_rows(128),
+          own.with_split_ctas_per_sm(1), own.with_tile_rows(32)}) {
+      const planning::ProtoUnits& units = planning::node_shaped_units(w, ix, opt, shape, scratch);
+      std::vector<int32_t> memory;
+      const std::optional<AutoCostFeatures> f = planning::unit_cost_features(w, units, opt, memory);
+      const size_t unit_count = units.size();
+      units.plan(w, "node", plan);
+      ASSERT_TRUE(f.has_value()) << spec;  // every query of these trees has a token on its path
+      AutoCostFeatures g = auto_cost_features(w, plan, opt);
+      g[3] = 0;  // the unique KV, which the units' features leave out
+      EXPECT_EQ(*f, g) << spec << " at G " << w.heads.group_size();
+      EXPECT_EQ(unit_count, size_t(plan.num_units())) << spec;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 24 * 6);
 }

@@ -162,14 +162,16 @@ AutoCostFeatures features_of(const Workload& w, const Plan& p, const PlanOptions
   return tally.finish(w, opt, p.num_slots, unique_kv_mb);
 }
 
-// features_of the plan `units` make (without the unique KV), without making
-// it: PlanBuilder gives each unit the smallest tile that holds its rows,
-// marks it masked where an entry's mask is neither ~0 (all) nor its segments'
-// full mask, and gives a query in k > 1 units k partial slots. Nothing where
-// the plan would hold more: a query in no unit (its path is empty), for
-// which PlanBuilder::finish adds units.
-std::optional<AutoCostFeatures> features_of(const Workload& w, const planning::ProtoUnits& units,
-                                            const PlanOptions& opt, std::vector<int32_t>& units_of_query) {
+}  // namespace
+
+AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p, const PlanOptions& opt) {
+  return features_of(w, p, opt, double(w.unique_kv_bytes()) * 1e-6);
+}
+
+// The rules are PlanBuilder's (settle_unit, finish); the test
+// AutoPlanner.CandidatesPricedFromUnitsAsTheirPlans holds them to it.
+std::optional<AutoCostFeatures> planning::unit_cost_features(const Workload& w, const ProtoUnits& units,
+                                                            const PlanOptions& opt, std::vector<int32_t>& units_of_query) {
   const int G = w.heads.group_size();
   units_of_query.assign(size_t(w.num_queries()), 0);
   FeatureTally tally;
@@ -193,12 +195,6 @@ std::optional<AutoCostFeatures> features_of(const Workload& w, const planning::P
     slots += n > 1 ? n : 0;
   }
   return tally.finish(w, opt, slots, 0);
-}
-
-}  // namespace
-
-AutoCostFeatures auto_cost_features(const Workload& w, const Plan& p, const PlanOptions& opt) {
-  return features_of(w, p, opt, double(w.unique_kv_bytes()) * 1e-6);
 }
 
 double AutoCostModel::predict(const AutoCostFeatures& f) const {
@@ -481,7 +477,7 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   };
   const auto candidate_of = [&](const planning::NodeShape& candidate) {
     const planning::ProtoUnits& units = planning::node_shaped_units(w, ix, opt, candidate, scratch);
-    if (const std::optional<AutoCostFeatures> f = features_of(w, units, opt, m.candidate_units_of_query))
+    if (const std::optional<AutoCostFeatures> f = planning::unit_cost_features(w, units, opt, m.candidate_units_of_query))
       return Candidate{*f, units.size(), &units};
     units.plan(w, "node", other);
     return Candidate{features_of(w, other, opt, 0), size_t(other.num_units()), nullptr};

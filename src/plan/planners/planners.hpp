@@ -3,10 +3,12 @@
 // helpers take the memory they reuse (PlanScratch::Buffers) as arguments.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
 
+#include "treeattn/cost_models.hpp"
 #include "treeattn/planner.hpp"
 
 namespace treeattn {
@@ -114,6 +116,13 @@ void plan_node_shaped(const Workload& w, const TreeIndex& ix, const PlanOptions&
 class ProtoUnits;
 const ProtoUnits& node_shaped_units(const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
                                     const NodeShape& shape, PlanScratch& scratch);
+// auto_cost_features of the plan `units` make (PlanBuilder: a unit's tile
+// from its rows, masked where a mask is neither ~0 nor full, k partial slots
+// for a query in k > 1 units), the unique KV left 0, without making it;
+// nothing where that plan would hold more (a query in no unit: its path is
+// empty). units_of_query: memory.
+std::optional<AutoCostFeatures> unit_cost_features(const Workload& w, const ProtoUnits& units, const PlanOptions& opt,
+                                                   std::vector<int32_t>& units_of_query);
 
 // Whether `units` units (each run once per kv head) fill three quarters of
 // the resident CTA slots.
