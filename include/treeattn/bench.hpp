@@ -42,6 +42,11 @@ struct BenchOptions {
   // which shows what its other, empty launches cost.
   std::vector<int> step_tiles;
   bool step_plan_tiles = false;
+  // With step_executor: the graph replay is captured under the plan's own
+  // launches (CudaStepExecutor::set_graph_launches(plan_launches()), as an
+  // engine that keeps a graph per launch set replays it) instead of every
+  // launch.
+  bool step_graph_plan_launches = false;
 };
 
 struct GpuTiming {
@@ -69,7 +74,8 @@ struct GpuTiming {
   int units = 0, slots = 0;
   // Kernels a run launches, the merge counted: an eager run (`launches`) and
   // a graph replay (`launches_graph`). They differ for the step executor,
-  // whose eager runs launch only what the plan uses and whose graphs every grid.
+  // whose eager runs launch only what the plan uses and whose graphs every grid
+  // (or, with step_graph_plan_launches, the plan's launches and launch 0).
   int launches = 0, launches_graph = 0;
   std::string launch_info;      // CudaExecutor::describe()
   std::string trace;            // CudaExecutor::trace_report() of the last timed run (BenchOptions::trace)

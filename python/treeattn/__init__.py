@@ -396,6 +396,32 @@ class TreeAttention:
         """The executor's launches (CUDA) or "cpu executor"."""
         return self._impl.describe()
 
+    # -- CUDA graphs ------------------------------------------------------------
+    @property
+    def graph_launches(self) -> int:
+        """The attention launches a captured ``run()`` records: a mask over ``describe()``'s launches (bit i:
+        launch i; default: all). Launch 0 (the largest tile) is always among them, and a graph captured under any
+        mask runs any later plan correctly: a recorded launch also runs the units of the left-out launches after
+        it. Each recorded launch the plan leaves empty costs 2-3 us of a replay, so an engine may keep one graph
+        per ``plan_launches`` value (set ``graph_launches = plan_launches`` before capturing it) and replay the
+        one that matches each step's plan. Setting it changes no graph already captured. CPU: 0 (no launches;
+        only 0 may be set)."""
+        return self._impl.graph_launches
+
+    @graph_launches.setter
+    def graph_launches(self, launches: int) -> None:
+        if isinstance(launches, bool) or not isinstance(launches, int):
+            raise TypeError(f"graph_launches: expected an int mask, got {type(launches).__name__}")
+        if not 0 <= launches < 1 << 32:
+            raise ValueError(f"graph_launches: {launches} is not a mask over describe()'s launches (0 .. 2**32 - 1)")
+        self._impl.graph_launches = launches
+
+    @property
+    def plan_launches(self) -> int:
+        """The launches the plan in force uses, as a ``graph_launches`` mask with launch 0 always set: the mask
+        under which a captured run of this plan launches no other tile (CPU: 0)."""
+        return self._impl.plan_launches
+
 
 class BoundRun:
     """TreeAttention.run() with its tensors bound (TreeAttention.bind)."""

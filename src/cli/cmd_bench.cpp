@@ -53,6 +53,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--step-tiles", *step_tiles,
                   "with --step-executor: its launches, tiles MxN or M (n = 64) comma-separated in launch order "
                   "(e.g. 128,16x32), or `plan`: the tiles each plan's units use (default: 128,64,32,16)");
+  auto step_graph = std::make_shared<std::string>();
+  cmd->add_option("--step-graph-launches", *step_graph,
+                  "with --step-executor: the launches its graph replay captures, `all` (the default: every launch, "
+                  "one graph for any plan) or `plan`: the plan's own and the first (a graph per launch set, "
+                  "CudaStepExecutor::set_graph_launches)");
   cmd->add_flag("--trace", b->trace,
                 "print each launch's CTA timeline of the last timed run (phases per CTA, p50/p90 in us); needs a "
                 "build with -DTREEATTN_CTA_TRACE=ON, and its timings are not the ones to report");
@@ -68,7 +73,7 @@ void add_bench_command(CLI::App& app) {
   auto report = std::make_shared<std::string>();
   cmd->add_option("--report", *report,
                   "no timing: rewrite report.md and the plots of DIR/results.json (a suite's output directory)");
-  cmd->callback([o, b, flags, suite, report, step_tiles] {
+  cmd->callback([o, b, flags, suite, report, step_tiles, step_graph] {
     if (!report->empty()) {
       std::printf("%s", write_report(*report).c_str());
       return;
@@ -100,6 +105,12 @@ void add_bench_command(CLI::App& app) {
           b->step_tiles.push_back(t);
         }
       }
+    }
+    if (!step_graph->empty()) {
+      if (!b->step_executor) throw Error("--step-graph-launches: needs --step-executor");
+      if (*step_graph != "plan" && *step_graph != "all")
+        throw Error("--step-graph-launches: '" + *step_graph + "' is neither `all` nor `plan`");
+      b->step_graph_plan_launches = *step_graph == "plan";
     }
     if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");
     b->flush_l2 = !(*flags)[0];

@@ -696,6 +696,8 @@ void bind_runtime(nb::module_& m) {
       .def_prop_ro("num_queries", &TreeAttention::num_queries)
       .def_prop_ro("device_index", [](const TreeAttention& ta) { return ta.config().device_index; })
       .def("describe", &TreeAttention::describe)
+      .def_prop_rw("graph_launches", &TreeAttention::graph_launches, &TreeAttention::set_graph_launches)
+      .def_prop_ro("plan_launches", &TreeAttention::plan_launches)
       .def("plan_stats",
            [](const TreeAttention& ta) {
              const PlanStats s = ta.plan_stats();

@@ -663,6 +663,28 @@ PlanStats TreeAttention::plan_stats() const {
   const std::lock_guard lock(impl_->mutex);
   return impl_->stats;
 }
+void TreeAttention::set_graph_launches(uint32_t launches) {
+  const std::lock_guard lock(impl_->mutex);
+#if defined(TREEATTN_HAVE_CUDA)
+  if (impl_->cuda) return impl_->cuda->set_graph_launches(launches);
+#endif
+  if (launches != 0)
+    fail("set_graph_launches(" + std::to_string(launches) + "): the CPU executor has no launches (only 0 is accepted)");
+}
+uint32_t TreeAttention::graph_launches() const {
+  const std::lock_guard lock(impl_->mutex);
+#if defined(TREEATTN_HAVE_CUDA)
+  if (impl_->cuda) return impl_->cuda->graph_launches();
+#endif
+  return 0;
+}
+uint32_t TreeAttention::plan_launches() const {
+  const std::lock_guard lock(impl_->mutex);
+#if defined(TREEATTN_HAVE_CUDA)
+  if (impl_->cuda) return impl_->cuda->plan_launches();
+#endif
+  return 0;
+}
 std::string TreeAttention::describe() const {
   const std::lock_guard lock(impl_->mutex);
 #if defined(TREEATTN_HAVE_CUDA)

@@ -8,7 +8,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 #include <string>
@@ -393,6 +395,115 @@ TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
   EXPECT_GT(without_merges, 0);
   EXPECT_GT(with_merges, 0);
   EXPECT_GT(single_launch, 0);
+}
+
+// Graphs captured under fewer launches (CudaStepExecutor::set_graph_launches):
+// one graph of two runs per mask that holds launch 0 (every such mask of the
+// four default launches), each replayed after every plan of cases that use
+// one tile or several, with merges and without. A graph holds popcount(mask)
+// attention launches and the merge. Its output is bit-equal to an eager run
+// where the mask holds the plan's launches (each unit on its own tile), and
+// within tolerance of the reference where it does not (units of a left-out
+// launch run on the recorded one before it, of more rows).
+TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
+  WorkloadParams p;
+  p.heads = {32, 8, 128};
+  p.page_size = 16;
+  struct Case {
+    std::string spec, planner;
+  };
+  const std::vector<Case> cases = {{"fasttree:N=1,4,16:C=256,64,32", "node"},
+                                   {"pat:B=12:L=40", "per-query"},
+                                   {"fewshot:prompt=600:branches=8:len=20", "auto"},
+                                   {"fasttree:N=1,2,64:C=8,256,32", "auto"},
+                                   {"pat:B=1,200:L=40,40", "per-query"}};
+  std::vector<Workload> ws;
+  int64_t pool = 0;
+  int32_t max_q = 0;
+  for (const Case& c : cases) {
+    ws.push_back(make_workload(c.spec, p));
+    pool = std::max(pool, ws.back().layout.num_pages);
+    max_q = std::max(max_q, ws.back().num_queries());
+  }
+  KvLayout layout = ws[0].layout;
+  layout.num_pages = pool;
+  StepCapacity cap;
+  cap.max_queries = max_q;
+  CudaStepExecutor ex(p.heads, layout, cap);
+  ASSERT_EQ(ex.num_launches(), 4) << ex.describe();
+  EXPECT_EQ(ex.graph_launches(), 15u);
+  EXPECT_THROW(ex.set_graph_launches(16), Error);
+  Workload big = ws[0];
+  big.layout.num_pages = pool;
+  big.query_nodes.assign(size_t(max_q), 0);
+  HostTensors h = make_random_inputs(big, 11);
+  DeviceTensors d = DeviceTensors::upload(h);
+  cudaStream_t st;
+  check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  // A plan to capture under (the kernels read the plan in force when replayed).
+  Workload w0 = ws[0];
+  w0.layout.num_pages = pool;
+  ex.set_plan(w0, make_plan(cases[0].planner, w0, PlanOptions{}), st);
+  struct Captured {
+    uint32_t mask;
+    cudaGraphExec_t exec;
+  };
+  std::vector<Captured> graphs;
+  for (uint32_t mask = 1; mask < 16; mask += 2) {
+    ex.set_graph_launches(mask & ~1u);  // launch 0 is added
+    ASSERT_EQ(ex.graph_launches(), mask);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int r = 0; r < 2; ++r) ex.run(d.args(), st);
+    check_cuda(cudaStreamEndCapture(st, &graph), "end capture");
+    size_t nodes = 0;
+    check_cuda(cudaGraphGetNodes(graph, nullptr, &nodes), "graph nodes");
+    EXPECT_EQ(nodes, size_t(2 * (std::popcount(mask) + 1))) << "mask " << mask;
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    cudaGraphDestroy(graph);
+    graphs.push_back({mask, exec});
+  }
+  int covered = 0, left_out = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Workload w = ws[i];
+    w.layout.num_pages = pool;
+    const Plan plan = make_plan(cases[i].planner, w, PlanOptions{});
+    ex.set_plan(w, plan, st);
+    uint32_t uses = 1;  // launch i holds the tiles of m 128 >> i
+    for (const uint8_t t : plan.unit_tile) uses |= 1u << std::countr_zero(unsigned(128 / kTileConfigs[t].m));
+    EXPECT_EQ(ex.plan_launches(), uses) << cases[i].spec;
+    HostTensors hw = make_random_inputs(w, 1);  // the step's shapes; its data are views of h's
+    hw.q.assign(h.q.begin(), h.q.begin() + hw.q.size());
+    hw.k = h.k;
+    hw.v = h.v;
+    const std::vector<double> ref = reference_attention(w, hw.args());
+    const size_t bytes = hw.out.size();
+    d.poison_out(st);
+    ex.run(d.args(), st);
+    check_cuda(cudaStreamSynchronize(st), "eager");
+    std::vector<uint8_t> eager(bytes), replayed(bytes);
+    check_cuda(cudaMemcpy(eager.data(), d.out.get(), bytes, cudaMemcpyDeviceToHost), "eager out");
+    for (const Captured& g : graphs) {
+      d.poison_out(st);
+      check_cuda(cudaGraphLaunch(g.exec, st), "replay");
+      check_cuda(cudaStreamSynchronize(st), "replay sync");
+      check_cuda(cudaMemcpy(replayed.data(), d.out.get(), bytes, cudaMemcpyDeviceToHost), "replayed out");
+      if ((uses & ~g.mask) == 0) {
+        ++covered;
+        ASSERT_EQ(replayed, eager) << cases[i].spec << ", mask " << g.mask << ": replay differs from eager";
+      } else {
+        ++left_out;
+        HostTensors out = hw;
+        std::memcpy(out.out.data(), replayed.data(), bytes);
+        EXPECT_LE(relative_error(w, out.out.data(), ref), 2e-3) << cases[i].spec << ", mask " << g.mask;
+      }
+    }
+  }
+  EXPECT_GT(covered, 0);
+  EXPECT_GT(left_out, 0);
+  for (const Captured& g : graphs) cudaGraphExecDestroy(g.exec);
+  cudaStreamDestroy(st);
 }
 
 TEST(Runtime, CapacityErrorsNameTheCapacity) {

@@ -752,6 +752,101 @@ def test_gpu_graph_replays_survive_replanning():
     assert ((out[0].float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def test_graph_launch_masks_on_the_cpu():
+    """The CPU executor has no launches: the masks read 0, 0 may be set, any other mask is refused."""
+    attn, tree = make_small()
+    assert attn.plan_launches == 0
+    attn.plan_tree(**tree)
+    assert (attn.plan_launches, attn.graph_launches) == (0, 0)
+    attn.graph_launches = 0
+    with pytest.raises(ValueError, match=r"set_graph_launches\(3\): the CPU executor has no launches"):
+        attn.graph_launches = 3
+    with pytest.raises(ValueError, match="graph_launches: -1 is not a mask"):
+        attn.graph_launches = -1
+    with pytest.raises(ValueError, match="graph_launches: 4294967296 is not a mask"):
+        attn.graph_launches = 1 << 32
+    with pytest.raises(TypeError, match="graph_launches: expected an int mask, got str"):
+        attn.graph_launches = "1"
+    assert attn.graph_launches == 0
+
+
+def forest_of_prompts(prompts, prompt_tokens, branches, branch_tokens, queries, page_size):
+    """`prompts` roots of prompt_tokens, each with `branches` children of branch_tokens (0: none),
+    pages handed out in order; `queries` queries spread over the branches (or the roots)."""
+    parents, ntok, offs, pids = [], [], [0], []
+
+    def add(parent, t):
+        parents.append(parent); ntok.append(t)
+        pids.extend(range(len(pids), len(pids) + (t + page_size - 1) // page_size)); offs.append(len(pids))
+        return len(parents) - 1
+
+    leaves = []
+    for _ in range(prompts):
+        root = add(-1, prompt_tokens)
+        leaves += [add(root, branch_tokens) for _ in range(branches)] if branches else [root]
+    qn = [leaves[i % len(leaves)] for i in range(queries)]
+    return dict(parents=parents, num_tokens=ntok, page_offsets=offs, page_ids=pids, query_nodes=qn)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
+def test_gpu_graphs_per_launch_set():
+    """A graph per launch set: captured under graph_launches = plan_launches the first time a step's
+    plan needs that set, replayed for every step whose plan needs it, each replay equal to an eager
+    run. A graph of launch 0 alone replays every plan within tolerance of an eager run."""
+    H, Hkv, D, ps, layers, max_q, pages = 32, 8, 128, 16, 3, 48, 4096
+    dtype = torch.float16
+    k = torch.randn(layers, pages, ps, Hkv, D, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    attn = treeattn.TreeAttention(H, Hkv, D, ps, pages, dtype=dtype, device="cuda", max_queries=max_q,
+                                  max_nodes=256, max_page_refs=8192)
+    q = torch.randn(layers, max_q, H, D, dtype=dtype, device="cuda")
+    out, eager = torch.zeros_like(q), torch.zeros_like(q)
+    trees = [forest_of_prompts(1, 1000, 48, 20, max_q, ps),   # a prompt of 192 rows, short branches
+             forest_of_prompts(48, 300, 0, 0, max_q, ps),     # independent sequences
+             forest_of_prompts(3, 500, 16, 40, max_q, ps),    # three prompts of 64 rows
+             forest_of_prompts(12, 200, 0, 0, max_q, ps)]     # four queries a root
+
+    def capture():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside capture
+            for l in range(layers):
+                attn.run(q[l], k[l], v[l], out=out[l])
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for l in range(layers):
+                attn.run(q[l], k[l], v[l], out=out[l])
+        return graph
+
+    attn.plan_tree(**trees[0])
+    attn.graph_launches = 0   # launch 0 alone
+    assert attn.graph_launches == 1
+    first_only = capture()
+    graphs = {}
+    for step in range(2 * len(trees)):
+        attn.plan_tree(**trees[step % len(trees)])
+        key = attn.plan_launches
+        assert key & 1
+        if key not in graphs:
+            attn.graph_launches = key
+            graphs[key] = capture()
+        q.normal_()
+        for l in range(layers):
+            attn.run(q[l], k[l], v[l], out=eager[l])
+        out.fill_(float("nan"))
+        graphs[key].replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), f"step {step}: the replay of launches {key} differs from eager"
+        out.fill_(float("nan"))
+        first_only.replay()
+        torch.cuda.synchronize()
+        err = ((out.float() - eager.float()).norm() / eager.float().norm()).item()
+        assert err < 2e-3, f"step {step}: launch 0 alone, relative error {err}"
+    assert len(graphs) >= 3, f"the trees' plans need only the launch sets {sorted(graphs)}"
+
+
 def test_bound_run_equals_run_and_checks_the_plan_size():
     rng = np.random.default_rng(8)
     attn, tree = make_small()

@@ -78,6 +78,28 @@ TEST(TreeAttentionCpu, ReplansOneObjectWithEveryKindOfTree) {
   }
 }
 
+// The CPU executor has no launches: the graph-launch masks read 0, setting 0
+// is accepted and any other mask refused with its value named.
+TEST(TreeAttentionCpu, GraphLaunchMasksAreZeroWithoutLaunches) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  p.page_size = 4;
+  const Workload w = make_workload("fewshot:prompt=100:branches=6:len=9", p);
+  TreeAttention ta(cpu_config(p, w.layout.num_pages));
+  EXPECT_EQ(ta.plan_launches(), 0u);
+  ta.plan_tree(Arrays(w).view());
+  EXPECT_EQ(ta.plan_launches(), 0u);
+  EXPECT_EQ(ta.graph_launches(), 0u);
+  ta.set_graph_launches(0);
+  try {
+    ta.set_graph_launches(3);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("set_graph_launches(3)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ta.graph_launches(), 0u);
+}
+
 TEST(TreeAttentionCpu, BlockTablesShareTheirLeadingPages) {
   WorkloadParams p;
   p.heads = {4, 4, 64};

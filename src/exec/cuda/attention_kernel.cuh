@@ -252,7 +252,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   // item at all.
   // (Read again where needed rather than kept in registers through the KV loop.)
   auto units = [&] { return p.counts ? p.units + p.counts[2 * p.launch_index] : p.units; };
-  auto num_items = [&] { return p.counts ? p.counts[2 * p.launch_index + 1] * Hkv : p.num_items; };
+  auto num_items = [&] {
+    return p.counts ? (p.counts[2 * p.launch_last] + p.counts[2 * p.launch_last + 1] - p.counts[2 * p.launch_index]) * Hkv
+                    : p.num_items;
+  };
   const bool persistent = Tr::kPersistent && p.work != nullptr;
   int item = blockIdx.x;
   UnitDesc u{};

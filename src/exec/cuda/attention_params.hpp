@@ -73,14 +73,16 @@ struct AttnParams {
   // units[i / Hkv] for kv head i % Hkv.
   const UnitDesc* units;
   int32_t num_items;  // units of this launch x num_kv_heads
-  // Step executors (fixed grids): this launch's first unit and unit count are
-  // counts[2 * launch_index] and counts[2 * launch_index + 1], in device
-  // memory (uploaded with the plan), and override units / num_items; a CTA
-  // computes items blockIdx.x, + gridDim.x, ... (grid_stride) unless the
-  // launch is persistent. nullptr: units / num_items as given, one item per
-  // CTA unless persistent.
+  // Step executors (fixed grids): the plan's launch l has units [counts[2 l],
+  // counts[2 l] + counts[2 l + 1]), in device memory (uploaded with the plan),
+  // the launches' units one after another. This launch runs those of plan
+  // launches launch_index .. launch_last (more than its own where a captured
+  // run left the ones after it out: CudaStepExecutor::set_graph_launches),
+  // which override units / num_items; a CTA computes items blockIdx.x,
+  // + gridDim.x, ... (grid_stride) unless the launch is persistent. nullptr:
+  // units / num_items as given, one item per CTA unless persistent.
   const int32_t* counts;
-  int32_t launch_index;
+  int32_t launch_index, launch_last;
   bool grid_stride;
   // Persistent launches (more items than CTAs fit on the GPU at once): the
   // grid is one wave; CTA b computes item b, then claims items gridDim.x +

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -83,11 +84,13 @@ struct CudaStepExecutor::Impl {
   // counts): per launch, its first unit and its units; then the merges.
   std::vector<int32_t> counts;
   bool skip_unused_launches = true;  // CudaStepOptions
+  uint32_t graph_launches = 0;       // set_graph_launches(): a captured run's attention launches
 
   // What an eager run launches (skip_unused_launches): attention launch i
   // only if the plan in force gives it units, the merge only for merges.
   bool plan_uses_launch(size_t i) const { return counts[2 * i + 1] > 0; }
   int32_t plan_merges() const { return counts[2 * launches.size()]; }
+  uint32_t all_launches() const { return (1u << launches.size()) - 1; }
   // The shape of the last plan set (PlanCheck::extension must keep it).
   struct PlanShape {
     int32_t queries = 0, units = 0, slots = 0;
@@ -190,6 +193,8 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   m.workspace = DeviceBuffer(counters + counter_bytes);
   check_cuda(cudaMemset(m.workspace.as<uint8_t>() + counters, 0, counter_bytes), "step executor: counters");
 
+  if (m.launches.size() > 31) throw Error("step executor: " + std::to_string(m.launches.size()) + " tiles, at most 31");
+  m.graph_launches = m.all_launches();
   m.layout = cuda::StepLayout::make(cap, int(m.launches.size()));
   m.plan_buf = DeviceBuffer(m.layout.total);
   m.packed = DeviceBuffer(m.layout.total);  // packed arrays never take more than their capacities
@@ -335,6 +340,24 @@ bool stream_is_capturing(cudaStream_t stream) {
 
 }  // namespace
 
+uint32_t CudaStepExecutor::plan_launches() const {
+  const Impl& m = *impl_;
+  uint32_t set = 1;
+  for (size_t i = 0; m.has_plan && i < m.launches.size(); ++i) set |= m.plan_uses_launch(i) ? 1u << i : 0u;
+  return set;
+}
+
+void CudaStepExecutor::set_graph_launches(uint32_t launches) {
+  Impl& m = *impl_;
+  if (launches & ~m.all_launches())
+    throw Error("step executor: graph launches " + std::to_string(launches) + " name a launch past the last (" +
+                std::to_string(m.launches.size()) + " launches: a mask below " + std::to_string(1u << m.launches.size()) +
+                ")");
+  m.graph_launches = launches | 1u;
+}
+
+uint32_t CudaStepExecutor::graph_launches() const { return impl_->graph_launches; }
+
 int CudaStepExecutor::num_eager_launches() const {
   const Impl& m = *impl_;
   if (!m.has_plan) return 0;
@@ -352,21 +375,33 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
   cuda::MergeParams mg = m.merge;
   cuda::set_run_tensors(m.shape, args, a, mg);
   const cudaAccessPolicyWindow* l2_window = m.l2_window.num_bytes ? &m.l2_window : nullptr;
-  // A captured run launches every grid: the kernels read the plan's counts
-  // on the device, so the graph holds for any later plan. An eager run knows
+  // A captured run launches the graph's launches (every grid unless
+  // set_graph_launches() chose fewer, the first always) and the merge: the
+  // kernels read the plan's counts on the device, and a launch also runs the
+  // units of the plan launches after it that the graph leaves out (they hold
+  // fewer rows), so the graph holds for any later plan. An eager run knows
   // the plan in force (set_plan packed it on the host): it launches only the
   // grids that have units and the merge only for merges, on a grid of their
   // number (launch_merge launches nothing for none). Without merges no
   // attention CTA counts itself, eager or captured: they read the plan's
   // merge count on the device (AttnParams::num_merges_dev).
-  const bool eager = m.skip_unused_launches && !stream_is_capturing(stream);
-  if (eager) mg.num_merges = m.plan_merges();
+  const bool captured = stream_is_capturing(stream), eager = m.skip_unused_launches && !captured;
+  uint32_t launched = captured ? m.graph_launches : m.all_launches();
+  if (eager) {
+    mg.num_merges = m.plan_merges();
+    launched = 0;
+    for (size_t i = 0; i < m.launches.size(); ++i) launched |= m.plan_uses_launch(i) ? 1u << i : 0u;
+  }
   uint32_t attention_ctas = 0;
   for (size_t i = 0; i < m.launches.size(); ++i) {
     const cuda::Launch& l = m.launches[i];
-    if (eager && !m.plan_uses_launch(i)) continue;
+    if (!(launched >> i & 1)) continue;
     cuda::AttnParams lp = a;
     lp.launch_index = int32_t(i);
+    // Up to the next launch launched: those between have no units (eager)
+    // or are left out of the graph.
+    const uint32_t after = launched >> (i + 1);
+    lp.launch_last = after ? int32_t(i) + std::countr_zero(after) : int32_t(m.launches.size()) - 1;
     lp.num_items = 0;  // read from counts on the device
     lp.work = l.persistent ? reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + l.work_offset) : nullptr;
     lp.stages = l.stages;
@@ -377,7 +412,7 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "step executor: attention launch");
     attention_ctas += uint32_t(l.grid);
   }
-  if (eager) mg.attention_ctas = attention_ctas;
+  mg.attention_ctas = attention_ctas;
   cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained && attention_ctas > 0, l2_window);
 }
 
