@@ -119,18 +119,24 @@ def run(planner, args):
         step_body(True)
         step_body(False)
     torch.cuda.current_stream().wait_stream(s)
+    # Record only the attention launches this plan uses (and the first): the tree keeps its
+    # shape, so later plans use the same ones; a plan that needed another would still run
+    # correctly on these graphs (on a larger tile), only slower.
+    if args.graph_launches == "plan":
+        attn.graph_launches = attn.plan_launches
     step_graph, attn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(step_graph):
         step_body(True)
     with torch.cuda.graph(attn_graph):
         step_body(False)
 
-    step_ms, attn_ms, plan_us = [], [], []
+    step_ms, attn_ms, plan_us, other_launches = [], [], [], 0
     for step in range(args.steps):
         if step:
             t0 = time.perf_counter()
             plan()
             plan_us.append((time.perf_counter() - t0) * 1e6)
+            other_launches += attn.plan_launches != attn.graph_launches
         step_ms.append(event_ms(step_graph.replay))
         q_all.normal_()
         attn_ms.append(time_graph(attn_graph, reps=5))
@@ -138,7 +144,9 @@ def run(planner, args):
             print(f"  {planner:9s} step {step:4d}: context {args.prompt}+{tree.branch_len[0]:<4d} "
                   f"step {step_ms[-1]:.3f} ms, attention {attn_ms[-1]:.3f} ms (32 layers)", flush=True)
     assert torch.isfinite(x).all(), "the decode loop produced non-finite activations"
-    return dict(planner=planner, step_ms_median=statistics.median(step_ms),
+    print(f"  {planner:9s} graphs of launches {attn.graph_launches:#x} ({attn.describe()}); "
+          f"plans that used other launches: {other_launches} of {args.steps - 1}", flush=True)
+    return dict(planner=planner, graph_launches=attn.graph_launches, plans_with_other_launches=other_launches, step_ms_median=statistics.median(step_ms),
                 attention_ms_median=statistics.median(attn_ms), attention_ms=attn_ms,
                 plan_us_median=statistics.median(plan_us) if plan_us else 0.0, summary=attn.plan_summary())
 
@@ -148,12 +156,14 @@ def main():
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--prompt", type=int, default=4000)
     p.add_argument("--branches", type=int, default=32)
+    p.add_argument("--graph-launches", choices=("plan", "all"), default="plan",
+                   help="attention launches the graphs record: the first plan's (default) or all")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     if not torch.cuda.is_available() or not treeattn.cuda_built:
         sys.exit("decode_loop.py: needs a CUDA GPU and a CUDA build of treeattn")
     print(f"{torch.cuda.get_device_name()}: prompt {args.prompt}, {args.branches} branches, {args.steps} steps, "
-          f"{LAYERS} layers, heads {H}/{HKV}, d {D}, bf16, page {PAGE}")
+          f"{LAYERS} layers, heads {H}/{HKV}, d {D}, bf16, page {PAGE}, graphs of {args.graph_launches} launches")
     results = [run(planner, args) for planner in ("auto", "per-query")]
     auto, pq = results
     print("\n| planner | step ms (median) | attention ms / step (median) | plan us (median) |")

@@ -60,8 +60,11 @@ class EagerBuckets:
     def __init__(self, engine):
         self.engine, self.scratch_row = engine, engine.scratch_page * engine.page_size
 
-    def prepare(self, n):
+    def bucket(self, n):
         return min(n + 5, self.engine.max_tokens)
+
+    def ensure(self, b):   # one "graph" (this eager run) serves every plan
+        pass
 
     def replay(self, b):
         e = self.engine

@@ -229,7 +229,7 @@ class Engine:
         self._ahead = None
 
     def _bucket(self, n):
-        return self.graphs.prepare(n) if self.graphs is not None else None
+        return self.graphs.bucket(n) if self.graphs is not None else None
 
     def prepare(self, seqs):
         """Everything decode(seqs) does before it needs the pending tokens' ids: reserve
@@ -251,8 +251,10 @@ class Engine:
         return True
 
     def _plan(self, seqs):
-        b = self._bucket(len(seqs))        # may capture a graph (which plans): before ours
+        b = self._bucket(len(seqs))
         self.attention.plan_tree(*self._forest(seqs, num_queries=b))
+        if b is not None:
+            self.graphs.ensure(b)          # may capture the graph of this plan's launches
         self._ahead = (list(seqs), [s.kv_len for s in seqs], [s.cached_len for s in seqs], b)
 
     def _prepared(self, seqs):

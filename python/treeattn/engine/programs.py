@@ -135,7 +135,7 @@ def run_program(engine, program, seed=0, steps=None, record_logits=False,
     num_steps = program.gen - 1 if steps is None else min(steps, program.gen - 1)
     graphs = getattr(engine, "graphs", None)
     if graphs is not None and seqs and num_steps > 0:
-        graphs.prepare(len(seqs))   # capture outside the timed steps
+        engine.prepare(seqs)   # the first step's plan and its graph, outside the timed steps
     for step in range(num_steps):
         _sync(engine.device)   # a no-op after the last step's token read: nothing is queued
         # a step: from the previous step's tokens being on the host (the step's inputs) to

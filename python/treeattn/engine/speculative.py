@@ -146,7 +146,7 @@ def _forward(engine, seqs, drafts, depths, time_attention):
     b = len(seqs)
     sizes = [len(d) for d in drafts]
     total = b + sum(sizes)
-    bucket = engine._bucket(total)       # may capture a graph (which plans): before ours
+    bucket = engine._bucket(total)
     pad = 0 if bucket is None else bucket - total
     parents, ntok, offsets, pages, queries = engine.forest(seqs, b + pad if pad else None)
     tail_nodes = queries[:b]

@@ -16,6 +16,11 @@ def _int_array(name, a):
 
 
 class TorchTreeAttention:
+    # TreeAttention's CUDA-graph launch masks: this backend has no fixed launches, so one
+    # graph serves every plan (the engine's GraphRunner keys its graphs on plan_launches)
+    graph_launches = 0
+    plan_launches = 0
+
     def __init__(self, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
                  dtype="bf16", device="cpu", max_queries=None, max_nodes=None,
                  max_page_refs=None, planner="torch-ref"):
