@@ -119,9 +119,10 @@ def run(planner, args):
         step_body(True)
         step_body(False)
     torch.cuda.current_stream().wait_stream(s)
-    # Record only the attention launches this plan uses (and the first): the tree keeps its
-    # shape, so later plans use the same ones; a plan that needed another would still run
-    # correctly on these graphs (on a larger tile), only slower.
+    # Record only the attention launches this plan uses (launch 0 is recorded anyway, last, as
+    # the fallback of plans that need it): the tree keeps its shape, so later plans use the same
+    # ones; a plan that needed another would still run correctly on these graphs (on a larger
+    # tile), only slower.
     if args.graph_launches == "plan":
         attn.graph_launches = attn.plan_launches
     step_graph, attn_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()

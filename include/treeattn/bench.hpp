@@ -45,8 +45,10 @@ struct BenchOptions {
   // With step_executor: the graph replay is captured under the plan's own
   // launches (CudaStepExecutor::set_graph_launches(plan_launches()), as an
   // engine that keeps a graph per launch set replays it) instead of every
-  // launch.
+  // launch; with step_graph_first too, launch 0 among them (first, not
+  // last, where the plan does not use it).
   bool step_graph_plan_launches = false;
+  bool step_graph_first = false;
 };
 
 struct GpuTiming {

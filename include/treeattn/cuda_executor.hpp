@@ -213,24 +213,27 @@ class CudaStepExecutor {
   int num_launches() const;     // attention launches per run (the merge launch besides)
   // Kernels an eager run() of the plan in force launches, the merge counted
   // (CudaStepOptions::skip_unused_launches); a captured one launches
-  // popcount(graph_launches()) + 1.
+  // popcount(graph_launches() | 1) + 1.
   int num_eager_launches() const;
 
   // The attention launches a captured run() records, as a mask over the
-  // launches of describe() (bit i: launch i). Default: all. Launch 0 (the
-  // largest tile) is always among them, and a recorded launch also runs the
-  // units of the launches after it that the mask leaves out (they need fewer
-  // rows), so a graph captured under any mask is valid for any later plan;
-  // units of a left-out launch take a larger tile (the same result, possibly
-  // slower), and each launch in the mask that the plan does not use is an
-  // empty launch (2-3 us of a graph replay). An engine that keeps one graph
-  // per plan_launches() value replays no empty launch but launch 0's.
-  // Throws on a bit past the last launch. Changes no graph already captured.
+  // launches of describe() (bit i: launch i). Default: all. A recorded
+  // launch also runs the units of the launches after it that the mask leaves
+  // out (they need fewer rows), and launch 0 (the largest tile) is recorded
+  // whatever the mask: in order where the mask holds it, else last, as the
+  // fallback of plans that need it. So a graph captured under any mask runs
+  // any later plan correctly; units of a left-out launch take a larger tile
+  // (the same result, possibly slower). A recorded launch that the plan
+  // leaves empty costs 2-3 us of a replay where it comes first, less as the
+  // last one (it then holds no SM while the others run). An engine that
+  // keeps one graph per plan_launches() value replays no empty launch but
+  // that last one. Throws on a bit past the last launch. Changes no graph
+  // already captured.
   void set_graph_launches(uint32_t launches);
   uint32_t graph_launches() const;
-  // The launches the plan in force uses, as a mask like graph_launches()'s,
-  // launch 0 always set: the graph_launches() under which a captured run of
-  // this plan launches no other tile. 1 when no plan was set.
+  // The launches the plan in force uses, as a mask like graph_launches()'s
+  // (0 when no plan was set): the graph_launches() under which a captured
+  // run of this plan launches no other tile but a last, empty launch 0.
   uint32_t plan_launches() const;
   std::string describe() const; // one line per launch: tile, CTAs, stages, shared memory
 

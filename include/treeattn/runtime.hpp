@@ -132,15 +132,16 @@ class TreeAttention {
 
   // CUDA graphs (CudaStepExecutor::set_graph_launches): the attention
   // launches a captured run() records, a mask over describe()'s launches
-  // (default: all). Launch 0 is always among them and a graph captured under
-  // any mask runs any later plan correctly; one captured under the mask
-  // plan_launches() gave has no empty launch but launch 0's, so an engine
-  // may keep a graph per plan_launches() value and replay the one that
-  // matches each step's plan. On the CPU there are no launches: both read 0,
-  // and a mask other than 0 is refused.
+  // (default: all; launch 0 recorded anyway, last where the mask leaves it
+  // out), and a graph captured under any mask runs any later plan correctly.
+  // One captured under the mask plan_launches() gave launches no tile the
+  // plan leaves empty but that last launch 0, so an engine may keep a graph
+  // per plan_launches() value and replay the one that matches each step's
+  // plan. On the CPU there are no launches: both read 0, and a mask other
+  // than 0 is refused.
   void set_graph_launches(uint32_t launches);
   uint32_t graph_launches() const;
-  uint32_t plan_launches() const;  // of the plan in force, launch 0 always set (1 before any plan)
+  uint32_t plan_launches() const;  // of the plan in force (0 before any plan)
 
  private:
   struct Impl;

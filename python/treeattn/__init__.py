@@ -400,12 +400,12 @@ class TreeAttention:
     @property
     def graph_launches(self) -> int:
         """The attention launches a captured ``run()`` records: a mask over ``describe()``'s launches (bit i:
-        launch i; default: all). Launch 0 (the largest tile) is always among them, and a graph captured under any
-        mask runs any later plan correctly: a recorded launch also runs the units of the left-out launches after
-        it. Each recorded launch the plan leaves empty costs 2-3 us of a replay, so an engine may keep one graph
-        per ``plan_launches`` value (set ``graph_launches = plan_launches`` before capturing it) and replay the
-        one that matches each step's plan. Setting it changes no graph already captured. CPU: 0 (no launches;
-        only 0 may be set)."""
+        launch i; default: all). A recorded launch also runs the units of the left-out launches after it, and
+        launch 0 (the largest tile) is recorded whatever the mask (last, where the mask leaves it out), so a graph
+        captured under any mask runs any later plan correctly. A recorded launch the plan leaves empty costs 2-3
+        us of a replay (less as the last one), so an engine may keep one graph per ``plan_launches`` value (set
+        ``graph_launches = plan_launches`` before capturing it) and replay the one that matches each step's plan.
+        Setting it changes no graph already captured. CPU: 0 (no launches; only 0 may be set)."""
         return self._impl.graph_launches
 
     @graph_launches.setter
@@ -418,8 +418,9 @@ class TreeAttention:
 
     @property
     def plan_launches(self) -> int:
-        """The launches the plan in force uses, as a ``graph_launches`` mask with launch 0 always set: the mask
-        under which a captured run of this plan launches no other tile (CPU: 0)."""
+        """The launches the plan in force uses, as a ``graph_launches`` mask (0 before any plan, and on the
+        CPU): the mask under which a captured run of this plan launches no tile it leaves empty but a last
+        launch 0."""
         return self._impl.plan_launches
 
 

@@ -56,8 +56,9 @@ void add_bench_command(CLI::App& app) {
   auto step_graph = std::make_shared<std::string>();
   cmd->add_option("--step-graph-launches", *step_graph,
                   "with --step-executor: the launches its graph replay captures, `all` (the default: every launch, "
-                  "one graph for any plan) or `plan`: the plan's own and the first (a graph per launch set, "
-                  "CudaStepExecutor::set_graph_launches)");
+                  "one graph for any plan), `plan`: the plan's own (a graph per launch set, "
+                  "CudaStepExecutor::set_graph_launches; launch 0 last where the plan leaves it empty) or "
+                  "`plan-first`: the plan's own and launch 0 first");
   cmd->add_flag("--trace", b->trace,
                 "print each launch's CTA timeline of the last timed run (phases per CTA, p50/p90 in us); needs a "
                 "build with -DTREEATTN_CTA_TRACE=ON, and its timings are not the ones to report");
@@ -108,9 +109,10 @@ void add_bench_command(CLI::App& app) {
     }
     if (!step_graph->empty()) {
       if (!b->step_executor) throw Error("--step-graph-launches: needs --step-executor");
-      if (*step_graph != "plan" && *step_graph != "all")
-        throw Error("--step-graph-launches: '" + *step_graph + "' is neither `all` nor `plan`");
-      b->step_graph_plan_launches = *step_graph == "plan";
+      if (*step_graph != "plan" && *step_graph != "plan-first" && *step_graph != "all")
+        throw Error("--step-graph-launches: '" + *step_graph + "' is not `all`, `plan` or `plan-first`");
+      b->step_graph_plan_launches = *step_graph != "all";
+      b->step_graph_first = *step_graph == "plan-first";
     }
     if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");
     b->flush_l2 = !(*flags)[0];

@@ -133,7 +133,7 @@ std::string suite_command(const SuiteRun& run, const CommonOptions& o, const Ben
       tiles += (tiles.empty() ? "" : ",") + std::to_string(kTileConfigs[t].m) + "x" + std::to_string(kTileConfigs[t].n);
     add("--step-tiles", tiles);
   }
-  if (b.step_graph_plan_launches) add("--step-graph-launches", "plan");
+  if (b.step_graph_plan_launches) add("--step-graph-launches", b.step_graph_first ? "plan-first" : "plan");
   if (b.trace) add("--trace");
   add("--verify", std::to_string(b.verify_queries));
   return c;

@@ -329,6 +329,29 @@ TEST(Runtime, SanitizeGraphSurvivesReplanning) { graph_survives_replanning(4); }
 // captured launches carry as a launch attribute.
 TEST(Runtime, GraphSurvivesReplanningWithPlanInL2) { graph_survives_replanning(9, /*l2_persistent_plan=*/true); }
 
+// Workloads (spec, planner) of the step-executor tests below, at heads p,
+// and the pool that holds the largest of them.
+struct PlannedCase {
+  std::string spec, planner;
+};
+struct PlannedCases {
+  std::vector<Workload> workloads;
+  KvLayout layout;  // the first workload's, with the largest pool
+  int32_t max_queries = 0;
+};
+PlannedCases workloads_of(const std::vector<PlannedCase>& cases, const WorkloadParams& p) {
+  PlannedCases c;
+  int64_t pool = 0;
+  for (const PlannedCase& pc : cases) {
+    c.workloads.push_back(make_workload(pc.spec, p));
+    pool = std::max(pool, c.workloads.back().layout.num_pages);
+    c.max_queries = std::max(c.max_queries, c.workloads.back().num_queries());
+  }
+  for (Workload& w : c.workloads) w.layout.num_pages = pool;
+  c.layout = c.workloads[0].layout;
+  return c;
+}
+
 // Eager runs launch only the grids the plan in force uses
 // (CudaStepOptions::skip_unused_launches): over plans that use one tile or
 // several, with merges and without, fewer items than a wave of CTAs or more,
@@ -341,32 +364,22 @@ TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
   WorkloadParams p;
   p.heads = {32, 8, 128};
   p.page_size = 16;
-  struct Case {
-    std::string spec, planner;
-  };
-  const std::vector<Case> cases = {{"fasttree:N=1,4,16:C=256,64,32", "node"},
+  const std::vector<PlannedCase> cases = {{"fasttree:N=1,4,16:C=256,64,32", "node"},
                                    {"pat:B=12:L=40", "per-query"},  // one short path per query: m16, no merge
                                    {"fewshot:prompt=600:branches=8:len=20", "auto"},
                                    {"random:seed=5", "per-query"},
                                    {"fasttree:N=1,2,64:C=8,256,32", "auto"},
                                    // 200 units x 8 kv heads: more items than a wave, claimed in turn
                                    {"pat:B=1,200:L=40,40", "per-query"}};
-  std::vector<Workload> ws;
-  int64_t pool = 0;
-  for (const Case& c : cases) {
-    ws.push_back(make_workload(c.spec, p));
-    pool = std::max(pool, ws.back().layout.num_pages);
-  }
-  KvLayout layout = ws[0].layout;
-  layout.num_pages = pool;
+  const PlannedCases pc = workloads_of(cases, p);
+  const KvLayout& layout = pc.layout;
   CudaStepOptions all;
   all.skip_unused_launches = false;
   CudaStepExecutor skipping(p.heads, layout, StepCapacity{}), every(p.heads, layout, StepCapacity{}, all);
   int without_merges = 0, with_merges = 0, single_launch = 0;
   for (int round = 0; round < 2; ++round)
     for (size_t i = 0; i < cases.size(); ++i) {
-      Workload w = ws[i];
-      w.layout.num_pages = pool;
+      const Workload& w = pc.workloads[i];
       const Plan plan = make_plan(cases[i].planner, w, PlanOptions{});
       HostTensors h = make_random_inputs(w, 7 + i);
       DeviceTensors d = DeviceTensors::upload(h);
@@ -398,59 +411,48 @@ TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
 }
 
 // Graphs captured under fewer launches (CudaStepExecutor::set_graph_launches):
-// one graph of two runs per mask that holds launch 0 (every such mask of the
-// four default launches), each replayed after every plan of cases that use
-// one tile or several, with merges and without. A graph holds popcount(mask)
-// attention launches and the merge. Its output is bit-equal to an eager run
-// where the mask holds the plan's launches (each unit on its own tile), and
-// within tolerance of the reference where it does not (units of a left-out
-// launch run on the recorded one before it, of more rows).
+// one graph of two runs per mask of the four default launches, each replayed
+// after every plan of cases that use one tile or several, with merges and
+// without. A graph holds popcount(mask | 1) attention launches (launch 0
+// always: last where the mask leaves it out) and the merge. Its output is
+// bit-equal to an eager run where the mask holds the plan's launches but 0
+// (each unit on its own tile), and within tolerance of the reference where
+// it does not (units of a left-out launch run on the recorded one before it,
+// of more rows).
 TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
   WorkloadParams p;
   p.heads = {32, 8, 128};
   p.page_size = 16;
-  struct Case {
-    std::string spec, planner;
-  };
-  const std::vector<Case> cases = {{"fasttree:N=1,4,16:C=256,64,32", "node"},
+  const std::vector<PlannedCase> cases = {{"fasttree:N=1,4,16:C=256,64,32", "node"},
                                    {"pat:B=12:L=40", "per-query"},
                                    {"fewshot:prompt=600:branches=8:len=20", "auto"},
                                    {"fasttree:N=1,2,64:C=8,256,32", "auto"},
                                    {"pat:B=1,200:L=40,40", "per-query"}};
-  std::vector<Workload> ws;
-  int64_t pool = 0;
-  int32_t max_q = 0;
-  for (const Case& c : cases) {
-    ws.push_back(make_workload(c.spec, p));
-    pool = std::max(pool, ws.back().layout.num_pages);
-    max_q = std::max(max_q, ws.back().num_queries());
-  }
-  KvLayout layout = ws[0].layout;
-  layout.num_pages = pool;
+  const PlannedCases pc = workloads_of(cases, p);
+  const KvLayout& layout = pc.layout;
+  const int32_t max_q = pc.max_queries;
   StepCapacity cap;
   cap.max_queries = max_q;
   CudaStepExecutor ex(p.heads, layout, cap);
   ASSERT_EQ(ex.num_launches(), 4) << ex.describe();
   EXPECT_EQ(ex.graph_launches(), 15u);
   EXPECT_THROW(ex.set_graph_launches(16), Error);
-  Workload big = ws[0];
-  big.layout.num_pages = pool;
+  Workload big = pc.workloads[0];
   big.query_nodes.assign(size_t(max_q), 0);
   HostTensors h = make_random_inputs(big, 11);
   DeviceTensors d = DeviceTensors::upload(h);
   cudaStream_t st;
   check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
   // A plan to capture under (the kernels read the plan in force when replayed).
-  Workload w0 = ws[0];
-  w0.layout.num_pages = pool;
+  const Workload& w0 = pc.workloads[0];
   ex.set_plan(w0, make_plan(cases[0].planner, w0, PlanOptions{}), st);
   struct Captured {
     uint32_t mask;
     cudaGraphExec_t exec;
   };
   std::vector<Captured> graphs;
-  for (uint32_t mask = 1; mask < 16; mask += 2) {
-    ex.set_graph_launches(mask & ~1u);  // launch 0 is added
+  for (uint32_t mask = 0; mask < 16; ++mask) {
+    ex.set_graph_launches(mask);
     ASSERT_EQ(ex.graph_launches(), mask);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -459,18 +461,17 @@ TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
     check_cuda(cudaStreamEndCapture(st, &graph), "end capture");
     size_t nodes = 0;
     check_cuda(cudaGraphGetNodes(graph, nullptr, &nodes), "graph nodes");
-    EXPECT_EQ(nodes, size_t(2 * (std::popcount(mask) + 1))) << "mask " << mask;
+    EXPECT_EQ(nodes, size_t(2 * (std::popcount(mask | 1u) + 1))) << "mask " << mask;
     check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
     cudaGraphDestroy(graph);
     graphs.push_back({mask, exec});
   }
   int covered = 0, left_out = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
-    Workload w = ws[i];
-    w.layout.num_pages = pool;
+    const Workload& w = pc.workloads[i];
     const Plan plan = make_plan(cases[i].planner, w, PlanOptions{});
     ex.set_plan(w, plan, st);
-    uint32_t uses = 1;  // launch i holds the tiles of m 128 >> i
+    uint32_t uses = 0;  // launch i holds the tiles of m 128 >> i
     for (const uint8_t t : plan.unit_tile) uses |= 1u << std::countr_zero(unsigned(128 / kTileConfigs[t].m));
     EXPECT_EQ(ex.plan_launches(), uses) << cases[i].spec;
     HostTensors hw = make_random_inputs(w, 1);  // the step's shapes; its data are views of h's
@@ -489,7 +490,7 @@ TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
       check_cuda(cudaGraphLaunch(g.exec, st), "replay");
       check_cuda(cudaStreamSynchronize(st), "replay sync");
       check_cuda(cudaMemcpy(replayed.data(), d.out.get(), bytes, cudaMemcpyDeviceToHost), "replayed out");
-      if ((uses & ~g.mask) == 0) {
+      if ((uses & ~(g.mask | 1u)) == 0) {
         ++covered;
         ASSERT_EQ(replayed, eager) << cases[i].spec << ", mask " << g.mask << ": replay differs from eager";
       } else {

@@ -683,6 +683,24 @@ def test_gpu_device_index_is_kept_and_checked():
         attn.run(q, DLPackOnly(k.to("cuda:0")), v, out=torch.empty_like(q))
 
 
+def capture_layers(attn, q, k, v, out):
+    """A CUDA graph of one run() per layer (q, k, v, out: [layers, ...]), after a warm-up run
+    of them on a side stream outside capture."""
+    def step():
+        for l in range(q.shape[0]):
+            attn.run(q[l], k[l], v[l], out=out[l])
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
 def test_gpu_graph_replays_survive_replanning():
@@ -721,16 +739,7 @@ def test_gpu_graph_replays_survive_replanning():
 
     grow()
     attn.plan_tree(**step_tree())
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside capture
-        for l in range(layers):
-            attn.run(q[l], k[l], v[l], out=out[l])
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for l in range(layers):
-            attn.run(q[l], k[l], v[l], out=out[l])
+    graph = capture_layers(attn, q, k, v, out)
     eager = torch.empty_like(out)
     for step in range(100):
         if step % 10 == 5 and len(branches) < 24:  # fork
@@ -808,31 +817,17 @@ def test_gpu_graphs_per_launch_set():
              forest_of_prompts(12, 200, 0, 0, max_q, ps),     # four queries a root
              forest_of_prompts(6, 300, 8, 20, max_q, ps)]     # six prompts of 32 rows
 
-    def capture():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside capture
-            for l in range(layers):
-                attn.run(q[l], k[l], v[l], out=out[l])
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for l in range(layers):
-                attn.run(q[l], k[l], v[l], out=out[l])
-        return graph
-
     attn.plan_tree(**trees[0])
-    attn.graph_launches = 0   # launch 0 alone
-    assert attn.graph_launches == 1
-    first_only = capture()
+    attn.graph_launches = 0   # launch 0 alone (recorded whatever the mask)
+    assert attn.graph_launches == 0
+    first_only = capture_layers(attn, q, k, v, out)
     graphs = {}
     for step in range(2 * len(trees)):
         attn.plan_tree(**trees[step % len(trees)])
         key = attn.plan_launches
-        assert key & 1
         if key not in graphs:
             attn.graph_launches = key
-            graphs[key] = capture()
+            graphs[key] = capture_layers(attn, q, k, v, out)
         q.normal_()
         for l in range(layers):
             attn.run(q[l], k[l], v[l], out=eager[l])

@@ -421,7 +421,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     }
     step.emplace(w.heads, w.layout, cap, so);
     step->set_plan(w, p, m.stream);
-    if (o.step_graph_plan_launches) step->set_graph_launches(step->plan_launches());
+    if (o.step_graph_plan_launches) step->set_graph_launches(step->plan_launches() | (o.step_graph_first ? 1u : 0u));
     check_cuda(cudaStreamSynchronize(m.stream), "bench: step executor upload");
   } else {
     CudaExecutorOptions eo;
@@ -451,7 +451,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
   r.units = p.num_units();
   r.slots = p.num_slots;
   r.launches = ex ? ex->num_launches() : step->num_eager_launches();
-  r.launches_graph = ex ? ex->num_launches() : std::popcount(step->graph_launches()) + 1;
+  r.launches_graph = ex ? ex->num_launches() : std::popcount(step->graph_launches() | 1u) + 1;
   r.launch_info = ex ? ex->describe() : "step executor: " + step->describe();
 
   // Verification first, on a poisoned output.

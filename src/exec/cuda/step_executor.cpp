@@ -342,7 +342,7 @@ bool stream_is_capturing(cudaStream_t stream) {
 
 uint32_t CudaStepExecutor::plan_launches() const {
   const Impl& m = *impl_;
-  uint32_t set = 1;
+  uint32_t set = 0;
   for (size_t i = 0; m.has_plan && i < m.launches.size(); ++i) set |= m.plan_uses_launch(i) ? 1u << i : 0u;
   return set;
 }
@@ -353,7 +353,7 @@ void CudaStepExecutor::set_graph_launches(uint32_t launches) {
     throw Error("step executor: graph launches " + std::to_string(launches) + " name a launch past the last (" +
                 std::to_string(m.launches.size()) + " launches: a mask below " + std::to_string(1u << m.launches.size()) +
                 ")");
-  m.graph_launches = launches | 1u;
+  m.graph_launches = launches;
 }
 
 uint32_t CudaStepExecutor::graph_launches() const { return impl_->graph_launches; }
@@ -376,26 +376,27 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
   cuda::set_run_tensors(m.shape, args, a, mg);
   const cudaAccessPolicyWindow* l2_window = m.l2_window.num_bytes ? &m.l2_window : nullptr;
   // A captured run launches the graph's launches (every grid unless
-  // set_graph_launches() chose fewer, the first always) and the merge: the
-  // kernels read the plan's counts on the device, and a launch also runs the
-  // units of the plan launches after it that the graph leaves out (they hold
-  // fewer rows), so the graph holds for any later plan. An eager run knows
-  // the plan in force (set_plan packed it on the host): it launches only the
-  // grids that have units and the merge only for merges, on a grid of their
-  // number (launch_merge launches nothing for none). Without merges no
-  // attention CTA counts itself, eager or captured: they read the plan's
-  // merge count on the device (AttnParams::num_merges_dev).
+  // set_graph_launches() chose fewer) and the merge: the kernels read the
+  // plan's counts on the device, and a launch also runs the units of the plan
+  // launches after it that the graph leaves out (they hold fewer rows), so
+  // the graph holds for any later plan. Launch 0 is always recorded: last,
+  // where the mask leaves it out (a fallback for plans that need it; empty,
+  // it then holds no SM while the others run). An eager run knows the plan
+  // in force (set_plan packed it on the host): it launches only the grids
+  // that have units and the merge only for merges, on a grid of their number
+  // (launch_merge launches nothing for none). Without merges no attention CTA
+  // counts itself, eager or captured: they read the plan's merge count on the
+  // device (AttnParams::num_merges_dev).
   const bool captured = stream_is_capturing(stream), eager = m.skip_unused_launches && !captured;
-  uint32_t launched = captured ? m.graph_launches : m.all_launches();
+  uint32_t launched = captured ? m.graph_launches | 1u : m.all_launches();
   if (eager) {
     mg.num_merges = m.plan_merges();
     launched = 0;
     for (size_t i = 0; i < m.launches.size(); ++i) launched |= m.plan_uses_launch(i) ? 1u << i : 0u;
   }
   uint32_t attention_ctas = 0;
-  for (size_t i = 0; i < m.launches.size(); ++i) {
+  const auto launch = [&](size_t i) {
     const cuda::Launch& l = m.launches[i];
-    if (!(launched >> i & 1)) continue;
     cuda::AttnParams lp = a;
     lp.launch_index = int32_t(i);
     // Up to the next launch launched: those between have no units (eager)
@@ -411,7 +412,11 @@ void CudaStepExecutor::run(const AttentionArgs& args, cudaStream_t stream) const
                                 m.chained && attention_ctas > 0, l2_window);
     check_cuda(cudaLaunchKernelExC(&lc.cfg, l.kernel.kernel, kargs), "step executor: attention launch");
     attention_ctas += uint32_t(l.grid);
-  }
+  };
+  const bool first_last = captured && !(m.graph_launches & 1u);
+  for (size_t i = first_last ? 1 : 0; i < m.launches.size(); ++i)
+    if (launched >> i & 1) launch(i);
+  if (first_last) launch(0);
   mg.attention_ctas = attention_ctas;
   cuda::launch_merge(m.shape.dtype, m.shape.heads.head_dim, mg, stream, m.chained && attention_ctas > 0, l2_window);
 }
