@@ -411,7 +411,9 @@ TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
 }
 
 // Graphs captured under fewer launches (CudaStepExecutor::set_graph_launches):
-// one graph of two runs per mask of the four default launches, each replayed
+// one graph of two runs per mask (eight of the sixteen over the four default
+// launches, so that racecheck finishes: with launch 0 and without, one
+// launch or several, contiguous or not), each replayed
 // after every plan of cases that use one tile or several, with merges and
 // without. A graph holds popcount(mask | 1) attention launches (launch 0
 // always: last where the mask leaves it out) and the merge. Its output is
@@ -451,7 +453,7 @@ TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
     cudaGraphExec_t exec;
   };
   std::vector<Captured> graphs;
-  for (uint32_t mask = 0; mask < 16; ++mask) {
+  for (const uint32_t mask : {0u, 1u, 6u, 8u, 9u, 10u, 13u, 15u}) {
     ex.set_graph_launches(mask);
     ASSERT_EQ(ex.graph_launches(), mask);
     cudaGraph_t graph;
