@@ -227,7 +227,9 @@ class CudaStepExecutor {
   // leaves empty costs 2-3 us of a replay where it comes first, less as the
   // last one (it then holds no SM while the others run). An engine that
   // keeps one graph per plan_launches() value replays no empty launch but
-  // that last one. Throws on a bit past the last launch. Changes no graph
+  // that last one. Throws on a bit past the last launch, and where a
+  // left-out launch would run on one of fewer rows (possible only with
+  // CudaStepOptions::tiles out of the default order). Changes no graph
   // already captured.
   void set_graph_launches(uint32_t launches);
   uint32_t graph_launches() const;

@@ -138,6 +138,23 @@ TEST(StepPack, KeptSortOrderFlatPageTableAndKeptEntriesPlaceTheSameBytes) {
   }
 }
 
+// A captured run's launch masks (CudaStepExecutor::set_graph_launches): in
+// the default order (m descending) every mask is allowed; in another order a
+// mask that leaves out a launch after one of fewer rows is refused, naming
+// both; a bit past the last launch is refused.
+TEST(StepPack, GraphLaunchMasksKeepEveryUnitOnATileThatHoldsIt) {
+  const std::vector<int> descending = {128, 64, 32, 16};
+  for (uint32_t mask = 0; mask < 16; ++mask) EXPECT_EQ(cuda::graph_launches_error(descending, mask), "") << mask;
+  EXPECT_NE(cuda::graph_launches_error(descending, 16).find("graph launches 16 name a launch past the last (4"),
+            std::string::npos);
+  const std::vector<int> other = {16, 128, 32};  // e.g. CudaStepOptions::tiles = {m16, m128, m32}
+  EXPECT_EQ(cuda::graph_launches_error(other, 0b010), "");  // launch 2 (m32) runs on launch 1 (m128)
+  EXPECT_EQ(cuda::graph_launches_error(other, 0b111), "");
+  const std::string e = cuda::graph_launches_error(other, 0b100);
+  EXPECT_NE(e.find("leave out launch 1 (m 128), whose units would run on launch 0 (m 16)"), std::string::npos) << e;
+  EXPECT_NE(cuda::graph_launches_error(other, 0).find("leave out launch 1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace treeattn
 #endif

@@ -7,7 +7,8 @@ re-plans: plan_tree() runs outside the graph before every replay.
 
 A bucket's graphs are kept per attention launch set (TreeAttention.plan_launches): a step's
 plan replays the graph captured under its own launches, which holds no empty attention launch
-but the first (2-3 us each, per layer). Any graph runs any plan correctly, so a bucket captured
+(2-3 us each, per layer) but the 128-row one, recorded last where the plan leaves it empty.
+Any graph runs any plan correctly, so a bucket captured
 in advance by prepare() (every launch, before a timed loop) serves every step of that bucket;
 otherwise ensure() captures the step's launch set the first time a plan needs it."""
 import torch

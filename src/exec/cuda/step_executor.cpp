@@ -163,6 +163,9 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
     cuda::set_kernel_attributes(l.kernel, dl);
     m.launches.push_back(l);
   }
+  if (m.launches.size() > 31)  // the launch masks are 32-bit
+    throw Error("step executor: " + std::to_string(m.launches.size()) + " tiles, at most 31");
+  m.graph_launches = m.all_launches();
   // A plan tile runs on the launch of the smallest listed m that holds it.
   for (int t = 0; t < int(kTileConfigs.size()); ++t) {
     m.launch_of_tile[t] = -1;
@@ -193,8 +196,6 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   m.workspace = DeviceBuffer(counters + counter_bytes);
   check_cuda(cudaMemset(m.workspace.as<uint8_t>() + counters, 0, counter_bytes), "step executor: counters");
 
-  if (m.launches.size() > 31) throw Error("step executor: " + std::to_string(m.launches.size()) + " tiles, at most 31");
-  m.graph_launches = m.all_launches();
   m.layout = cuda::StepLayout::make(cap, int(m.launches.size()));
   m.plan_buf = DeviceBuffer(m.layout.total);
   m.packed = DeviceBuffer(m.layout.total);  // packed arrays never take more than their capacities
@@ -238,15 +239,13 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   m.merge_grid = cuda::merge_ctas(mg);
 
   // Chained on sm_90+ (executor.cpp): the merge waits on the count of
-  // attention CTAs, which the fixed grids make a constant.
+  // attention CTAs, which the fixed grids make a constant for each set of
+  // launches a run makes.
   m.chained = dl.major >= 9;
-  if (m.chained) {
-    int64_t ctas = 0;
-    for (const cuda::Launch& l : m.launches) ctas += l.grid;
+  if (m.chained) {  // (run() sets MergeParams::attention_ctas: the CTAs of the launches it makes)
     unsigned int* c = reinterpret_cast<unsigned int*>(m.workspace.as<uint8_t>() + counters);
     a.ctas_done = mg.ctas_done = c;
     mg.merge_ctas_past = c + 1;
-    mg.attention_ctas = uint32_t(ctas);
   }
 }
 
@@ -349,10 +348,9 @@ uint32_t CudaStepExecutor::plan_launches() const {
 
 void CudaStepExecutor::set_graph_launches(uint32_t launches) {
   Impl& m = *impl_;
-  if (launches & ~m.all_launches())
-    throw Error("step executor: graph launches " + std::to_string(launches) + " name a launch past the last (" +
-                std::to_string(m.launches.size()) + " launches: a mask below " + std::to_string(1u << m.launches.size()) +
-                ")");
+  std::vector<int> launch_m;
+  for (const cuda::Launch& l : m.launches) launch_m.push_back(l.kernel.m);
+  if (const std::string e = cuda::graph_launches_error(launch_m, launches); !e.empty()) throw Error("step executor: " + e);
   m.graph_launches = launches;
 }
 

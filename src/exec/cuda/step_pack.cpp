@@ -130,4 +130,22 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
   return ranges;
 }
 
+std::string graph_launches_error(const std::vector<int>& launch_m, uint32_t mask) {
+  const int L = int(launch_m.size());
+  if (L > 31 || (mask >> L) != 0)
+    return "graph launches " + std::to_string(mask) + " name a launch past the last (" + std::to_string(L) +
+           " launches: a mask below " + std::to_string(uint64_t(1) << L) + ")";
+  const uint32_t recorded = mask | 1u;
+  for (int j = 1, at = 0; j < L; ++j) {
+    if (recorded >> j & 1) {
+      at = j;
+    } else if (launch_m[j] > launch_m[at]) {
+      return "graph launches " + std::to_string(mask) + " leave out launch " + std::to_string(j) + " (m " +
+             std::to_string(launch_m[j]) + "), whose units would run on launch " + std::to_string(at) + " (m " +
+             std::to_string(launch_m[at]) + "): it holds fewer rows";
+    }
+  }
+  return {};
+}
+
 }  // namespace treeattn::cuda

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "exec/cuda/attention_params.hpp"
@@ -48,5 +49,13 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& la
                           const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
                           uint8_t* host, StepPackScratch& scratch, const PageTableView* pages = nullptr,
                           bool keep_entries = false);
+
+// Why a captured run may not record only the launches of `mask` (with
+// launch 0, which it always records), empty where it may: each left-out
+// launch's units run on the nearest recorded launch before it, which must
+// hold as many rows (launch_m: each launch's tile rows, in launch order). The
+// default order (m descending) allows every mask; another order
+// (CudaStepOptions::tiles) may not.
+std::string graph_launches_error(const std::vector<int>& launch_m, uint32_t mask);
 
 }  // namespace treeattn::cuda
