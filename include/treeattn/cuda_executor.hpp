@@ -223,7 +223,7 @@ class CudaStepExecutor {
   // whatever the mask: in order where the mask holds it, else last, as the
   // fallback of plans that need it. So a graph captured under any mask runs
   // any later plan correctly; units of a left-out launch take a larger tile
-  // (the same result, possibly slower). A recorded launch that the plan
+  // (the same result up to rounding, possibly slower). A recorded launch that the plan
   // leaves empty costs 2-3 us of a replay where it comes first, less as the
   // last one (it then holds no SM while the others run). An engine that
   // keeps one graph per plan_launches() value replays no empty launch but
