@@ -101,7 +101,7 @@ def main(argv=None):
         engine = build_engine(model, attention, "auto", args.page_size, num_pages,
                               max_batch=batch, graphs=True)
         result = run_program(engine, program, steps=args.steps)
-        graph = engine.graphs.graphs[engine.graphs._graph_key(engine.graphs.bucket(batch))]   # the last step's
+        graph = engine.graphs.graphs[engine.graphs.graph_key(engine.graphs.bucket(batch))]   # the last step's
         row = dict(attention=attention, batch=batch,
                    tpot_ms=statistics.median(result.step_seconds) * 1e3,
                    replay_ms=replay_ms(graph, args.reps))

@@ -97,7 +97,7 @@ class GraphRunner:
             self.capture(b)
         return b
 
-    def _graph_key(self, b):
+    def graph_key(self, b):
         """The graph that runs the plan in force on bucket b: the one of its launch set, else
         the bucket's every-launch graph (None: neither is captured)."""
         key = (b, self.engine.attention.plan_launches)
@@ -108,7 +108,7 @@ class GraphRunner:
     def ensure(self, b):
         """After the engine planned a step of bucket b: capture the graph of the plan's launch
         set if no graph of the bucket serves it yet (the plan stays in force)."""
-        if self._graph_key(b) is None:
+        if self.graph_key(b) is None:
             self.capture(b, self.engine.attention.plan_launches)
 
     def decode(self, n, inputs, ids=None):
@@ -126,7 +126,7 @@ class GraphRunner:
         (captured, planned for b queries). Returns the graph's static logits [b, vocab]:
         valid until the next replay."""
         self.ensure(b)
-        key = self._graph_key(b)
+        key = self.graph_key(b)
         self.engine._upload(self.inputs)
         if ids is not None:
             self.ids[:len(ids)].copy_(ids)   # device to device, after the upload on the stream
