@@ -423,7 +423,9 @@ TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
 // of more rows).
 TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
   WorkloadParams p;
-  p.heads = {32, 8, 128};
+  // Two KV heads of four query heads each: the units' rows, and so their
+  // tiles, are those of 32/8; racecheck runs a quarter of the CTAs.
+  p.heads = {8, 2, 128};
   p.page_size = 16;
   const std::vector<PlannedCase> cases = {{"fasttree:N=1,4,16:C=256,64,32", "node"},
                                    {"pat:B=12:L=40", "per-query"},
