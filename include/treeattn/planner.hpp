@@ -27,9 +27,10 @@ struct PlanOptions {
 // TreeAttention(plan_options=...) do: ctas_per_sm (an integer in [1, 64]:
 // planners size their unit lists by num_sms x ctas_per_sm), chunk_tokens and
 // min_split_tokens (integers in [1, 2^30]), or a planner's knob
-// (planner_knobs(), into `extra`; |value| <= 2^30, so that planners that cast
-// it to an integer stay defined; each planner checks its own range). Throws
-// Error naming the key and the value otherwise.
+// (planner_knobs(), into `extra`) within the range its planner accepts
+// (an integer where the planner takes one). Throws Error naming the key, the
+// value and the range otherwise, so that a bad knob fails when it is set,
+// not at the first plan.
 void set_plan_option(PlanOptions& opt, const std::string& key, double value);
 // The knobs planners read from PlanOptions::extra, sorted.
 const std::vector<std::string>& planner_knobs();

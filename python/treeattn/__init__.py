@@ -79,6 +79,8 @@ def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor
         if x.is_floating_point():
             raise TypeError(f"{name}: expected integers, got {x.dtype}")
+        if getattr(x, "is_meta", False):
+            raise ValueError(f"{name}: a meta tensor holds no values")
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
     if a.size == 0:
@@ -91,6 +93,27 @@ def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
     if a.size and (a.min() < info.min or a.max() > info.max):
         raise ValueError(f"{name}: values [{a.min()}, {a.max()}] do not fit {np.dtype(dtype).name}")
     return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _stream_handle(stream: Any) -> int:
+    """An explicit stream= as the int handle the extension takes (cudaStream_t)."""
+    try:
+        handle = int(stream)  # an int, or a torch/cupy stream's __int__
+    except (TypeError, ValueError):
+        raise TypeError(f"stream: expected a stream handle (an int), got {stream!r}") from None
+    if not 0 <= handle < 1 << 64:
+        raise ValueError(f"stream: expected a stream handle (an int in [0, 2**64)), got {handle}")
+    return handle
+
+
+def _int_arg(name: str, value: Any, lo: int = -(1 << 31), hi: int = (1 << 31) - 1) -> int:
+    """An int argument of the constructor, in the range of its C++ field (the
+    C++ constructor then names the range that field accepts)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} = {value} is out of range [{lo}, {hi}]")
+    return int(value)
 
 
 def _is_torch(x: Any) -> bool:
@@ -133,6 +156,8 @@ def _alloc_run_output(q: Any, num_qo_heads: int, lse: bool) -> Any:
     ``[num_queries, num_qo_heads]``), on q's device, where run() is given none."""
     if not hasattr(q, "shape"):
         raise TypeError(f"q: expected a tensor (PyTorch, or anything with DLPack), got {type(q).__name__}")
+    if len(q.shape) != 3:
+        raise ValueError(f"q: expected 3 dimensions, got shape {list(q.shape)}")
     if lse:
         return _empty_like(q, (q.shape[0], num_qo_heads), float32=True)
     return _empty_like(q, tuple(q.shape))
@@ -149,7 +174,8 @@ def _empty_like(x: Any, shape, float32: bool = False) -> Any:
         return cupy.empty(shape, dtype=cupy.float32 if float32 else x.dtype)
     if isinstance(x, np.ndarray):
         return np.empty(shape, dtype=np.float32 if float32 else x.dtype)
-    raise TypeError(f"out: pass an output array for inputs of type {type(x).__name__}")
+    raise TypeError(f"q: expected a tensor (PyTorch, CuPy or NumPy where out is not given), got "
+                    f"{type(x).__name__}; or pass out")
 
 
 def set_auto_cost_model(path: Optional[str]) -> None:
@@ -238,6 +264,17 @@ class TreeAttention:
                  max_page_refs: int = 65536, planner: str = "auto", num_sms: Optional[int] = None,
                  cpu_threads: int = 0, max_extension_tokens: int = 64, l2_persistent_plan: bool = False,
                  plan_options: Optional[Mapping[str, float]] = None):
+        int32_max, int64_max = (1 << 31) - 1, (1 << 63) - 1
+        num_qo_heads, num_kv_heads, head_dim, page_size = (
+            _int_arg(n, v) for n, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads),
+                                        ("head_dim", head_dim), ("page_size", page_size)))
+        num_pages = _int_arg("num_pages", num_pages, -int64_max, int64_max)
+        max_page_refs = _int_arg("max_page_refs", max_page_refs, -int64_max, int64_max)
+        max_queries, max_nodes, cpu_threads, max_extension_tokens = (
+            _int_arg(n, v) for n, v in (("max_queries", max_queries), ("max_nodes", max_nodes),
+                                        ("cpu_threads", cpu_threads), ("max_extension_tokens", max_extension_tokens)))
+        if num_sms is not None:
+            num_sms = _int_arg("num_sms", num_sms, 1, int32_max)
         options = {}
         for key, value in (plan_options or {}).items():
             if not isinstance(key, str):
@@ -294,7 +331,7 @@ class TreeAttention:
     # -- planning (host; once per decode step, outside graph capture) ----------
     def _stream(self, stream: Optional[int]) -> int:
         if stream is not None:
-            return int(stream)
+            return _stream_handle(stream)
         if self._stream_fn is None:
             return 0
         return self._stream_fn() if self._stream_arg is None else self._stream_fn(self._stream_arg)
@@ -373,6 +410,8 @@ class TreeAttention:
 
         if not torch_ops.available:
             raise RuntimeError("run_op: needs PyTorch >= 2.4 (torch.library.custom_op); use run()")
+        if out is None:
+            raise ValueError("out: run_op writes into out (an op cannot return a new tensor here): pass one")
         torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale),
                       1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale))
         return out if lse is None else (out, lse)

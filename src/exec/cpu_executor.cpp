@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <thread>
 
 #include "treeattn/executor.hpp"
@@ -134,6 +135,11 @@ void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threa
   part.lse.assign(size_t(p.num_slots) * H, -INFINITY);
   const float scale = effective_scale(w, a.scale);
   const Strides str = resolve_strides(w, a);
+  // Units write their queries' rows of out concurrently: no two may share memory.
+  const int64_t out_row = int64_t(H) * w.heads.head_dim;
+  if (w.num_queries() > 1 && std::llabs(str.out) < out_row)
+    throw Error("out_stride = " + std::to_string(a.out_stride) + ": the queries' rows of out overlap (|out_stride| < " +
+                "num_qo_heads x head_dim = " + std::to_string(out_row) + ")");
   parallel_for(int64_t(p.num_units()) * Hkv, threads,
                [&](int64_t i) { run_unit(w, p, a, str, scale, int32_t(i / Hkv), int(i % Hkv), part); });
   std::vector<int32_t> merged;

@@ -15,14 +15,56 @@ double PlanOptions::get(const std::string& key, double fallback) const {
   return it == extra.end() ? fallback : it->second;
 }
 
+namespace {
+// A planner's knob and the values its planner accepts: set_plan_option
+// checks them when the option is set (the planners check again, for options
+// set on PlanOptions::extra directly). Integers up to 1e9, as
+// planning::integer_option reads them.
+struct Knob {
+  const char* name;
+  bool integer;
+  double lo, hi;
+};
+constexpr double kMaxKnob = 1e9;
+constexpr Knob kKnobs[] = {
+    // node
+    {"split_tokens", true, 0, kMaxKnob},  // 0: the balanced length
+    {"split_scale", true, 1, kMaxKnob},
+    {"split_sm_ctas", true, 0, 64},  // 0: ctas_per_sm
+    {"pack_tokens", true, 0, kMaxKnob},
+    {"flat_tokens", true, 0, kMaxKnob},
+    {"flat_rows", true, 0, kMaxKnob},
+    {"fold_tokens", true, 0, kMaxKnob},
+    {"tile_rows", true, 1, kMaxTileRows},
+    {"reread_ratio", false, 0, kMaxKnob},
+    {"compact_stretch", false, 0, kMaxKnob},
+    // fasttree
+    {"alpha", false, -kMaxKnob, kMaxKnob},
+    {"beta", false, -kMaxKnob, kMaxKnob},
+    {"gamma", false, -kMaxKnob, kMaxKnob},
+    {"q_tile0", false, 1, kMaxTileRows},
+    {"q_tile1", false, 1, kMaxTileRows},
+    {"kv_tile0", false, 1, kMaxKnob},
+    {"kv_tile1", false, 1, kMaxKnob},
+    {"kv_split_long", true, 1, kMaxKnob},
+    {"kv_split_short", true, 1, kMaxKnob},
+    // pat
+    {"pat_max_rows", false, 1, kMaxTileRows},
+    // flatten
+    {"fill", true, 0, 1},
+};
+
+std::string format_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", value);
+  return text;
+}
+}  // namespace
+
 const std::vector<std::string>& planner_knobs() {
   static const std::vector<std::string> knobs = [] {
-    std::vector<std::string> k = {
-        "split_tokens", "split_scale", "split_sm_ctas", "pack_tokens", "flat_tokens", "flat_rows", "fold_tokens",
-        "tile_rows", "reread_ratio", "compact_stretch",                                               // node
-        "alpha", "beta", "gamma", "q_tile0", "q_tile1", "kv_tile0", "kv_tile1", "kv_split_long", "kv_split_short",  // fasttree
-        "pat_max_rows",                                                                               // pat
-        "fill"};                                                                                      // flatten
+    std::vector<std::string> k;
+    for (const Knob& knob : kKnobs) k.emplace_back(knob.name);
     std::sort(k.begin(), k.end());
     return k;
   }();
@@ -30,26 +72,25 @@ const std::vector<std::string>& planner_knobs() {
 }
 
 void set_plan_option(PlanOptions& opt, const std::string& key, double value) {
-  const auto number = [&] {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.15g", value);
-    return key + " = " + text;
-  };
-  const auto as_int = [&](int lo, int hi) {
-    if (!std::isfinite(value) || value != std::floor(value) || value < lo || value > hi)
-      throw Error("plan option " + number() + " must be an integer in [" + std::to_string(lo) + ", " +
-                  std::to_string(hi) + "]");
-    return int(value);
+  const auto number = [&] { return key + " = " + format_number(value); };
+  const auto check = [&](bool integer, double lo, double hi) {
+    if (!std::isfinite(value) || (integer && value != std::floor(value)) || value < lo || value > hi)
+      throw Error("plan option " + number() + " must be " + (integer ? "an integer" : "a number") + " in [" +
+                  format_number(lo) + ", " + format_number(hi) + "]");
   };
   if (key == "ctas_per_sm") {
-    opt.ctas_per_sm = as_int(1, 64);
+    check(true, 1, 64);
+    opt.ctas_per_sm = int(value);
   } else if (key == "chunk_tokens") {
-    opt.chunk_tokens = as_int(1, 1 << 30);
+    check(true, 1, 1 << 30);
+    opt.chunk_tokens = int(value);
   } else if (key == "min_split_tokens") {
-    opt.min_split_tokens = as_int(1, 1 << 30);
-  } else if (std::binary_search(planner_knobs().begin(), planner_knobs().end(), key)) {
-    if (!std::isfinite(value) || std::fabs(value) > double(1 << 30))
-      throw Error("plan option " + number() + " is out of range [-2^30, 2^30]");
+    check(true, 1, 1 << 30);
+    opt.min_split_tokens = int(value);
+  } else if (const auto* knob = std::find_if(std::begin(kKnobs), std::end(kKnobs),
+                                             [&](const Knob& k) { return key == k.name; });
+             knob != std::end(kKnobs)) {
+    check(knob->integer, knob->lo, knob->hi);
     opt.extra[key] = value;
   } else {
     std::string known = "ctas_per_sm, chunk_tokens, min_split_tokens";

@@ -42,16 +42,16 @@ class Int32Arg {
         throw nb::value_error((std::string(name) + ": expected a 1-D array, got " +
                                std::to_string(nb::cast<int64_t>(obj.attr("ndim"))) + " dimensions").c_str());
       if (!nb::hasattr(obj, "__iter__") || nb::isinstance<nb::str>(obj) || nb::isinstance<nb::bytes>(obj))
-        throw nb::value_error((std::string(name) + ": expected a sequence of ints or a 1-D int array, got " +
-                               nb::type_name(obj.type()).c_str())
-                                  .c_str());
+        throw nb::type_error((std::string(name) + ": expected a sequence of ints or a 1-D int array, got " +
+                              nb::type_name(obj.type()).c_str())
+                                 .c_str());
       size_t i = 0;
       for (nb::handle item : obj) {
         int64_t v;
         if (!nb::try_cast(item, v))
-          throw nb::value_error((std::string(name) + "[" + std::to_string(i) + "]: expected an int, got " +
-                                 nb::type_name(item.type()).c_str())
-                                    .c_str());
+          throw nb::type_error((std::string(name) + "[" + std::to_string(i) + "]: expected an int, got " +
+                                nb::type_name(item.type()).c_str())
+                                   .c_str());
         push(v, name, i++);
       }
     }
@@ -73,6 +73,21 @@ class Int32Arg {
   std::span<const int32_t> view_;
 };
 
+// An int argument in [lo, hi]: TypeError or ValueError naming it (nanobind's
+// own conversion error names neither the argument nor the value).
+int64_t int_arg(nb::handle obj, const char* name, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  if (PyBool_Check(obj.ptr()) || !PyLong_Check(obj.ptr()))
+    throw nb::type_error((std::string(name) + ": expected an int, got " + nb::type_name(obj.type()).c_str()).c_str());
+  if (!nb::try_cast(obj, v) || v < lo || v > hi) {
+    PyErr_Clear();
+    throw nb::value_error((std::string(name) + " = " + nb::str(obj).c_str() + " is out of range [" +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "]")
+                              .c_str());
+  }
+  return v;
+}
+
 // Hands a vector to numpy without a copy: the array owns it through a capsule.
 Int32Array to_numpy(std::vector<int32_t>&& v) {
   if (v.empty()) v.reserve(1);  // a non-null data pointer even for shape (0,)
@@ -93,7 +108,14 @@ void bind_cache(nb::module_& m) {
       "boundaries. Each page is free, cached by one node, or handed out to a request\n"
       "(alloc). Node handles (ints) stay valid until the node is evicted; lock() a node\n"
       "to keep it and its ancestors. Errors raise ValueError and change nothing.")
-      .def(nb::init<int64_t, int>(), "num_pages"_a, "page_size"_a)
+      .def(
+          "__init__",
+          [](RadixCache* self, nb::handle num_pages, nb::handle page_size) {
+            // Ranges of the C++ types; RadixCache names the ranges it accepts.
+            new (self) RadixCache(int_arg(num_pages, "num_pages", INT64_MIN, INT64_MAX),
+                                  int(int_arg(page_size, "page_size", INT_MIN, INT_MAX)));
+          },
+          nb::sig("def __init__(self, num_pages: int, page_size: int) -> None"), "num_pages"_a, "page_size"_a)
       .def_prop_ro("num_pages", &RadixCache::num_pages, "Size of the page pool.")
       .def_prop_ro("page_size", &RadixCache::page_size, "Tokens per page.")
       .def_prop_ro("root", [](const RadixCache&) { return RadixCache::kRoot; },

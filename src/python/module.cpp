@@ -17,9 +17,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "python/bindings.hpp"
@@ -115,12 +117,14 @@ std::string device_desc(const View& t) {
   return "DLPack device type " + std::to_string(t.dl_device);
 }
 
-std::string shape_str(const View& t) {
+std::string ints_str(const View& t, const int64_t* v) {
   std::string s = "[";
-  for (int i = 0; i < std::min(t.ndim, kMaxDims); ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  for (int i = 0; i < std::min(t.ndim, kMaxDims); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   if (t.ndim > kMaxDims) s += ", ...";
   return s + "]";
 }
+std::string shape_str(const View& t) { return ints_str(t, t.shape); }
+std::string strides_str(const View& t) { return ints_str(t, t.strides); }
 
 // PyTorch, as far as the fast path needs it: its Tensor class, the dtypes the
 // runtime takes, and the attribute names, looked up once. The references are
@@ -471,6 +475,20 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
       value_error(std::string(name) + ": shape " + shape_str(*t) + " must be [>= num_pages = " +
                   std::to_string(c.num_pages) + ", page_size = " + std::to_string(c.page_size) + ", ...]");
   }
+  // AttentionArgs reads a stride of 0 as "dense": an expanded (broadcast)
+  // dimension of more than one element would be read, or written, as if it
+  // were contiguous.
+  for (const auto& [name, t, dims] : {std::tuple{"q", &q, 1}, {"out", &out, 1}, {"k_pool", &k, 2}, {"v_pool", &v, 2}})
+    for (int d = 0; d < dims; ++d)
+      if (t->shape[d] > 1 && t->strides[d] == 0)
+        value_error(std::string(name) + ": stride 0 in dimension " + std::to_string(d) + " (an expanded or broadcast "
+                    "view: shape " + shape_str(*t) + ", strides " + strides_str(*t) +
+                    ") is not supported; pass a contiguous copy");
+  // Each query's rows of out must be its own: CTAs write them concurrently.
+  const int64_t out_row = int64_t(c.heads.num_qo_heads) * c.heads.head_dim;
+  if (Q > 1 && std::llabs(out.strides[0]) < out_row)
+    value_error("out: its queries' rows overlap (shape " + shape_str(out) + ", strides " + strides_str(out) +
+                "; |stride[0]| must be >= num_qo_heads x head_dim = " + std::to_string(out_row) + ")");
   if (k.strides[0] != v.strides[0] || k.strides[1] != v.strides[1])
     value_error("k_pool and v_pool must have the same strides, got (" + std::to_string(k.strides[0]) + ", " +
                 std::to_string(k.strides[1]) + ") and (" + std::to_string(v.strides[0]) + ", " +
@@ -495,7 +513,7 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
     if (l.ndim != 2 || l.shape[0] != Q || l.shape[1] != c.heads.num_qo_heads || l.strides[1] != 1 ||
         l.strides[0] != c.heads.num_qo_heads)
       value_error("lse: expected a contiguous [" + std::to_string(Q) + ", " + std::to_string(c.heads.num_qo_heads) +
-                  "] tensor, got shape " + shape_str(l));
+                  "] tensor, got shape " + shape_str(l) + ", strides " + strides_str(l));
     if (!l.on_device || (l.device_index >= 0 && l.device_index != c.device_index))
       value_error("lse: must be on the TreeAttention's device, as q, got one on " +
                   (l.device_index >= 0 ? "cuda:" + std::to_string(l.device_index) : device_desc(l)));
@@ -520,7 +538,13 @@ float float_of(const char* name, nb::handle x, float none) {
     PyErr_Clear();
     throw nb::type_error((std::string(name) + ": expected a number, got " + str_of(x.ptr())).c_str());
   }
-  return float(s);
+  // The runtime takes float32: a value that rounds to 0 (which means the
+  // default for scale) or overflows would silently become another one.
+  const float f = float(s);
+  if (std::isfinite(s) && s != 0 && (f == 0.f || !std::isfinite(f)))
+    value_error(std::string(name) + " = " + str_of(x.ptr()) + " is not representable as a float32 (" +
+                (f == 0.f ? "it rounds to 0" : "it overflows") + ")");
+  return f;
 }
 
 // The tensors of a run, read and checked.

@@ -1,6 +1,7 @@
 // TreeAttention (runtime.hpp): an engine's step inputs -> a validated
 // Workload and Plan -> the CPU executor or a CudaStepExecutor.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <span>
@@ -487,6 +488,7 @@ struct TreeAttention::Impl {
 
   // plan_tree's work, for the public functions that hold the mutex.
   void plan_tree(const TreeArrays& tree, void* stream);
+  static std::string with_draft_names(const std::string& what, int32_t n, size_t k);
 };
 
 TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::make_unique<Impl>()) {
@@ -510,6 +512,8 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
   if (c.max_extension_tokens < 0)
     fail("max_extension_tokens = " + std::to_string(c.max_extension_tokens) + " must be >= 0 (0: plan every step afresh)");
   range("max_nodes", c.max_nodes, 1 << 24);
+  if (c.cpu_threads < 0 || c.cpu_threads > 1024)
+    fail("cpu_threads = " + std::to_string(c.cpu_threads) + " is out of range [0, 1024] (0: every hardware thread)");
   range("max_page_refs", c.max_page_refs, int64_t(1) << 30);
   m.planner = &find_planner(c.planner);
   if (c.plan_options.num_sms <= 0) c.plan_options.num_sms = 132;
@@ -584,6 +588,24 @@ void TreeAttention::plan_block_tables(std::span<const int32_t> block_tables, int
   m.plan_tree({t.parents, t.num_tokens, t.page_offsets, t.page_ids, t.query_nodes, {}}, stream);
 }
 
+// The checks of a step's tree name its nodes by number, and the drafts are
+// nodes n .. n + k - 1 of it: a message that names one of those says which
+// draft it is.
+std::string TreeAttention::Impl::with_draft_names(const std::string& what, int32_t n, size_t k) {
+  std::string named = what;
+  bool names_draft = false;
+  for (size_t at = what.find("node "); at != std::string::npos; at = what.find("node ", at + 5)) {
+    const char* digits = what.c_str() + at + 5;
+    char* end = nullptr;
+    const long v = std::strtol(digits, &end, 10);
+    names_draft |= end != digits && v >= n && v < n + int64_t(k);
+  }
+  if (names_draft)
+    named += " (nodes " + std::to_string(n) + " .. " + std::to_string(n + int64_t(k) - 1) +
+             " are the drafts: node " + std::to_string(n) + " + i is draft i, its KV at draft_rows[i])";
+  return named;
+}
+
 void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays& d, void* stream) {
   Impl& m = *impl_;
   const std::lock_guard lock(m.mutex);
@@ -626,7 +648,11 @@ void TreeAttention::plan_tree_queries(const TreeArrays& tree, const DraftArrays&
     m.scratch_table.offsets.push_back(int32_t(m.scratch_table.ids.size()));
     m.scratch.query_nodes.push_back(n + int32_t(i));
   }
-  m.commit(stream);
+  try {
+    m.commit(stream);
+  } catch (const Error& e) {
+    throw Error(Impl::with_draft_names(e.what(), n, k));
+  }
 }
 
 void TreeAttention::run(const AttentionArgs& args, void* stream) const {

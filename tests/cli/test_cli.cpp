@@ -80,7 +80,7 @@ TEST(Cli, HostileInputsGiveCleanErrors) {
   expect_error("plan -w fasttree:N=1,4:C=64,16 --sms 0", "--sms");
   expect_error("plan -w fasttree:N=1,4:C=64,16 --page-size 1000000", "--page-size: Value 1000000 not in range");
   expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt ctas_per_sm=1000", "ctas_per_sm = 1000");
-  expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt q_tile0=1e12", "q_tile0 = 1000000000000 is out of range");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt q_tile0=1e12", "q_tile0 = 1000000000000 must be a number in [1, 128]");
   expect_error("plan -w json:no_such_file_anywhere.json", "looked in");
   // A verify whose K/V pool alone is 65 TB stops before allocating, saying so
   // (a 200000-query tree was killed for memory at 24 GB before this check).

@@ -415,8 +415,18 @@ TEST(PlanOptionsByName, SetsFieldsAndKnobsAndRejectsTheRest) {
   EXPECT_TRUE(std::is_sorted(planner_knobs().begin(), planner_knobs().end()));
   EXPECT_ERROR_WITH(set_plan_option(opt, "ctas_per_sm", 65), "ctas_per_sm = 65", "[1, 64]");
   EXPECT_ERROR_WITH(set_plan_option(opt, "chunk_tokens", 1.5), "chunk_tokens = 1.5", "integer");
-  EXPECT_ERROR_WITH(set_plan_option(opt, "alpha", 1e12), "alpha = 1000000000000", "out of range");
-  EXPECT_ERROR_WITH(set_plan_option(opt, "alpha", std::nan("")), "alpha = nan", "out of range");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "alpha", 1e12), "alpha = 1000000000000", "[-1000000000, 1000000000]");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "alpha", std::nan("")), "alpha = nan", "a number in");
+  // A knob's own range, checked when it is set (not at the first plan).
+  EXPECT_ERROR_WITH(set_plan_option(opt, "tile_rows", -1), "tile_rows = -1", "an integer in [1, 128]");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "split_tokens", -5), "split_tokens = -5", "[0, 1000000000]");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "pack_tokens", 1 << 30), "pack_tokens = 1073741824", "[0, 1000000000]");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "q_tile0", 1000), "q_tile0 = 1000", "[1, 128]");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "kv_split_long", 0.5), "kv_split_long = 0.5", "an integer");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "split_sm_ctas", 65), "split_sm_ctas = 65", "[0, 64]");
+  EXPECT_ERROR_WITH(set_plan_option(opt, "fill", 2), "fill = 2", "[0, 1]");
+  set_plan_option(opt, "reread_ratio", 0.25);  // a real-valued knob
+  EXPECT_EQ(opt.get("reread_ratio", 0), 0.25);
   EXPECT_ERROR_WITH(set_plan_option(opt, "tile_row", 64), "unknown key 'tile_row'", "tile_rows");
   EXPECT_EQ(opt.ctas_per_sm, 1);  // a rejected value leaves the options as they were
   EXPECT_EQ(opt.extra.count("alpha"), 0u);

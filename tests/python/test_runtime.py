@@ -585,10 +585,56 @@ def test_plan_options_reach_the_planner_and_bad_ones_name_the_key():
            ({"min_split_tokens": 0.5}, ValueError, "min_split_tokens = 0.5"),
            ({"split_tokens": "128"}, TypeError, "plan_options['split_tokens']"),
            ({"split_tokens": True}, TypeError, "plan_options['split_tokens']"),
-           ({7: 1}, TypeError, "plan_options: keys")]
+           ({7: 1}, TypeError, "plan_options: keys"),
+           # A knob out of its planner's range fails here, not at the first plan (and for any planner).
+           ({"tile_rows": -1}, ValueError, "tile_rows = -1 must be an integer in [1, 128]"),
+           ({"split_tokens": -5}, ValueError, "split_tokens = -5 must be an integer in [0, 1000000000]"),
+           ({"pack_tokens": 2 ** 30}, ValueError, "pack_tokens = 1073741824 must be an integer in [0, 1000000000]"),
+           ({"q_tile0": 1000}, ValueError, "q_tile0 = 1000 must be a number in [1, 128]"),
+           ({"kv_split_long": 0.5}, ValueError, "kv_split_long = 0.5 must be an integer")]
     for options, error, text in bad:
         with pytest.raises(error, match=re.escape(text)):
             treeattn.TreeAttention(4, 2, 64, page_size, pages, device="cpu", plan_options=options)
+
+
+def test_constructor_and_plan_arguments_name_themselves():
+    """Arguments past their C++ type, of the wrong type, or of a meaning the
+    runtime would change silently: an error naming the argument and the value
+    (found by an adversarial probe of the API; nanobind's own conversion error
+    names neither)."""
+    def make(**kw):
+        args = dict(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=4, num_pages=16, device="cpu")
+        args.update(kw)
+        return treeattn.TreeAttention(**args)
+
+    cases = [(dict(num_qo_heads=2 ** 31), ValueError, "num_qo_heads = 2147483648 is out of range"),
+             (dict(head_dim=1.5), TypeError, "head_dim: expected an int, got 1.5"),
+             (dict(num_kv_heads=True), TypeError, "num_kv_heads: expected an int, got True"),
+             (dict(max_nodes=None), TypeError, "max_nodes: expected an int, got None"),
+             (dict(num_pages=2 ** 64), ValueError, "num_pages = 18446744073709551616 is out of range"),
+             (dict(num_sms=0), ValueError, "num_sms = 0 is out of range [1, "),
+             (dict(cpu_threads=-1), ValueError, "cpu_threads = -1 is out of range [0, 1024]"),
+             (dict(cpu_threads=100000), ValueError, "cpu_threads = 100000 is out of range [0, 1024]")]
+    for kw, error, text in cases:
+        with pytest.raises(error, match=re.escape(text)):
+            make(**kw)
+    attn, tree = make_small()
+    for stream, error, text in [(-1, ValueError, "stream: expected a stream handle (an int in [0, 2**64)), got -1"),
+                                (2 ** 64, ValueError, "got 18446744073709551616"),
+                                ("abc", TypeError, "stream: expected a stream handle (an int), got 'abc'")]:
+        with pytest.raises(error, match=re.escape(text)):
+            attn.plan_tree(**tree, stream=stream)
+    with pytest.raises(ValueError, match="block_tables: a meta tensor holds no values"):
+        attn.plan_block_tables(torch.zeros(2, 3, dtype=torch.int32, device="meta"), [5, 5])
+    # A draft on a row a tree node holds: the check names the draft's node and says which draft it is.
+    with pytest.raises(ValueError, match=re.escape("nodes 2 .. 2 are the drafts: node 2 + i is draft i")):
+        attn.plan_tree_queries(**tree, draft_nodes=[1], draft_parents=[-1], draft_rows=[9])
+    with pytest.raises(TypeError, match=re.escape("page_size: expected an int, got float")):
+        treeattn.RadixCache(10, 1.5)
+    with pytest.raises(ValueError, match=re.escape("page_size = 2147483648 is out of range")):
+        treeattn.RadixCache(10, 2 ** 31)
+    with pytest.raises(TypeError, match=re.escape("tokens[0]: expected an int, got float")):
+        treeattn.RadixCache(10, 2).match_prefix([1.5])
 
 
 @pytest.mark.gpu
@@ -985,7 +1031,7 @@ def test_instance_run_is_the_cpp_entry_and_agrees_with_the_method():
             run(q, k, v, out, True)  # return_lse is keyword-only
         with pytest.raises(TypeError, match="q: expected a tensor .* got list"):
             run([1.0], k, v)
-        with pytest.raises(TypeError, match="out: pass an output array for inputs of type memoryview"):
+        with pytest.raises(TypeError, match="q: expected a tensor .*where out is not given.*got memoryview; or pass out"):
             run(memoryview(q.numpy()), k, v)
         with pytest.raises(ValueError, match="out: must not overlap q"):
             run(q, k, v, q)
@@ -1083,7 +1129,41 @@ def test_torch_bad_run_arguments_name_the_argument():
         attn.run(q, k, v, out, stream="x")
     with pytest.raises(ValueError, match="stream: expected a stream handle"):
         attn.run(q, k, v, out, stream=-1)
+    # AttentionArgs reads a stride of 0 as "dense": expanded views are refused,
+    # and rows of out that overlap one another (found by an adversarial probe:
+    # an expanded out was written past its buffer, an expanded q read as NaN).
+    broadcast = [
+        ("q", dict(q=q[:1].expand(2, 4, 64)), r"q: stride 0 in dimension 0 .*shape \[2, 4, 64\], strides \[0, 64, 1\]"),
+        ("out", dict(out=out[:1].expand(2, 4, 64)), r"out: stride 0 in dimension 0"),
+        ("k_pool", dict(k=k[:1].expand(16, 4, 2, 64), v=v[:1].expand(16, 4, 2, 64)), r"k_pool: stride 0 in dimension 0"),
+        ("v_pool", dict(k=k[:, :1].expand(16, 4, 2, 64), v=v[:, :1].expand(16, 4, 2, 64)),
+         r"k_pool: stride 0 in dimension 1"),
+        ("out", dict(out=torch.zeros(2 * 256, dtype=torch.float16).as_strided((2, 4, 64), (64, 64, 1))),
+         r"out: its queries' rows overlap \(shape \[2, 4, 64\], strides \[64, 64, 1\]; \|stride\[0\]\| must be >= "
+         r"num_qo_heads x head_dim = 256\)"),
+    ]
+    for _, change, words in broadcast:
+        a = dict(q=q, k=k, v=v, out=out)
+        a.update(change)
+        with pytest.raises(ValueError, match=words):
+            attn.run(a["q"], a["k"], a["v"], a["out"])
+        with pytest.raises(ValueError, match=words):
+            attn.bind(a["q"], a["k"], a["v"], a["out"])
+    with pytest.raises(ValueError, match=r"lse: expected a contiguous \[2, 4\] tensor, got shape \[2, 4\], strides \[1, 2\]"):
+        attn.run(q, k, v, out, lse=torch.zeros(4, 2).t())
+    # float32 is what the runtime takes: a scale that rounds to 0 (the default) or overflows is refused.
+    with pytest.raises(ValueError, match=r"scale = 1e-50 is not representable as a float32 \(it rounds to 0\)"):
+        attn.run(q, k, v, out, scale=1e-50)
+    with pytest.raises(ValueError, match=r"k_scale = 1e\+50 is not representable as a float32 \(it overflows\)"):
+        attn.run(q, k, v, out, k_scale=1e50)
+    with pytest.raises(ValueError, match=r"q: expected 3 dimensions, got shape \[\]"):
+        attn.run(torch.tensor(1.0, dtype=torch.float16), k, v, return_lse=True)
     assert not out.any()  # nothing ran
+    # An expanded dimension of one element is read as it is (its stride is never used).
+    one = treeattn.TreeAttention(4, 2, 64, page_size=4, num_pages=16, device="cpu")
+    one.plan_tree(tree["parents"], tree["num_tokens"], tree["page_offsets"], tree["page_ids"], tree["query_nodes"][:1])
+    q1 = q[0].as_strided((1, 4, 64), (0, 64, 1))
+    np.testing.assert_array_equal(one.run(q1, k, v).numpy(), one.run(q[:1].contiguous(), k, v).numpy())
 
 
 def test_torch_tensors_changed_in_place_between_runs_are_read_again():
@@ -1278,6 +1358,8 @@ def test_run_op_checks_its_arguments_and_handle():
         attn.run_op(q, k, v, torch.zeros(3, 4, 64).half())
     with pytest.raises(ValueError, match="handle: no live TreeAttention has handle -1"):
         torch.ops.treeattn.run(-1, q, k, v, torch.zeros_like(q), None, 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="out: run_op writes into out"):  # it returned None, the result discarded
+        attn.run_op(q, k, v, None)
 
 
 @pytest.mark.gpu

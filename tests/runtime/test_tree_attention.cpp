@@ -231,9 +231,32 @@ TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
             })
                 .find("parents[1] = 2 is out of range [-1, 2)"),
             std::string::npos);
+  // A draft whose row a tree node holds (page 2 slot 1: node 1's second
+  // token): the tree's check names the draft's node, and says it is draft 0.
+  const std::vector<int64_t> taken_row{9};
+  const std::string taken = error_of([&] {
+    ta.plan_tree_queries({parents, tokens, offsets, pages, queries, {}}, {dn, root_parent, taken_row});
+  });
+  EXPECT_NE(taken.find("node 2: pages: page id 2"), std::string::npos) << taken;
+  EXPECT_NE(taken.find("node 2 + i is draft i, its KV at draft_rows[i]"), std::string::npos) << taken;
   EXPECT_EQ(ta.num_queries(), 2);  // the first plan is still in force
   EXPECT_LE(step_error(ta, 1), 2e-3);
+  // Rows of out that overlap: units write them concurrently.
+  {
+    HostTensors h = make_random_inputs(ta.workload(), 3);
+    AttentionArgs a = h.args();
+    a.out_stride = 8;  // < num_qo_heads x head_dim = 256
+    EXPECT_NE(error_of([&] { ta.run(a); }).find("out_stride = 8: the queries' rows of out overlap"),
+              std::string::npos);
+  }
   TreeAttentionConfig bad = c;
+  for (const int threads : {-1, 1025}) {
+    bad.cpu_threads = threads;
+    EXPECT_NE(error_of([&] { TreeAttention x(bad); }).find("cpu_threads = " + std::to_string(threads) +
+                                                             " is out of range [0, 1024]"),
+              std::string::npos);
+  }
+  bad = c;
   bad.planner = "nope";
   EXPECT_NE(error_of([&] { TreeAttention x(bad); }).find("unknown planner 'nope'"), std::string::npos);
   bad = c;

@@ -148,8 +148,8 @@ bool fills_slots(size_t units, const Workload& w, const PlanOptions& opt) {
 int64_t integer_option(const PlanOptions& opt, const char* planner, const char* key, int64_t fallback, int64_t min) {
   const double v = opt.get(key, double(fallback));
   if (!(v >= double(min) && v <= 1e9 && v == std::floor(v)))
-    throw Error(std::string(planner) + ": " + key + " = " + std::to_string(v) + " must be an integer >= " +
-                std::to_string(min));
+    throw Error(std::string(planner) + ": " + key + " = " + std::to_string(v) + " must be an integer in [" +
+                std::to_string(min) + ", 1000000000]");
   return int64_t(v);
 }
 
