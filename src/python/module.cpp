@@ -383,6 +383,15 @@ void read_dlpack(const char* name, PyObject* o, View& v, const Where& where, boo
   if (flags.is_valid() && !writeable.is_valid()) PyErr_Clear();
   if (writeable.is_valid() && writeable.ptr() == Py_False)
     value_error(std::string(name) + ": a read-only array (the runtime writes it; pass a writable one)");
+  // An array whose own export refuses it (NumPy: byte strides that are not a
+  // multiple of the item size): its exporter's reason, not "no tensor".
+  if (PyObject_HasAttrString(o, "__dlpack__")) {
+    try {
+      nb::handle(o).attr("__dlpack__")();
+    } catch (const nb::python_error& e) {
+      value_error(std::string(name) + ": its DLPack export failed (" + nb::str(e.value()).c_str() + ")");
+    }
+  }
   throw nb::type_error((std::string(name) + ": expected a tensor (PyTorch, or anything with DLPack), got " +
                         nb::inst_name(nb::handle(o)).c_str())
                            .c_str());

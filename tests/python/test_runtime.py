@@ -508,6 +508,10 @@ def test_bad_run_arguments_name_the_argument():
     k_read_only = k.copy()
     k_read_only.setflags(write=False)  # inputs are only read: taken as they are
     assert np.array_equal(attn.run(read_only, k_read_only, k_read_only), attn.run(q, k, k))
+    # Byte strides that are not a multiple of the item size: NumPy's DLPack export refuses them; its reason is named.
+    odd = np.ndarray((2, 4, 64), np.float16, buffer=np.zeros(1026, np.uint8), offset=1, strides=(513, 128, 2))
+    with pytest.raises(ValueError, match=r"q: its DLPack export failed \(DLPack only supports strides"):
+        attn.run(odd, k, k)
     for device in ("tpu", "cpu:0", "cuda:x", "cuda:-1", "cuda:"):
         with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:<index>', got '" + device):
             treeattn.TreeAttention(4, 2, 64, 4, 16, device=device)
