@@ -24,7 +24,9 @@ enum class DType : uint8_t { fp16, bf16, fp32, fp8_e4m3 };
 
 size_t dtype_size(DType t);
 std::string_view to_string(DType t);
-DType parse_dtype(std::string_view name);  // "fp16" | "bf16" | "fp32" | "fp8_e4m3"
+// "fp16" | "bf16" | "fp32" | "fp8_e4m3" (and their aliases); Error naming
+// `field` and the value otherwise.
+DType parse_dtype(std::string_view name, std::string_view field = "dtype");
 
 // Attention shape. With grouped-query attention qo head h reads kv head
 // h / group_size().

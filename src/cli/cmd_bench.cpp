@@ -190,7 +190,7 @@ void add_bench_command(CLI::App& app) {
         std::printf("\n");
       }
     }
-    if (o->json) std::printf("%s\n", records.dump(2).c_str());
+    if (o->json) std::printf("%s\n", records.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     if (!ok) {
       std::fprintf(stderr, "treeattn bench: a sampled query is over the %s tolerance\n", "dtype's");
       throw CLI::RuntimeError("verification failed", 1);

@@ -43,14 +43,14 @@ void add_plan_command(CLI::App& app) {
           progress.clear();
           std::printf("  %-12s %7lld %8lld %9lld %12s %9.3f %12s %8lld\n", name.c_str(), (long long)s.units,
                       (long long)s.rows, (long long)s.segments, format_bytes(double(s.kv_bytes)).c_str(),
-                      double(s.kv_bytes) / double(s.unique_kv_bytes), format_bytes(double(s.partial_bytes)).c_str(),
+                      kv_over_floor(s.kv_bytes, s.unique_kv_bytes), format_bytes(double(s.partial_bytes)).c_str(),
                       (long long)s.padded_rows);
           std::fflush(stdout);
         }
       }
     }
     progress.clear();
-    if (o->json) std::printf("%s\n", records.dump(2).c_str());
+    if (o->json) std::printf("%s\n", records.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   });
 }
 

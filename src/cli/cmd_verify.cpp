@@ -27,11 +27,7 @@ void add_verify_command(CLI::App& app) {
     for (const Workload& w : workloads) {
       const std::string tag = w.name + " (" + std::to_string(w.num_queries()) + " queries)";
       progress.step("inputs and fp64 reference: " + tag, steps);
-      const double elems = double(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim;
-      const double pool = 2.0 * double(w.layout.num_pages) * w.layout.page_size * w.heads.num_kv_heads *
-                          w.heads.head_dim * dtype_size(w.layout.kv_type());
-      // q, out and the K/V pools, plus the fp64 reference.
-      require_host_memory(pool + elems * (2 * dtype_size(w.layout.dtype) + 8), "verify: " + tag);
+      require_inputs_memory(w, "verify: " + tag);
       HostTensors t = make_random_inputs(w, o->seed);
       const std::vector<double> ref = reference_attention(w, t.args());
       const double tol = tolerance(w.layout.dtype);
@@ -67,7 +63,7 @@ void add_verify_command(CLI::App& app) {
       }
     }
     progress.clear();
-    if (o->json) std::printf("%s\n", records.dump(2).c_str());
+    if (o->json) std::printf("%s\n", records.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     if (!ok) throw CLI::RuntimeError("verification failed", 1);
   });
 }

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -38,7 +39,20 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
                   "planner name, repeatable, or `all` (default: auto; demo and bench --suite: all, they compare "
                   "planners)");
   cmd->add_flag("--json", o.json, "print JSON instead of a table");
-  cmd->add_option("--seed", o.seed, "seed for page shuffling, random trees and inputs")->capture_default_str();
+  // CLI11 reads "-1" or 2^64 into a uint64_t by saturating or wrapping: the
+  // text is checked first, as the spec strings' seed= is.
+  const CLI::Validator uint64_text(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+          return "expected an integer in [0, 2^64), got '" + text + "'";
+        return {};
+      },
+      "UINT64");
+  cmd->add_option("--seed", o.seed, "seed for page shuffling, random trees and inputs")
+      ->capture_default_str()
+      ->check(uint64_text);
   // 1024: several times any GPU's SM count (H100 132, B200 148); planners size
   // their unit lists by sms x ctas_per_sm, so an unbounded value is a memory bomb.
   cmd->add_option("--sms", o.num_sms, "SM count the planners target, 1..1024")
@@ -63,8 +77,8 @@ WorkloadParams workload_params(const CommonOptions& o) {
   WorkloadParams p;
   p.heads = parse_heads(o.heads, o.head_dim);
   p.page_size = o.page_size;
-  p.dtype = parse_dtype(o.dtype);
-  if (!o.kv_dtype.empty()) p.kv_dtype = parse_dtype(o.kv_dtype);
+  p.dtype = parse_dtype(o.dtype, "--dtype");
+  if (!o.kv_dtype.empty()) p.kv_dtype = parse_dtype(o.kv_dtype, "--kv-dtype");
   p.seed = o.seed;
   return p;
 }
@@ -305,6 +319,13 @@ void Progress::loop() {
   }
 }
 
+void require_inputs_memory(const Workload& w, const std::string& what) {
+  const double elems = double(w.num_queries()) * w.heads.num_qo_heads * w.heads.head_dim;
+  const double pool = 2.0 * double(w.layout.num_pages) * w.layout.page_size * w.heads.num_kv_heads *
+                      w.heads.head_dim * dtype_size(w.layout.kv_type());
+  require_host_memory(pool + elems * (2 * dtype_size(w.layout.dtype) + 8), what);
+}
+
 void require_host_memory(double bytes, const std::string& what) {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
@@ -345,7 +366,7 @@ nlohmann::json summary_json(const Workload& w, const PlanSummary& s) {
           {"segments", s.segments},
           {"kv_bytes", s.kv_bytes},
           {"unique_kv_bytes", s.unique_kv_bytes},
-          {"kv_over_floor", s.unique_kv_bytes ? double(s.kv_bytes) / s.unique_kv_bytes : 0.0},
+          {"kv_over_floor", kv_over_floor(s.kv_bytes, s.unique_kv_bytes)},
           {"partial_bytes", s.partial_bytes},
           {"padded_rows", s.padded_rows},
           {"masked_units", s.masked_units},

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,11 +52,19 @@ std::string dtype_label(const KvLayout& l);
 double tolerance(DType t);
 
 std::string format_bytes(double bytes);
+// KV bytes a plan loads over the unique-KV floor; 1 where both are 0 (a tree
+// without tokens: nothing to load, nothing loaded).
+inline double kv_over_floor(int64_t kv_bytes, int64_t unique_kv_bytes) {
+  return unique_kv_bytes > 0 ? double(kv_bytes) / double(unique_kv_bytes) : kv_bytes == 0 ? 1.0 : INFINITY;
+}
 // Throws Error when `bytes` of host memory are more than the machine has
 // available now (Linux: MemAvailable of /proc/meminfo; elsewhere no check):
 // a run that would be killed for memory stops first with a message saying
 // what needs the memory.
 void require_host_memory(double bytes, const std::string& what);
+// require_host_memory for a workload's random inputs (q, out, the K/V pools)
+// and its fp64 reference output.
+void require_inputs_memory(const Workload& w, const std::string& what);
 
 // Where the CLI's data files are (suites/, forge_cost_h100.json,
 // pat_tile_rules.json, workloads/): the first of

@@ -1,6 +1,7 @@
 // `treeattn`: plan, verify, benchmark and demo prefix-aware tree attention.
 // Every bad input ends with a message naming the problem and exit code 2.
 #include <cstdio>
+#include <new>
 
 #include "cli/commands.hpp"
 #include "treeattn/types.hpp"
@@ -28,6 +29,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const treeattn::Error& e) {
     std::fprintf(stderr, "treeattn: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    // Past what the memory checks foresee (they read MemAvailable, not a
+    // ulimit or cgroup limit; planners' own arrays are not estimated).
+    std::fprintf(stderr, "treeattn: error: out of host memory (std::bad_alloc): the workload is too large for this "
+                         "machine or its memory limit\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "treeattn: internal error: %s\n", e.what());

@@ -2,14 +2,20 @@
 // GPU, with progress, then the JSON records, a markdown report and plots.
 #include "cli/suite_runner.hpp"
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "tree/builder_util.hpp"
 #include "tree/json_util.hpp"
@@ -81,22 +87,58 @@ nlohmann::json timing_record(const Workload& w, const Plan& p, const GpuTiming& 
   return r;
 }
 
+// Runs `argv` without a shell (a path in it is never parsed as shell
+// syntax), its stderr to /dev/null; true when it exits with 0.
+bool run_quietly(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int started = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (started != 0) return false;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return false;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 std::string write_report(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path results = fs::path(dir) / "results.json";
   const nlohmann::json doc =
       detail::parse_json(detail::read_text_file(results.string(), "report"), "report: " + results.string());
-  const nlohmann::json& records = doc.at("records");
-  std::string md = bench::markdown_report(records, "Suite `" + doc.value("suite", "?") + "`");
-  md += "\nCommand: `" + doc.value("command", "?") + "` · date " + doc.value("date", "?") + " · " +
-        std::to_string(int(doc.value("minutes", 0.0) * 60)) + " s · " + std::to_string(records.size()) +
-        " records\n\n![speedup](speedup.png)\n![floor](floor.png)\n![normalized](normalized.png)\n";
-  std::ofstream(fs::path(dir) / "report.md") << md;
-  const std::string plot = "python3 " + std::string(TREEATTN_SOURCE_DIR) + "/scripts/plot_suite.py '" +
-                           results.string() + "' '" + dir + "'";
-  if (std::system((plot + " 2>/dev/null").c_str()) != 0)
-    std::printf("plots not written (needs python3 with matplotlib); run: %s\n", plot.c_str());
-  std::printf("wrote %s/{report.md,*.png}\n", dir.c_str());
+  std::string md;
+  size_t num_records = 0;
+  try {  // the fields a suite run writes; a file of another shape is named, not an internal error
+    const nlohmann::json& records = doc.at("records");
+    if (!records.is_array()) throw Error("records is not an array");
+    num_records = records.size();
+    md = bench::markdown_report(records, "Suite `" + doc.value("suite", "?") + "`");
+    md += "\nCommand: `" + doc.value("command", "?") + "` · date " + doc.value("date", "?") + " · " +
+          std::to_string(int(doc.value("minutes", 0.0) * 60)) + " s · " + std::to_string(num_records) +
+          " records\n\n![speedup](speedup.png)\n![floor](floor.png)\n![normalized](normalized.png)\n";
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("report: " + results.string() + " is not a suite's results file (" + e.what() + ")");
+  } catch (const Error& e) {
+    throw Error("report: " + results.string() + " is not a suite's results file (" + e.what() + ")");
+  }
+  const fs::path report = fs::path(dir) / "report.md";
+  std::ofstream out(report);
+  out << md;
+  out.close();
+  if (!out) throw Error("report: cannot write " + report.string());
+  const std::vector<std::string> plot = {"python3", std::string(TREEATTN_SOURCE_DIR) + "/scripts/plot_suite.py",
+                                         results.string(), dir};
+  if (run_quietly(plot)) {
+    std::printf("wrote %s and the plots (*.png) beside it\n", report.c_str());
+  } else {
+    std::printf("wrote %s; plots not written (needs python3 with matplotlib); run: python3 %s '%s' '%s'\n",
+                report.c_str(), plot[1].c_str(), results.c_str(), dir.c_str());
+  }
   return md;
 }
 
@@ -197,7 +239,7 @@ bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOpti
     const nlohmann::json doc = {{"suite", suite.name}, {"description", suite.description}, {"device", device},
                                 {"commit", commit},    {"date", utc_now()},                {"command", command},
                                 {"bandwidth_gbps", bw}, {"minutes", minutes},              {"records", records}};
-    std::ofstream(out / "results.json") << doc.dump(1) << "\n";
+    std::ofstream(out / "results.json") << doc.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   };
   std::printf("treeattn bench --suite %s%s on %s (commit %s): %zu configs x %zu planners; HBM %.0f GB/s measured\n",
               suite.name.c_str(), run.quick ? " --quick" : "", device.c_str(), commit.c_str(), configs.size(),

@@ -674,7 +674,7 @@ void bind_runtime(nb::module_& m) {
             for (const auto& [key, value] : plan_options) set_plan_option(c.plan_options, key, value);
             c.heads = {num_qo_heads, num_kv_heads, head_dim};
             c.dtype = parse_dtype(dtype);
-            if (!kv_dtype.empty()) c.kv_dtype = parse_dtype(kv_dtype);
+            if (!kv_dtype.empty()) c.kv_dtype = parse_dtype(kv_dtype, "kv_dtype");
             c.page_size = page_size;
             c.num_pages = num_pages;
             if (device != "cpu" && device != "cuda")

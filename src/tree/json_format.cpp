@@ -36,7 +36,7 @@ WorkloadParams parse_shape_keys(const json& top, const WorkloadParams& defaults)
   }
   if (auto it = top.find("kv_dtype"); it != top.end()) {
     if (!it->is_string()) throw Error("kv_dtype = " + brief(*it) + " is not a string (fp8_e4m3, or the dtype)");
-    p.kv_dtype = parse_dtype(it->get<std::string>());
+    p.kv_dtype = parse_dtype(it->get<std::string>(), "kv_dtype");
   }
   return p;
 }
@@ -249,7 +249,7 @@ Workload read_workload_file(const std::string& path, const WorkloadParams& defau
 std::string workload_to_json(const Workload& w) {
   std::string s = "{\n";
   s += "  \"format\": \"" + std::string(kFormat) + "\",\n";
-  s += "  \"name\": " + json(w.name).dump() + ",\n";
+  s += "  \"name\": " + json(w.name).dump(-1, ' ', false, json::error_handler_t::replace) + ",\n";
   s += "  \"heads\": {\"qo\": " + std::to_string(w.heads.num_qo_heads) + ", \"kv\": " +
        std::to_string(w.heads.num_kv_heads) + ", \"head_dim\": " + std::to_string(w.heads.head_dim) + "},\n";
   s += "  \"page_size\": " + std::to_string(w.layout.page_size) + ",\n";

@@ -18,14 +18,14 @@ using json = nlohmann::json;
 
 // A short rendering of a JSON value for messages (long values are cut).
 inline std::string brief(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);  // a string of invalid UTF-8 too
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
 
 // Deepest nesting of lists/objects any treeattn file may have. Our formats
 // need 4 (a ToT file: list > task > data > node > children); the margin is for
-// files we have not met. Deeper input is refused while parsing, before the
+// files we have not met. Deeper input is refused before it is parsed, before the
 // nested value exists: recursive code (dump(), the error messages' brief())
 // must never meet a 100000-deep value.
 inline constexpr int kMaxJsonDepth = 64;
@@ -33,17 +33,29 @@ inline constexpr int kMaxJsonDepth = 64;
 // Parses text; a syntax error becomes Error "<what>: parse error at byte N: ...",
 // nesting past kMaxJsonDepth Error "<what>: nesting deeper than 64 ...".
 inline json parse_json(std::string_view text, const std::string& what) {
-  // nlohmann's parser reports each '[' / '{' with its depth (the number of
-  // enclosing containers) to this callback before it descends.
-  const json::parser_callback_t depth_guard = [&what](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= kMaxJsonDepth)
-      throw Error(what + ": nesting deeper than " + std::to_string(kMaxJsonDepth) +
-                  " lists/objects (kMaxJsonDepth) is not a treeattn file");
-    return true;
-  };
+  // Depth first, in one pass over the text (brackets inside strings do not
+  // count). Not through nlohmann's parser callback: with one installed, each
+  // closing '}' scans its whole enclosing array, quadratic in a list of
+  // objects (a 200000-node tree file took 30 s to load).
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character is never a quote that ends the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        throw Error(what + ": nesting deeper than " + std::to_string(kMaxJsonDepth) +
+                    " lists/objects (kMaxJsonDepth) is not a treeattn file");
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
   try {
-    return json::parse(text.begin(), text.end(), depth_guard);
+    return json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
     throw Error(what + ": parse error at byte " + std::to_string(e.byte) + ": " + e.what());
   } catch (const json::exception& e) {

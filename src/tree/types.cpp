@@ -18,12 +18,13 @@ std::string_view to_string(DType t) {
   return "?";
 }
 
-DType parse_dtype(std::string_view name) {
+DType parse_dtype(std::string_view name, std::string_view field) {
   if (name == "fp16" || name == "half" || name == "float16") return DType::fp16;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
   if (name == "fp32" || name == "float" || name == "float32") return DType::fp32;
   if (name == "fp8_e4m3" || name == "float8_e4m3fn" || name == "fp8") return DType::fp8_e4m3;
-  throw Error("dtype: unknown element type '" + std::string(name) + "' (expected fp16, bf16, fp32 or fp8_e4m3)");
+  throw Error(std::string(field) + ": unknown element type '" + std::string(name) +
+              "' (expected fp16, bf16, fp32 or fp8_e4m3)");
 }
 
 bool is_supported_head_dim(int head_dim) {

@@ -40,7 +40,7 @@ struct Spec {
     if (s.empty() || ec == std::errc::invalid_argument || ptr != s.data() + s.size())
       fail(key + " = '" + std::string(s) + "' is not an integer");
     if (ec == std::errc::result_out_of_range || v < lo || v > hi)
-      fail(key + " = " + std::string(s) + (lo == 1 && v < lo ? " must be positive"
+      fail(key + " = " + std::string(s) + (lo == 1 && ec != std::errc::result_out_of_range && v < lo ? " must be positive"
                                                              : " is out of range [" + std::to_string(lo) + ", " +
                                                                    std::to_string(hi) + "]"));
     return v;

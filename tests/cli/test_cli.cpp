@@ -86,6 +86,40 @@ TEST(Cli, HostileInputsGiveCleanErrors) {
   // (a 200000-query tree was killed for memory at 24 GB before this check).
   expect_error("verify -w fewshot:prompt=1000000000:branches=1:len=1 --heads 64/64 --head-dim 256 --page-size 65536",
                "TB of host memory, more than the");
+  // The same for demo, which had no such check (an adversarial probe: an
+  // internal error, std::bad_alloc).
+  expect_error("demo -w fewshot:prompt=1000000000:branches=1:len=1 --heads 64/64 --head-dim 256 --page-size 65536",
+               "demo: fewshot:prompt=1000000000:branches=1:len=1 needs about");
+  // Also found by that probe: a seed that CLI11 saturated or wrapped; an
+  // overflow called "must be positive"; --kv-dtype named as dtype; node-chunk's
+  // chunks x queries past any memory.
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --seed -1", "--seed: expected an integer in [0, 2^64), got '-1'");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --seed 18446744073709551616", "got '18446744073709551616'");
+  expect_error("plan -w fasttree:N=1:C=99999999999999999999", "C[0] = 99999999999999999999 is out of range");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --kv-dtype bogus", "--kv-dtype: unknown element type 'bogus'");
+  expect_error("plan -w fasttree:N=1,64:C=1073741000,100 --page-size 65536 -p node-chunk",
+               "node-chunk: chunks of 128 tokens x the queries below them exceed 67108864 plan entries");
+}
+
+// A tree without tokens loads nothing and needs nothing: 1.000 x the floor,
+// not 0/0; a file name that is not UTF-8 still prints as JSON.
+TEST(Cli, EmptyTreesAndOddFileNamesPrint) {
+  const std::string dir = testing::TempDir() + "/treeattn_odd_names";
+  std::filesystem::create_directories(dir);
+  const std::string empty = dir + "/empty.json", odd = dir + "/bad\xff.json";
+  std::ofstream(empty) << R"({"nodes": [{"id": 0, "parent": -1, "tokens": 0}], "queries": [0]})";
+  const Result table = run("plan -w json:" + empty + " -p per-query");
+  ASSERT_EQ(table.code, 0) << table.out;
+  EXPECT_EQ(table.out.find("nan"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("1.000"), std::string::npos) << table.out;
+  const Result js = run("plan -w json:" + empty + " -p per-query --json");
+  ASSERT_EQ(js.code, 0) << js.out;
+  EXPECT_EQ(nlohmann::json::parse(js.out)[0]["kv_over_floor"].get<double>(), 1.0);
+  std::filesystem::copy_file(empty, odd, std::filesystem::copy_options::overwrite_existing);
+  const Result named = run("plan -w 'json:" + odd + "' -p per-query --json");
+  ASSERT_EQ(named.code, 0) << named.out;
+  EXPECT_NE(nlohmann::json::parse(named.out)[0]["workload"].get<std::string>().find("bad\xef\xbf\xbd.json"),
+            std::string::npos);  // the byte as U+FFFD
 }
 
 // Without a GPU (or without CUDA), the GPU commands stop with code 2 and say why.
@@ -298,6 +332,31 @@ TEST(Cli, BenchReportRewritesASuiteReportWithoutAGpu) {
   const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("| node | 40.0% | 2.00x |"), std::string::npos) << text;
   expect_error("bench --report /nonexistent/dir", "cannot read");
+  // A directory whose name is shell syntax: the plot script runs without a
+  // shell (found by an adversarial probe: the name's quote ended the quoting
+  // and the rest ran as a command).
+  const std::string marker = testing::TempDir() + "/treeattn_report_injected";
+  std::filesystem::remove(marker);
+  const std::string odd = testing::TempDir() + "/rep x'; touch " + marker + "; echo '";
+  std::filesystem::create_directories(odd);
+  std::filesystem::copy_file(dir + "/results.json", odd + "/results.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  const Result quoted = run("bench --report \"" + odd + "\"");
+  EXPECT_EQ(quoted.code, 0) << quoted.out;
+  EXPECT_FALSE(std::filesystem::exists(marker)) << quoted.out;
+  EXPECT_TRUE(std::filesystem::exists(odd + "/report.md"));
+  // Results files of another shape are named, not internal errors; a report
+  // that cannot be written says so.
+  const std::string bad = testing::TempDir() + "/treeattn_report_bad";
+  std::filesystem::create_directories(bad);
+  for (const char* text : {"{}", "[]", "{\"records\": 5}", "{\"records\": [{\"x\": 1}]}"}) {
+    std::ofstream(bad + "/results.json") << text;
+    expect_error("bench --report " + bad, "is not a suite's results file");
+  }
+  std::filesystem::create_directories(dir + "/blocked/report.md");  // a directory where the report goes
+  std::filesystem::copy_file(dir + "/results.json", dir + "/blocked/results.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  expect_error("bench --report " + dir + "/blocked", "cannot write " + dir + "/blocked/report.md");
 }
 
 // results.json's "command" must reproduce the run: a report that drops -p or

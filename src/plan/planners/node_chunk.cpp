@@ -14,6 +14,17 @@ Plan plan_node_chunk(const Workload& w, const PlanOptions& opt) {
   const planning::DfsView dv(w);
   const int per_unit = planning::queries_per_unit(w);
   const int64_t chunk = std::max(1, opt.chunk_tokens);
+  // Every chunk of a node holds all of its queries: on a long node that is
+  // chunks x queries entries, checked before they exist (a 2^30-token node
+  // of 64 queries would need ~8 GB of plan).
+  constexpr int64_t kMaxEntries = int64_t(1) << 26;  // the runtime's largest max_entries
+  int64_t entries = 0;
+  for (const int32_t v : dv.preorder) {
+    entries += planning::ceil_div(int64_t(w.tree.nodes[v].num_tokens), chunk) * dv.subtree_queries(v);
+    if (entries > kMaxEntries)
+      throw Error("node-chunk: chunks of " + std::to_string(chunk) + " tokens x the queries below them exceed " +
+                  std::to_string(kMaxEntries) + " plan entries (raise chunk_tokens)");
+  }
   PlanBuilder b(w, "node-chunk");
   // Preorder: units of one subtree are adjacent, parents first.
   for (const int32_t v : dv.preorder) {
