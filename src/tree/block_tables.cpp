@@ -388,17 +388,25 @@ BlockTablesInput parse_block_tables_json(std::string_view text, const WorkloadPa
   std::vector<std::vector<int32_t>>& tables = in.block_tables;
   tables.resize(jb.size());
   std::vector<int32_t>& lens = in.seq_lens;
+  for (size_t s = 0; s < jl.size(); ++s)
+    lens.push_back(int32_t(detail::get_int(jl[s], "seq_lens[" + std::to_string(s) + "]", 1)));
+  // Entries past a sequence's ceil(seq_len / page_size) pages are padding
+  // (any int32, vLLM pads with 0 or -1): they neither need to be page ids nor
+  // count for the default num_pages. (Sequences without a length are
+  // refused by from_block_tables.)
+  const int64_t ps = std::max(1, in.params.page_size);
   int64_t max_page = -1;
   for (size_t s = 0; s < jb.size(); ++s) {
     const std::string f = "block_tables[" + std::to_string(s) + "]";
     detail::require_array(jb[s], f);
+    const size_t used = s < lens.size() ? size_t((int64_t(lens[s]) + ps - 1) / ps) : jb[s].size();
     for (size_t k = 0; k < jb[s].size(); ++k) {
-      tables[s].push_back(int32_t(detail::get_int(jb[s][k], f + "[" + std::to_string(k) + "]", 0)));
-      max_page = std::max<int64_t>(max_page, tables[s].back());
+      const bool padding = k >= used;
+      tables[s].push_back(int32_t(detail::get_int(jb[s][k], f + "[" + std::to_string(k) + "]",
+                                                  padding ? std::numeric_limits<int32_t>::min() : 0)));
+      if (!padding) max_page = std::max<int64_t>(max_page, tables[s].back());
     }
   }
-  for (size_t s = 0; s < jl.size(); ++s)
-    lens.push_back(int32_t(detail::get_int(jl[s], "seq_lens[" + std::to_string(s) + "]", 1)));
   in.num_pages = max_page + 1;
   if (auto it = top.find("num_pages"); it != top.end())
     in.num_pages = detail::get_int(*it, "num_pages", 1, std::numeric_limits<int64_t>::max());

@@ -99,6 +99,14 @@ TEST(BlockTables, SequenceThatIsAPrefixOfAnother) {
 TEST(BlockTables, PaddingPastTheLastPageIsIgnored) {
   const Workload w = bt({{1, 2, 999, -1}}, {20}, 10);
   expect_node(w, 0, -1, 20, {1, 2});
+  // In the JSON format too: padding may be -1, and it does not set the default
+  // num_pages (a 99999999 there asked verify for TBs of pool).
+  const Workload j = block_tables_from_json(
+      R"({"page_size": 16, "block_tables": [[1, 2, 99999999, -1], [1, 0]], "seq_lens": [20, 17]})", WorkloadParams{});
+  EXPECT_EQ(j.layout.num_pages, 3);
+  EXPECT_THROW(block_tables_from_json(R"({"page_size": 16, "block_tables": [[1, -1]], "seq_lens": [20]})",
+                                      WorkloadParams{}),
+               Error);  // -1 where a page is used
 }
 
 TEST(BlockTables, FixtureFile) {
