@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <climits>
@@ -88,18 +89,18 @@ PlanOptions plan_options(const CommonOptions& o) {
   PlanOptions opt;
   if (o.num_sms <= 0) throw Error("sms: " + std::to_string(o.num_sms) + " must be positive");
   opt.num_sms = o.num_sms;
+  std::vector<std::string> seen;  // a key given twice is refused, as in spec strings (not "the last wins")
   for (const std::string& kv : o.plan_opts) {
     const size_t eq = kv.find('=');
     const std::string key = kv.substr(0, eq), text = eq == std::string::npos ? "" : kv.substr(eq + 1);
     double value = 0;
-    size_t used = 0;
-    try {
-      value = std::stod(text, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (key.empty() || text.empty() || used != text.size() || !std::isfinite(value))
+    // Decimal only (std::stod also reads "0x10" as 16).
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value, std::chars_format::general);
+    if (key.empty() || text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
       throw Error("plan-opt: '" + kv + "' is not KEY=NUMBER");
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw Error("plan-opt: " + key + " is given twice");
+    seen.push_back(key);
     set_plan_option(opt, key, value);
   }
   // Without a data directory forge and pat keep their built-in tables (the

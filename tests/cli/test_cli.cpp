@@ -97,6 +97,9 @@ TEST(Cli, HostileInputsGiveCleanErrors) {
   expect_error("plan -w fasttree:N=1,4:C=64,16 --seed 18446744073709551616", "got '18446744073709551616'");
   expect_error("plan -w fasttree:N=1:C=99999999999999999999", "C[0] = 99999999999999999999 is out of range");
   expect_error("plan -w fasttree:N=1,4:C=64,16 --kv-dtype bogus", "--kv-dtype: unknown element type 'bogus'");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt ctas_per_sm=2 --plan-opt ctas_per_sm=3",
+               "plan-opt: ctas_per_sm is given twice");
+  expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt ctas_per_sm=0x10", "'ctas_per_sm=0x10' is not KEY=NUMBER");
   expect_error("plan -w fasttree:N=1,64:C=1073741000,100 --page-size 65536 -p node-chunk",
                "node-chunk: chunks of 128 tokens x the queries below them exceed 67108864 plan entries");
 }
