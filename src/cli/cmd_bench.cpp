@@ -114,7 +114,7 @@ void add_bench_command(CLI::App& app) {
       b->step_graph_plan_launches = *step_graph != "all";
       b->step_graph_first = *step_graph == "plan-first";
     }
-    if (!gpu_available()) throw Error("bench: no CUDA device (or treeattn was built without CUDA)");
+    require_gpu("bench");
     b->flush_l2 = !(*flags)[0];
     b->graph = !(*flags)[1];
     b->persistent = !(*flags)[2];

@@ -74,7 +74,7 @@ void write_output(const std::string& path, const std::string& text, const std::s
 // lengths, `units` identical units (m rows each) per launch, each unit run
 // with exactly the tile being timed (no executor substitution).
 void calibrate_pat_tiles(const CommonOptions& o, const std::string& out, int waves) {
-  if (!gpu_available()) throw Error("calibrate --pat-tiles: no CUDA device (or treeattn was built without CUDA)");
+  require_gpu("calibrate --pat-tiles");
   const WorkloadParams p = workload_params(o);
   const PlanOptions opt = plan_options(o);
   const int g = p.heads.group_size();
@@ -312,7 +312,7 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     data = read_samples(run.from_samples);
     for (const std::string& path : run.from_samples) source += (source.empty() ? "" : " ") + path;
   } else {
-    if (!gpu_available()) throw Error("calibrate --auto: no CUDA device (or treeattn was built without CUDA)");
+    require_gpu("calibrate --auto");
     std::printf("calibrate --auto on %s: per-query and node on every config of the suites", gpu_device_name().c_str());
     for (const std::string& s : run.suites) std::printf(" %s", s.c_str());
     std::printf("%s, planned for %d SMs (--sms; default: this GPU's)\n", run.quick ? " (--quick)" : "", o.num_sms);
@@ -452,7 +452,7 @@ void add_calibrate_command(CLI::App& app) {
       return calibrate_auto_cost(c, r);
     }
     if (*pat_tiles) return calibrate_pat_tiles(*o, *out, waves_opt->count() ? *waves : 8);
-    if (!gpu_available()) throw Error("calibrate: no CUDA device (or treeattn was built without CUDA)");
+    require_gpu("calibrate");
     const WorkloadParams p = workload_params(*o);
     const PlanOptions opt = plan_options(*o);
     const int g = p.heads.group_size();

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "treeattn/bench.hpp"
 #include "treeattn/cost_models.hpp"
 
 namespace treeattn::cli {
@@ -318,6 +319,15 @@ void Progress::loop() {
     s.shown = true;
     std::fflush(stderr);
   }
+}
+
+void require_gpu(const std::string& what) {
+  if (gpu_available()) return;
+#if defined(TREEATTN_HAVE_CUDA)
+  throw Error(what + ": no CUDA device is visible to this process");
+#else
+  throw Error(what + ": no CUDA device: this treeattn was built without CUDA (no nvcc at build time)");
+#endif
 }
 
 void require_inputs_memory(const Workload& w, const std::string& what) {

@@ -62,6 +62,9 @@ inline double kv_over_floor(int64_t kv_bytes, int64_t unique_kv_bytes) {
 // a run that would be killed for memory stops first with a message saying
 // what needs the memory.
 void require_host_memory(double bytes, const std::string& what);
+// Throws Error "<what>: no CUDA device ..." saying whether this build has
+// CUDA at all, unless a GPU is available.
+void require_gpu(const std::string& what);
 // require_host_memory for a workload's random inputs (q, out, the K/V pools)
 // and its fp64 reference output.
 void require_inputs_memory(const Workload& w, const std::string& what);
