@@ -152,3 +152,77 @@ def test_decode_ids_named_when_wrong():
         engine.release(seq, publish=False)
         engine.cache.check()
     assert torch.equal(*logits)
+
+
+def test_failed_runs_release_their_sequences():
+    """run_program and run_speculative that stop on an error (here: the pool fills up)
+    release every sequence they made: the pool's pages come back and the next run works
+    (found by an adversarial probe: the pages stayed locked, every later run failed)."""
+    from treeattn.engine import run_program
+    from treeattn.engine.speculative import parse_spec_program, run_speculative
+    from treeattn.engine.drafting import default_workloads
+    model = load_model("random:tiny", dtype="fp32")
+    engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=20, max_batch=8)
+    free = engine.cache.num_free_pages()
+    with pytest.raises(ValueError, match="KV cache full"):
+        run_program(engine, make_program("shared:prompt=10,branches=4,question=2,gen=30", 256))
+    engine.cache.check()
+    engine.cache.evict(free)
+    assert engine.cache.num_free_pages() == free
+    result = run_program(engine, make_program("shared:prompt=10,branches=2,question=2,gen=20", 256))
+    for s in result.seqs:
+        engine.release(s)
+    engine.cache.check()
+    spec = parse_spec_program("spec:prompt=10,requests=4,question=2,repeat=3,gen=60,tree=4x4", 256, 0,
+                              default_workloads())
+    small = build_engine(model, "torch-ref", "py", page_size=4, num_pages=12, max_batch=4, max_drafts=64)
+    free = small.cache.num_free_pages()
+    with pytest.raises(ValueError, match="KV cache full"):
+        run_speculative(small, spec)
+    small.cache.check()
+    small.cache.evict(free)
+    assert small.cache.num_free_pages() == free
+
+
+def test_sequences_and_tokens_are_checked_before_anything_changes():
+    """A sequence twice in one step, a step without its pending token, token ids outside
+    the vocabulary or not ints, fork into no children, sampling parameters that are nan
+    or of the wrong type: each a ValueError / TypeError naming it, the engine unchanged."""
+    from treeattn.engine import SamplingParams
+    from treeattn.engine.drafting import Draft
+    from treeattn.engine.speculative import verify
+    model = load_model("random:tiny", dtype="fp32")
+    vocab = model.cfg.vocab_size
+    engine = build_engine(model, "torch-ref", "py", page_size=4, num_pages=32, max_batch=4)
+    seq, logits = engine.add([1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match=r"seqs\[0\]: no pending token \(kv_len 5, 5 tokens\)"):
+        engine.decode([seq])
+    seq.tokens.append(int(logits.argmax()))
+    with pytest.raises(ValueError, match=r"seqs\[1\] is seqs\[0\]: a sequence decodes once a step"):
+        engine.decode([seq, seq])
+    with pytest.raises(ValueError, match=r"seqs\[1\] is seqs\[0\]: a sequence is verified once a step"):
+        verify(engine, [seq, seq], [Draft([], []), Draft([], [])])
+    assert seq.kv_len == 5 and len(seq.tokens) == 6
+    engine.decode([seq])                   # still decodes
+    assert seq.kv_len == 6
+    seq.tokens.append(vocab)
+    with pytest.raises(ValueError, match=rf"seqs\[0\]: pending token {vocab} is outside the vocabulary"):
+        engine.decode([seq])
+    seq.tokens[-1] = 7
+    with pytest.raises(ValueError, match=rf"tokens\[2\] = {vocab} is outside the vocabulary \[0, {vocab}\)"):
+        engine.add([1, 2, vocab])
+    with pytest.raises(ValueError, match=r"tokens\[1\] = -1 is outside the vocabulary"):
+        engine.add([1, -1])
+    with pytest.raises(TypeError, match="tokens: token ids are ints, got 1.7"):
+        engine.add([1.7, 2])
+    for n in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="n: expected a number of children >= 1"):
+            engine.fork(seq, n)
+    engine.decode([seq])                   # the failed calls left it as it was
+    engine.release(seq)
+    engine.cache.check()
+    for kw, error in ((dict(temperature=float("nan")), ValueError), (dict(temperature=float("inf")), ValueError),
+                      (dict(temperature="1"), TypeError), (dict(top_k=1.5), TypeError),
+                      (dict(top_p=True), TypeError)):
+        with pytest.raises(error, match=next(iter(kw))):
+            SamplingParams(**kw)

@@ -15,6 +15,17 @@ from .programs import KINDS
 from .tot import TOT_KINDS, is_tot_spec, make_tot_program, run_tot
 
 
+def _at_least(lo):
+    """argparse type: an int >= lo (the error names the value and the bound)."""
+    def parse(text):
+        value = int(text)
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {value}")
+        return value
+    parse.__name__ = f"int >= {lo}"
+    return parse
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m treeattn.engine", description=__doc__)
     p.add_argument("--model", default="random:tiny",
@@ -30,7 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--attention", default="auto",
                    help="torch-ref (PyTorch reference), auto, per-query or a treeattn planner")
     p.add_argument("--cache", default="auto", choices=["auto", "cpp", "py"])
-    p.add_argument("--steps", type=int, default=None, help="at most this many decode steps")
+    p.add_argument("--steps", type=_at_least(0), default=None, help="at most this many decode steps")
     p.add_argument("--graphs", default="off", choices=["on", "off"])
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
                    help="torch.compile the elementwise ops into one kernel each "
@@ -38,8 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--num-pages", type=int, default=None,
+    p.add_argument("--page-size", type=_at_least(1), default=16)
+    p.add_argument("--num-pages", type=_at_least(1), default=None,
                    help="KV pool pages (default: what the program needs, plus 10%%)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return p.parse_args(argv)

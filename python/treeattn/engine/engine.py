@@ -3,6 +3,8 @@ Sequences enter with add() (longest cached prefix reused, the rest prefilled, wh
 published to the cache), split with fork() (parallel samples), and advance together with
 decode(): one forest (cached radix paths + each sequence's tail node), one plan, one run()
 per layer."""
+import numbers
+import operator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,6 +12,37 @@ import torch
 
 from .contexts import AttentionTimer, DecodeContext, PrefillContext
 from .kv import KVPool
+
+
+def _token_ids(name, tokens, vocab):
+    """tokens as a list of ints in [0, vocab): ValueError / TypeError naming the first bad one."""
+    try:
+        ids = [operator.index(t) for t in tokens]
+    except TypeError:
+        bad = next(t for t in tokens if not _is_index(t))
+        raise TypeError(f"{name}: token ids are ints, got {bad!r}") from None
+    bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"{name}[{bad}] = {ids[bad]} is outside the vocabulary [0, {vocab})")
+    return ids
+
+
+def _is_index(t):
+    try:
+        operator.index(t)
+        return True
+    except TypeError:
+        return False
+
+
+def _repeated(seqs):
+    """(i, j), i < j, where seqs[j] is seqs[i]; None when every sequence is there once."""
+    seen = {}
+    for j, s in enumerate(seqs):
+        i = seen.setdefault(id(s), j)
+        if i != j:
+            return i, j
+    return None
 
 
 @dataclass(eq=False)
@@ -94,7 +127,7 @@ class Engine:
     # -- sequences ----------------------------------------------------------------------
     def add(self, tokens):
         """Prefill a prompt onto its longest cached prefix. Returns (seq, logits [vocab])."""
-        tokens = [int(t) for t in tokens]
+        tokens = _token_ids("tokens", tokens, self.model.cfg.vocab_size)
         n = len(tokens)
         if n == 0:
             raise ValueError("tokens: empty prompt")
@@ -152,6 +185,8 @@ class Engine:
         """n sequences continuing seq (which is consumed). They share its cached pages;
         its leftover rows past the last whole page are copied into each child's tail (one
         copy for all children)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"n: expected a number of children >= 1, got {n!r} (release(seq) ends a sequence)")
         self.publish(seq)
         left = seq.kv_len - seq.cached_len       # < page_size after publish
         children = []
@@ -240,7 +275,7 @@ class Engine:
         seqs changed in between. Returns False (nothing prepared) where decode(seqs) would
         raise: decode() then raises."""
         self._ahead = None
-        if not 0 < len(seqs) <= self.max_batch:
+        if not 0 < len(seqs) <= self.max_batch or _repeated(seqs) is not None:
             return False
         try:
             for s in seqs:
@@ -279,13 +314,29 @@ class Engine:
         if ids is not None and (ids.shape != (n,) or ids.dtype != torch.long or ids.device != self.device):
             raise ValueError(f"ids: expected an int64 tensor [{n}] on {self.device}, got "
                              f"{ids.dtype} {tuple(ids.shape)} on {ids.device}")
+        pending = None
+        if ids is None:
+            # Each sequence's pending token, checked before any state changes.
+            missing = next((i for i, s in enumerate(seqs) if len(s.tokens) <= s.kv_len), None)
+            if missing is not None:
+                s = seqs[missing]
+                raise ValueError(f"seqs[{missing}]: no pending token (kv_len {s.kv_len}, {len(s.tokens)} tokens): "
+                                 "append the next token to seq.tokens before decode(), or pass ids")
+            pending = [s.tokens[s.kv_len] for s in seqs]
+            vocab = self.model.cfg.vocab_size
+            if not 0 <= min(pending) <= max(pending) < vocab:
+                i = next(i for i, t in enumerate(pending) if not 0 <= t < vocab)
+                raise ValueError(f"seqs[{i}]: pending token {pending[i]} is outside the vocabulary [0, {vocab})")
         if not self._prepared(seqs):
+            repeated = _repeated(seqs)
+            if repeated is not None:
+                raise ValueError(f"seqs[{repeated[1]}] is seqs[{repeated[0]}]: a sequence decodes once a step")
             for s in seqs:
                 self._reserve_slot(s)
             self._plan(seqs)
         self._ahead = None                 # consumed: the next step plans again
         inputs = self._inputs()
-        inputs[0, :n] = 0 if ids is not None else [s.tokens[s.kv_len] for s in seqs]
+        inputs[0, :n] = 0 if ids is not None else pending
         inputs[1, :n] = [s.kv_len for s in seqs]
         inputs[2, :n] = [self._slot(s) for s in seqs]
         if self.graphs is not None:

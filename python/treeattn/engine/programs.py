@@ -113,55 +113,70 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def release_all(engine, seqs):
+    """Release every sequence (without publishing), going on past one that fails: what a
+    run does with its sequences when it stops on an error."""
+    for s in seqs:
+        try:
+            engine.release(s, publish=False)
+        except Exception:   # already released, or the cache refuses: the others still go
+            pass
+
+
 def run_program(engine, program, seed=0, steps=None, record_logits=False,
                 time_attention=False, on_step=None) -> RunResult:
     """Prefill every prompt (forking samples), then decode all sequences together for
     min(gen - 1, steps) steps: each step samples one token per sequence."""
     gen = torch.Generator(device=engine.device).manual_seed(seed)
     seqs, logits_rows = [], []
-    _sync(engine.device)
-    started = time.perf_counter()
-    for prompt in program.prompts:
-        seq, logits = engine.add(prompt)
-        group = engine.fork(seq, program.samples) if program.samples > 1 else [seq]
-        batch = logits[None].expand(len(group), -1)
-        firsts = sample(batch, program.sampling, gen, engine.model.ops.race)
-        for s, tok in zip(group, firsts.tolist()):
-            s.tokens.append(tok)
-            logits_rows.append([logits.cpu()] if record_logits else None)
-        seqs += group
-    _sync(engine.device)
-    result = RunResult(seqs, time.perf_counter() - started)
-    num_steps = program.gen - 1 if steps is None else min(steps, program.gen - 1)
-    graphs = getattr(engine, "graphs", None)
-    if graphs is not None and seqs and num_steps > 0:
-        engine.prepare(seqs)   # the first step's plan and its graph, outside the timed steps
-    for step in range(num_steps):
-        _sync(engine.device)   # a no-op after the last step's token read: nothing is queued
-        # a step: from the previous step's tokens being on the host (the step's inputs) to
-        # this step's tokens being on the host and appended; host work for the next step
-        # done meanwhile counts here, the instrumentation below (attention timing,
-        # logits rows, on_step) does not
+    try:  # on an error the sequences made so far are released: their pages are not lost
+        _sync(engine.device)
         started = time.perf_counter()
-        logits = engine.decode(seqs, time_attention=time_attention)
-        # on the device: queued, no sync
-        tokens = sample(logits, program.sampling, gen, engine.model.ops.race)
-        if step + 1 < num_steps:
-            # the next step's slots, forest and attention plan, while this one runs on the
-            # GPU: they depend on the tree's shape only, not on the tokens being sampled
-            engine.prepare(seqs)
-        tokens = tokens.tolist()   # the step's one host sync: every sampled id in one copy
-        for s, tok in zip(seqs, tokens):
-            s.tokens.append(tok)
-        result.step_seconds.append(time.perf_counter() - started)
-        result.batch_sizes.append(len(seqs))
-        if time_attention:
-            result.attention_seconds.append(engine.attention_seconds(len(seqs)))
-        if record_logits:
-            for i in range(len(seqs)):
-                logits_rows[i].append(logits[i].cpu())
-        if on_step:
-            on_step(step + 1, num_steps)
+        for prompt in program.prompts:
+            seq, logits = engine.add(prompt)
+            seqs.append(seq)
+            group = engine.fork(seq, program.samples) if program.samples > 1 else [seq]
+            seqs[-1:] = group   # seq itself, or its children (fork consumed it)
+            batch = logits[None].expand(len(group), -1)
+            firsts = sample(batch, program.sampling, gen, engine.model.ops.race)
+            for s, tok in zip(group, firsts.tolist()):
+                s.tokens.append(tok)
+                logits_rows.append([logits.cpu()] if record_logits else None)
+        _sync(engine.device)
+        result = RunResult(seqs, time.perf_counter() - started)
+        num_steps = program.gen - 1 if steps is None else min(steps, program.gen - 1)
+        graphs = getattr(engine, "graphs", None)
+        if graphs is not None and seqs and num_steps > 0:
+            engine.prepare(seqs)   # the first step's plan and its graph, outside the timed steps
+        for step in range(num_steps):
+            _sync(engine.device)   # a no-op after the last step's token read: nothing is queued
+            # a step: from the previous step's tokens being on the host (the step's inputs) to
+            # this step's tokens being on the host and appended; host work for the next step
+            # done meanwhile counts here, the instrumentation below (attention timing,
+            # logits rows, on_step) does not
+            started = time.perf_counter()
+            logits = engine.decode(seqs, time_attention=time_attention)
+            # on the device: queued, no sync
+            tokens = sample(logits, program.sampling, gen, engine.model.ops.race)
+            if step + 1 < num_steps:
+                # the next step's slots, forest and attention plan, while this one runs on the
+                # GPU: they depend on the tree's shape only, not on the tokens being sampled
+                engine.prepare(seqs)
+            tokens = tokens.tolist()   # the step's one host sync: every sampled id in one copy
+            for s, tok in zip(seqs, tokens):
+                s.tokens.append(tok)
+            result.step_seconds.append(time.perf_counter() - started)
+            result.batch_sizes.append(len(seqs))
+            if time_attention:
+                result.attention_seconds.append(engine.attention_seconds(len(seqs)))
+            if record_logits:
+                for i in range(len(seqs)):
+                    logits_rows[i].append(logits[i].cpu())
+            if on_step:
+                on_step(step + 1, num_steps)
+    except BaseException:
+        release_all(engine, seqs)
+        raise
     if record_logits:
         result.logits = [torch.stack(rows) for rows in logits_rows]
     return result

@@ -7,6 +7,8 @@ softmax(logits / temperature)[i] (torch.multinomial draws one sample the same wa
 softmax and a division that each take a pass over [batch, vocab] in fp32). Here the noise is
 one fp32 pass and the race one more, which ops.compiled_ops() fuses into a single kernel
 reading the logits in their own dtype."""
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -19,8 +21,14 @@ class SamplingParams:
     top_k: int = 0             # 0: no limit
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature: expected >= 0, got {self.temperature}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name}: expected a number, got {value!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+            raise TypeError(f"top_k: expected an int, got {self.top_k!r}")
+        if not 0 <= self.temperature < math.inf:   # also refuses nan
+            raise ValueError(f"temperature: expected a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p: expected in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -29,7 +29,8 @@ import torch
 
 from .contexts import DecodeContext
 from .drafting import NgramIndex, check_parents, default_workloads, draft_tree, load_topology
-from .programs import Program, parse_params
+from .engine import _repeated
+from .programs import Program, parse_params, release_all
 from .sampling import SamplingParams
 
 SPEC_DEFAULTS = dict(prompt=4000, requests=8, question=16, repeat=0, gen=128,
@@ -54,6 +55,9 @@ def _check_drafts(engine, seqs, drafts):
                          f"got {len(seqs)}")
     if len(drafts) != len(seqs):
         raise ValueError(f"drafts: expected one per sequence ({len(seqs)}), got {len(drafts)}")
+    repeated = _repeated(seqs)
+    if repeated is not None:
+        raise ValueError(f"seqs[{repeated[1]}] is seqs[{repeated[0]}]: a sequence is verified once a step")
     total = len(seqs) + sum(len(d.tokens) for d in drafts)
     if total > engine.max_tokens:
         raise ValueError(f"drafts: {len(seqs)} pending tokens + {total - len(seqs)} drafts "
@@ -258,40 +262,44 @@ def run_speculative(engine, spec, steps=None, time_attention=False, on_step=None
     _sync(engine.device)
     started = time.perf_counter()
     seqs = []
-    for prompt in spec.program.prompts:
-        seq, logits = engine.add(prompt)
-        seq.tokens.append(int(logits.argmax()))
-        seqs.append(seq)
-    indexes = [NgramIndex(s.tokens, spec.ngram) for s in seqs]
-    _sync(engine.device)
-    result = SpecResult(seqs, time.perf_counter() - started)
-    if record_logits:
-        result.logits = []
-    while steps is None or len(result.step_seconds) < steps:
-        active = [i for i, s in enumerate(seqs) if len(s.tokens) - s.prompt_len < gen]
-        if not active:
-            break
+    try:  # on an error the sequences made so far are released: their pages are not lost
+        for prompt in spec.program.prompts:
+            seq, logits = engine.add(prompt)
+            seqs.append(seq)
+            seq.tokens.append(int(logits.argmax()))
+        indexes = [NgramIndex(s.tokens, spec.ngram) for s in seqs]
         _sync(engine.device)
-        started = time.perf_counter()
-        drafts = [draft_tree(topology, indexes[i],
-                             max_depth=gen - (len(seqs[i].tokens) - seqs[i].prompt_len) - 1,
-                             fill=spec.fill) for i in active]
-        drafted = time.perf_counter()
-        out = verify(engine, [seqs[i] for i in active], drafts, time_attention=time_attention,
-                     return_logits=record_logits)
-        for i, tokens in zip(active, out.tokens):
-            indexes[i].extend(tokens)
-        done = time.perf_counter()
-        result.step_seconds.append(done - started)
-        result.verify_seconds.append(done - drafted)
-        result.accepted.append(out.accepted)
-        result.drafted.append([len(d) for d in drafts])
-        if time_attention:   # instrumentation, off the clock (graphs: the attention runs again)
-            result.attention_seconds.append(engine.attention_seconds(len(active) + sum(map(len, drafts))))
+        result = SpecResult(seqs, time.perf_counter() - started)
         if record_logits:
-            result.logits.append((active, drafts, out.logits))
-        if on_step:
-            on_step(len(result.step_seconds), out)
+            result.logits = []
+        while steps is None or len(result.step_seconds) < steps:
+            active = [i for i, s in enumerate(seqs) if len(s.tokens) - s.prompt_len < gen]
+            if not active:
+                break
+            _sync(engine.device)
+            started = time.perf_counter()
+            drafts = [draft_tree(topology, indexes[i],
+                                 max_depth=gen - (len(seqs[i].tokens) - seqs[i].prompt_len) - 1,
+                                 fill=spec.fill) for i in active]
+            drafted = time.perf_counter()
+            out = verify(engine, [seqs[i] for i in active], drafts, time_attention=time_attention,
+                         return_logits=record_logits)
+            for i, tokens in zip(active, out.tokens):
+                indexes[i].extend(tokens)
+            done = time.perf_counter()
+            result.step_seconds.append(done - started)
+            result.verify_seconds.append(done - drafted)
+            result.accepted.append(out.accepted)
+            result.drafted.append([len(d) for d in drafts])
+            if time_attention:   # instrumentation, off the clock (graphs: the attention runs again)
+                result.attention_seconds.append(engine.attention_seconds(len(active) + sum(map(len, drafts))))
+            if record_logits:
+                result.logits.append((active, drafts, out.logits))
+            if on_step:
+                on_step(len(result.step_seconds), out)
+    except BaseException:
+        release_all(engine, seqs)
+        raise
     return result
 
 
