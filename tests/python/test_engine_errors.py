@@ -2,6 +2,7 @@
 architecture, a missing tensor or a shape mismatch; prompts longer than the KV cache; the
 cache keeps its invariants (and its free pages) after every failed request."""
 import json
+import re
 import os
 
 import pytest
@@ -226,3 +227,15 @@ def test_sequences_and_tokens_are_checked_before_anything_changes():
                       (dict(top_p=True), TypeError)):
         with pytest.raises(error, match=next(iter(kw))):
             SamplingParams(**kw)
+
+
+def test_engine_sizes_are_checked_as_given():
+    """build_engine's sizes, named with the value the caller gave (the pool's error named
+    num_pages - 1, its scratch page left out)."""
+    model = load_model("random:tiny", dtype="fp32")
+    for kw, error, text in ((dict(num_pages=1), ValueError, "num_pages = 1: expected >= 2"),
+                            (dict(max_batch=0), ValueError, "max_batch = 0: expected >= 1"),
+                            (dict(max_drafts=-4), ValueError, "max_drafts = -4: expected >= 0"),
+                            (dict(page_size=2.5), TypeError, "page_size: expected an int, got 2.5")):
+        with pytest.raises(error, match=re.escape(text)):
+            build_engine(model, "torch-ref", "py", **{**dict(page_size=4, num_pages=16), **kw})

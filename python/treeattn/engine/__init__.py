@@ -2,7 +2,7 @@
 radix KV cache (python -m treeattn.engine --help)."""
 from .backends import make_attention, make_cache
 from .config import ModelConfig, config_from_dict, named_config, read_config
-from .engine import Engine, Sequence
+from .engine import Engine, Sequence, check_sizes
 from .model import CausalLM
 from .programs import Program, RunResult, make_program, parse_spec, run_program
 from .py_radix import PyRadixCache
@@ -17,6 +17,8 @@ def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_p
     """An Engine with a pool of num_pages pages (the last one is scratch), its cache and its
     attention backend sized for max_batch queries plus max_drafts speculative draft tokens
     per step (each one more query, node and page reference)."""
+    check_sizes(page_size=(page_size, 1), num_pages=(num_pages, 2), max_batch=(max_batch, 1),
+                 max_drafts=(max_drafts, 0))
     w = model.model.embed_tokens.weight
     attn = make_attention(attention, model.cfg, page_size, num_pages, w.device, w.dtype,
                           max_queries=max_batch + max_drafts,

@@ -14,6 +14,16 @@ from .contexts import AttentionTimer, DecodeContext, PrefillContext
 from .kv import KVPool
 
 
+def check_sizes(**sizes):
+    """Each name=(value, least): an int >= least, else TypeError / ValueError naming it
+    (num_pages counts the scratch page: a pool needs 2)."""
+    for name, (value, least) in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name}: expected an int, got {value!r}")
+        if value < least:
+            raise ValueError(f"{name} = {value}: expected >= {least}")
+
+
 def _token_ids(name, tokens, vocab):
     """tokens as a list of ints in [0, vocab): ValueError / TypeError naming the first bad one."""
     try:
@@ -73,6 +83,8 @@ class Engine:
     def __init__(self, model, attention, cache, num_pages, page_size, max_batch=256,
                  graphs=False, prefill_chunk=1024, max_drafts=0):
         cfg = model.cfg
+        check_sizes(num_pages=(num_pages, 2), page_size=(page_size, 1), max_batch=(max_batch, 1),
+                    prefill_chunk=(prefill_chunk, 1), max_drafts=(max_drafts, 0))
         self.model, self.attention, self.cache = model, attention, cache
         self.page_size, self.max_batch, self.prefill_chunk = page_size, max_batch, prefill_chunk
         self.max_tokens = max_batch + max_drafts
