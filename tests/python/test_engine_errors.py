@@ -90,6 +90,16 @@ def test_bad_program_specs():
         parse_spec("shared:branch=3")
     with pytest.raises(ValueError, match="top_p: expected in"):
         make_program("sample:top_p=0", 100)
+    # Lengths >= 0 and counts >= 1, named where they are given (NumPy's "negative
+    # dimensions" or a run of no sequences before).
+    for spec, text in (("shared:prompt=-1", "prompt=-1 must be >= 0"), ("two-level:docs=-1", "docs=-1 must be >= 0"),
+                       ("shared:branches=0", "branches=0 must be >= 1"), ("sample:n=0", "n=0 must be >= 1"),
+                       ("independent:seqs=0", "seqs=0 must be >= 1")):
+        with pytest.raises(ValueError, match=re.escape(text)):
+            make_program(spec, 100)
+    with pytest.raises(ValueError, match="vocab_size = 0"):
+        make_program("shared:prompt=4", 0)
+    assert len(make_program("shared:prompt=5,question=0,branches=2", 100).prompts) == 2   # a length may be 0
 
 
 def test_prompt_longer_than_cache():

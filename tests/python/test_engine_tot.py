@@ -349,7 +349,7 @@ def test_bench_combine(tmp_path, monkeypatch, capsys):
 def test_specs():
     with pytest.raises(ValueError, match="tot needs file=PATH"):
         make_tot_program("tot:tasks=2", 256)
-    with pytest.raises(ValueError, match="tot tasks and max_steps must be >= 0"):
+    with pytest.raises(ValueError, match="max_steps=-1 must be >= 0"):
         make_tot_program("tot:file=x.json,max_steps=-1", 256)
     with pytest.raises(ValueError, match="bad parameter 'width=2'"):
         make_tot_program("tot:file=x.json,width=2", 256)

@@ -19,6 +19,8 @@ KINDS = {
     "independent": dict(seqs=64, prompt=2000),                                # no sharing
 }
 COMMON = dict(gen=256, temperature=0.0, top_p=1.0, top_k=0)
+# parameters that count prompts or sequences (>= 1); every other integer is a length (>= 0)
+COUNTS = {"branches", "docs", "questions", "shots", "n", "seqs"}
 
 
 @dataclass
@@ -40,6 +42,9 @@ def parse_spec(spec: str) -> tuple:
     params = parse_params(kind, rest, params)
     if params["gen"] < 1:
         raise ValueError(f"program: gen={params['gen']} must be >= 1")
+    for key in COUNTS & params.keys():
+        if params[key] < 1:
+            raise ValueError(f"program: {key}={params[key]} must be >= 1 (it counts prompts or sequences)")
     return kind, params
 
 
@@ -55,12 +60,16 @@ def parse_params(kind: str, rest: str, defaults: dict) -> dict:
             params[key] = type(params[key])(value)
         except ValueError as e:
             raise ValueError(f"program: {key}={value!r} is not a {type(params[key]).__name__}") from e
+        if type(params[key]) is int and params[key] < 0:
+            raise ValueError(f"program: {key}={value} must be >= 0")
     return params
 
 
 def make_program(spec: str, vocab_size: int, seed: int = 0) -> Program:
     """Random token ids (seeded); distinct segments so only the intended prefixes match."""
     kind, p = parse_spec(spec)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size = {vocab_size!r}: expected an int >= 1")
     rng = np.random.default_rng(seed)
     rand = lambda n: rng.integers(0, vocab_size, n).tolist()
     samples = 1
