@@ -249,3 +249,24 @@ def test_engine_sizes_are_checked_as_given():
                             (dict(page_size=2.5), TypeError, "page_size: expected an int, got 2.5")):
         with pytest.raises(error, match=re.escape(text)):
             build_engine(model, "torch-ref", "py", **{**dict(page_size=4, num_pages=16), **kw})
+
+
+def test_config_fields_are_checked_by_name():
+    """config.json fields the decoder cannot use: a ValueError naming the field (raw
+    KeyError / TypeError / torch errors, or a silent default, before)."""
+    from treeattn.engine import config_from_dict
+    base = dict(architectures=["LlamaForCausalLM"], vocab_size=100, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    assert config_from_dict(base).head_dim == 16
+    for edit, text in ((dict(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4}), "needs 'factor'"),
+                       (dict(rope_theta=-1.0), "rope_theta = -1.0 must be a positive number"),
+                       (dict(rope_theta=0), "rope_theta = 0.0 must be a positive number"),
+                       (dict(num_hidden_layers=0), "num_hidden_layers = 0 must be a positive integer"),
+                       (dict(num_key_value_heads=0), "num_key_value_heads = 0 must be a positive integer"),
+                       (dict(num_key_value_heads=3), "not a multiple of num_key_value_heads = 3"),
+                       (dict(head_dim=63), "head_dim = 63 must be even"),
+                       (dict(rope_parameters=[1, 2]), "rope_parameters must be an object")):
+        with pytest.raises(ValueError, match=re.escape(text)):
+            config_from_dict({**base, **edit})
+    with pytest.raises(ValueError, match="expected an object"):
+        config_from_dict([1, 2])

@@ -1,6 +1,7 @@
 """Model configuration for the engine's Llama-family decoder: read from a Hugging Face
 config.json (transformers 4 and 5 layouts) or built from a named shape for random weights."""
 import json
+import math
 import os
 from dataclasses import dataclass, field, replace
 
@@ -39,18 +40,47 @@ def _require(cfg: dict, key: str, path: str):
 
 def _rope(cfg: dict, path: str):
     """(theta, scaling) from transformers 5's rope_parameters or 4's rope_theta + rope_scaling."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], dict):
+            raise ValueError(f"{path}: {key} must be an object, got {cfg[key]!r}")
     params = dict(cfg.get("rope_parameters") or {})
-    theta = params.pop("rope_theta", None) or cfg.get("rope_theta") or 10000.0
+    theta = params.pop("rope_theta", None)
+    if theta is None:
+        theta = cfg.get("rope_theta")
+    theta = 10000.0 if theta is None else _number(theta, "rope_theta", path)
+    if not 0 < theta < math.inf:
+        raise ValueError(f"{path}: rope_theta = {theta} must be a positive number")
     scaling = params or dict(cfg.get("rope_scaling") or {})
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ("default", "llama3"):
         raise ValueError(f"{path}: rope type {kind!r} is not supported (default, llama3)")
     if kind == "default":
         scaling = {}
-    return float(theta), scaling
+    else:
+        for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if key not in scaling:
+                raise ValueError(f"{path}: llama3 rope scaling needs {key!r}")
+            if not _number(scaling[key], key, path) > 0:
+                raise ValueError(f"{path}: llama3 rope scaling {key} = {scaling[key]} must be positive")
+    return theta, scaling
+
+
+def _number(value, key: str, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{path}: {key} = {value!r} is not a number")
+    return float(value)
+
+
+def _size(value, key: str, path: str) -> int:
+    """A positive int field (a JSON integer, or a float holding one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise ValueError(f"{path}: {key} = {value!r} must be a positive integer")
+    return int(value)
 
 
 def config_from_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected an object (a dict), got {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
     model_type = cfg.get("model_type")
     known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
@@ -59,19 +89,26 @@ def config_from_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
     elif archs or model_type not in MODEL_TYPES:
         raise ValueError(f"{path}: unknown architecture {archs or model_type!r}; "
                          f"supported: {sorted(ARCHITECTURES)}")
-    heads = int(_require(cfg, "num_attention_heads", path))
-    hidden = int(_require(cfg, "hidden_size", path))
+    size = lambda key: _size(_require(cfg, key, path), key, path)
+    heads, hidden = size("num_attention_heads"), size("hidden_size")
+    kv_heads = heads if cfg.get("num_key_value_heads") is None else size("num_key_value_heads")
+    head_dim = hidden // heads if cfg.get("head_dim") is None else size("head_dim")
+    if heads % kv_heads:
+        raise ValueError(f"{path}: num_attention_heads = {heads} is not a multiple of "
+                         f"num_key_value_heads = {kv_heads}")
+    if head_dim % 2:
+        raise ValueError(f"{path}: head_dim = {head_dim} must be even (RoPE rotates pairs)")
     theta, scaling = _rope(cfg, path)
     use_window = cfg.get("use_sliding_window", model_type == "mistral")
     return ModelConfig(
         model_type=model_type,
-        vocab_size=int(_require(cfg, "vocab_size", path)),
+        vocab_size=size("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=int(_require(cfg, "intermediate_size", path)),
-        num_layers=int(_require(cfg, "num_hidden_layers", path)),
+        intermediate_size=size("intermediate_size"),
+        num_layers=size("num_hidden_layers"),
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,

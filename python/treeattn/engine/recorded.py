@@ -184,8 +184,8 @@ def scaled(task, factor):
     from the root down, so the shape and the order of events are kept in miniature."""
     if factor == 1:
         return task
-    if not factor > 0:
-        raise ValueError(f"scale: expected > 0, got {factor}")
+    if not 0 < factor <= 1000:   # also refuses nan and inf: lengths must stay integers a run can hold
+        raise ValueError(f"scale: expected a number in (0, 1000], got {factor}")
     shrink = lambda n: math.ceil(n * factor) if n > 0 else 0
     nodes, order = {}, [task.root]
     for node_id in order:      # parents before children
