@@ -47,6 +47,8 @@ def _is_index(t):
 
 def _repeated(seqs):
     """(i, j), i < j, where seqs[j] is seqs[i]; None when every sequence is there once."""
+    if len(set(map(id, seqs))) == len(seqs):   # the common case, at C speed
+        return None
     seen = {}
     for j, s in enumerate(seqs):
         i = seen.setdefault(id(s), j)
@@ -329,12 +331,12 @@ class Engine:
         pending = None
         if ids is None:
             # Each sequence's pending token, checked before any state changes.
-            missing = next((i for i, s in enumerate(seqs) if len(s.tokens) <= s.kv_len), None)
-            if missing is not None:
-                s = seqs[missing]
-                raise ValueError(f"seqs[{missing}]: no pending token (kv_len {s.kv_len}, {len(s.tokens)} tokens): "
-                                 "append the next token to seq.tokens before decode(), or pass ids")
-            pending = [s.tokens[s.kv_len] for s in seqs]
+            try:
+                pending = [s.tokens[s.kv_len] for s in seqs]
+            except IndexError:
+                i = next(i for i, s in enumerate(seqs) if len(s.tokens) <= s.kv_len)
+                raise ValueError(f"seqs[{i}]: no pending token (kv_len {seqs[i].kv_len}, {len(seqs[i].tokens)} "
+                                 "tokens): append the next token to seq.tokens before decode(), or pass ids") from None
             vocab = self.model.cfg.vocab_size
             if not 0 <= min(pending) <= max(pending) < vocab:
                 i = next(i for i, t in enumerate(pending) if not 0 <= t < vocab)
