@@ -63,9 +63,7 @@ void add_demo_command(CLI::App& app) {
         const PlanSummary s = summarize(w, p);
         if (name == "per-query") per_query_bytes = double(s.kv_bytes);
         if (best.empty() || double(s.kv_bytes) < best_bytes) best = name, best_bytes = double(s.kv_bytes);
-        // The CPU executor's partials: fp32 O and lse per (slot, qo head).
-        require_host_memory(double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4,
-                            "demo: " + name + "'s partials on " + w.name);
+        require_partials_memory(w, p, "demo: " + name + "'s partials on " + w.name);
         inputs.poison_out();
         const auto t0 = std::chrono::steady_clock::now();
         run_cpu(w, p, inputs.args());

@@ -39,9 +39,7 @@ void add_verify_command(CLI::App& app) {
         progress.step(name + ": plan, validate, run on the CPU: " + tag);
         const Plan p = make_plan(name, w, opt);
         validate_plan(w, p);
-        // The CPU executor's partials: fp32 O and lse per (slot, qo head).
-        require_host_memory(double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4,
-                            "verify: " + name + "'s partials on " + tag);
+        require_partials_memory(w, p, "verify: " + name + "'s partials on " + tag);
         t.poison_out();
         const auto t0 = std::chrono::steady_clock::now();
         run_cpu(w, p, t.args());

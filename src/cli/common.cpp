@@ -337,6 +337,10 @@ void require_inputs_memory(const Workload& w, const std::string& what) {
   require_host_memory(pool + elems * (2 * dtype_size(w.layout.dtype) + 8), what);
 }
 
+void require_partials_memory(const Workload& w, const Plan& p, const std::string& what) {
+  require_host_memory(double(p.num_slots) * w.heads.num_qo_heads * (w.heads.head_dim + 1) * 4, what);
+}
+
 void require_host_memory(double bytes, const std::string& what) {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;

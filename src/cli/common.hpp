@@ -68,6 +68,9 @@ void require_gpu(const std::string& what);
 // require_host_memory for a workload's random inputs (q, out, the K/V pools)
 // and its fp64 reference output.
 void require_inputs_memory(const Workload& w, const std::string& what);
+// require_host_memory for the CPU executor's partials of plan p: fp32 O and
+// lse per (slot, qo head).
+void require_partials_memory(const Workload& w, const Plan& p, const std::string& what);
 
 // Where the CLI's data files are (suites/, forge_cost_h100.json,
 // pat_tile_rules.json, workloads/): the first of

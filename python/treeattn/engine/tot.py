@@ -228,8 +228,6 @@ def make_tot_program(spec, vocab_size, seed=0):
     if kind == "tot":
         if not p["file"]:
             raise ValueError("program: tot needs file=PATH (a recorded ToT file)")
-        if p["tasks"] < 0 or p["max_steps"] < 0:
-            raise ValueError("program: tot tasks and max_steps must be >= 0 (0: all)")
         tasks = load_tot_file(p["file"], p["tasks"] or None)
         policy = ReplayPolicy([scaled(t, p["scale"]) for t in tasks])
         prompts = [random_ids(length) for _, _, length in policy.roots()]
