@@ -29,13 +29,17 @@ import numpy as np
 
 from . import _treeattn
 
-__all__ = ["TreeAttention", "BoundRun", "RadixCache", "cuda_built", "set_auto_cost_model", "auto_cost_model"]
+__all__ = ["TreeAttention", "BoundRun", "RadixCache", "cuda_built", "planners", "set_auto_cost_model",
+           "auto_cost_model"]
 
 # The page-granular radix tree over token ids and its page pool (C++): see
 # include/treeattn/cache.hpp. Page ids it hands out are what plan_tree takes.
 RadixCache = _treeattn.RadixCache
 
 cuda_built: bool = _treeattn.cuda_built
+
+# [(name, description)] of the planners ``TreeAttention(planner=...)`` takes.
+planners = _treeattn.planners
 
 _DTYPES = {"fp16": "fp16", "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 

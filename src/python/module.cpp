@@ -11,6 +11,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -26,6 +27,7 @@
 
 #include "python/bindings.hpp"
 #include "treeattn/cost_models.hpp"
+#include "treeattn/planner.hpp"
 #include "treeattn/runtime.hpp"
 
 namespace nb = nanobind;
@@ -815,4 +817,13 @@ NB_MODULE(_treeattn, m) {
       },
       nb::arg("path").none());
   m.def("_auto_cost_model", [] { return treeattn::to_json(*treeattn::default_auto_cost_model()); });
+  m.def(
+      "planners",
+      [] {
+        std::vector<std::pair<std::string, std::string>> names;
+        for (const treeattn::PlannerInfo& p : treeattn::planners()) names.emplace_back(p.name, p.description);
+        return names;
+      },
+      "The planners a TreeAttention's ``planner=`` takes: (name, description) pairs, the default "
+      "(\"auto\") first.");
 }

@@ -6,6 +6,7 @@ import re
 import os
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from hf_models import save, tiny_hf_model
@@ -239,6 +240,41 @@ def test_sequences_and_tokens_are_checked_before_anything_changes():
             SamplingParams(**kw)
 
 
+@pytest.mark.parametrize("cache", ["py", "cpp"])
+def test_released_sequences_are_refused(cache):
+    """A sequence release() or fork() ended: its pages went back to the pool, where another
+    sequence takes them. decode / verify / fork / publish / release of it are a ValueError;
+    before, decode wrote into the freed pages (another sequence's KV) once a token was
+    appended, and release / fork failed on the cache's internals."""
+    from treeattn.engine.drafting import Draft
+    from treeattn.engine.speculative import verify
+    model = load_model("random:tiny", dtype="fp32")
+    engine = build_engine(model, "torch-ref", cache, page_size=4, num_pages=32, max_batch=4)
+    seq, logits = engine.add([1, 2, 3, 4, 5, 6])
+    seq.tokens.append(int(logits.argmax()))
+    parent = seq
+    (seq,) = engine.fork(parent, 1)
+    engine.release(seq)
+    released = "a released sequence"
+    other, _ = engine.add([9, 8, 7, 6, 5, 4, 3])    # may take the freed pages
+    other.tokens.append(1)
+    for s in (seq, parent):
+        with pytest.raises(ValueError, match=r"seqs\[1\]: " + released):
+            engine.decode([other, s])
+        with pytest.raises(ValueError, match=r"seqs\[0\]: " + released):
+            verify(engine, [s], [Draft([], [])])
+        for call in (lambda: engine.release(s), lambda: engine.fork(s, 2), lambda: engine.publish(s)):
+            with pytest.raises(ValueError, match=released):
+                call()
+    s.tokens = s.tokens[:s.kv_len]                  # no pending token: still named as released
+    with pytest.raises(ValueError, match=r"seqs\[0\]: " + released):
+        engine.decode([s])
+    assert not engine.prepare([other, seq])
+    engine.decode([other])                           # the engine is unharmed
+    engine.release(other)
+    engine.cache.check()
+
+
 def test_engine_sizes_are_checked_as_given():
     """build_engine's sizes, named with the value the caller gave (the pool's error named
     num_pages - 1, its scratch page left out)."""
@@ -270,3 +306,21 @@ def test_config_fields_are_checked_by_name():
             config_from_dict({**base, **edit})
     with pytest.raises(ValueError, match="expected an object"):
         config_from_dict([1, 2])
+
+
+def test_cli_reports_bad_input_without_a_traceback(capsys):
+    """python -m treeattn.engine: a device this PyTorch lacks, an unknown attention (named
+    before the dtype), a bad program spec: exit 2 with one line naming the option or field
+    (before: torch's AssertionError, the dtype, a traceback)."""
+    from treeattn.engine.__main__ import main
+    cases = [(["--device", "bogus"], "--device bogus: not a device"),
+             (["--attention", "bogus", "--dtype", "fp32"], "attention: unknown 'bogus' (known: torch-ref, auto,"),
+             (["--program", "shared:prompt=-3", "--dtype", "fp32", "--attention", "torch-ref"], "prompt")]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "--device cuda: no CUDA device in this PyTorch"))
+    for argv, text in cases:
+        with pytest.raises(SystemExit) as e:
+            main(argv + ["--steps", "1", "--model", "random:tiny"])
+        assert e.value.code == 2, argv
+        err = capsys.readouterr().err
+        assert text in err and "Traceback" not in err, (argv, err)

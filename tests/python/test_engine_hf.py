@@ -85,8 +85,11 @@ def test_greedy_64_tokens_match_generate(models):
     program = make_program("shared:prompt=14,branches=2,question=3,gen=64", model.cfg.vocab_size)
     result = run_program(engine, program)
     for prompt, seq in zip(program.prompts, result.seqs):
+        ids = torch.tensor([prompt])
+        # an explicit mask: without one generate() masks every prompt token equal to
+        # pad_token_id, which the engine attends to
         with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=64,
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64,
                               do_sample=False, pad_token_id=0)[0].tolist()
         assert seq.tokens == ref
 

@@ -219,8 +219,9 @@ def hf_last_logits(hf, tokens):
 
 
 def hf_greedy(hf, tokens, n):
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([tokens]), max_new_tokens=n, do_sample=False,
+    ids = torch.tensor([tokens])
+    with torch.no_grad():   # an explicit mask: else generate() masks prompt tokens equal to pad_token_id
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
                           pad_token_id=0)
     return out[0, len(tokens):].tolist()
 

@@ -522,6 +522,11 @@ def test_bad_run_arguments_name_the_argument():
         treeattn.TreeAttention(4, 2, 64, 4, 16, device="cpu", max_queries=0)
     with pytest.raises(ValueError, match="planner"):
         treeattn.TreeAttention(4, 2, 64, 4, 16, device="cpu", planner="nope")
+    # every listed planner is one the constructor takes; the default comes first
+    names = [name for name, _ in treeattn.planners()]
+    assert names[0] == "auto" and {"per-query", "node"} <= set(names)
+    for name in names:
+        treeattn.TreeAttention(4, 2, 64, 4, 16, device="cpu", planner=name)
 
 
 def test_a_failed_plan_keeps_the_previous_one():

@@ -26,7 +26,7 @@ def _at_least(lo):
     return parse
 
 
-def parse_args(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m treeattn.engine", description=__doc__)
     p.add_argument("--model", default="random:tiny",
                    help="Hugging Face folder or random:NAME (tiny, llama3-8b, qwen2.5-7b)")
@@ -53,7 +53,11 @@ def parse_args(argv=None):
     p.add_argument("--num-pages", type=_at_least(1), default=None,
                    help="KV pool pages (default: what the program needs, plus 10%%)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def pages_needed(program, page_size):
@@ -89,8 +93,33 @@ class Progress:
         self.stream.flush()
 
 
+def check_device(parser, name):
+    """--device: a device this PyTorch has (torch's own errors are an AssertionError or a
+    list of every device type it knows)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"--device {name}: not a device (cpu, cuda, cuda:N)")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            parser.error(f"--device {name}: no CUDA device in this PyTorch ({torch.__version__})")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            parser.error(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type != "cpu":
+        parser.error(f"--device {name}: the engine runs on cpu or cuda")
+
+
 def main(argv=None):
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_device(parser, args.device)
+    try:
+        return run(args)
+    except (ValueError, TypeError) as e:   # bad input, named by the check that found it
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+
+
+def run(args):
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     model.use_ops(choose_ops(args.compile, args.device))

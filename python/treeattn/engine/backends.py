@@ -17,15 +17,17 @@ def make_attention(name, cfg, page_size, num_pages, device, dtype, max_queries, 
     shape = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, page_size, num_pages)
     if name == "torch-ref":
         return TorchTreeAttention(*shape, dtype=_DTYPE_NAMES[dtype], device=str(device), **caps)
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"attention: treeattn runs bf16 or fp16, got dtype {dtype}; "
-                         f"use --attention torch-ref for fp32")
     try:
         import treeattn
-        tree_attention = treeattn.TreeAttention
+        tree_attention, planners = treeattn.TreeAttention, dict(treeattn.planners())
     except (ImportError, AttributeError) as e:
         raise ValueError(f"attention: {name!r} needs the treeattn extension ({e}); "
                          f"use --attention torch-ref") from e
+    if name not in planners:   # the name first: a wrong one is wrong at any dtype
+        raise ValueError(f"attention: unknown {name!r} (known: torch-ref, {', '.join(planners)})")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"attention: treeattn runs bf16 or fp16, got dtype {dtype}; "
+                         f"use --attention torch-ref for fp32")
     return tree_attention(*shape, dtype=_DTYPE_NAMES[dtype], device=torch.device(device).type,
                           planner=name, **caps)
 

@@ -45,6 +45,15 @@ def _is_index(t):
         return False
 
 
+def _check_live(seqs):
+    """ValueError naming the first sequence release() (or fork(), which releases its
+    parent) already ended: its pages are back in the pool, possibly another sequence's."""
+    if any(s.node is None for s in seqs):
+        i = next(i for i, s in enumerate(seqs) if s.node is None)
+        raise ValueError(f"seqs[{i}]: a released sequence (release() or fork() ended it; its pages "
+                         "may hold another sequence's KV now)")
+
+
 def _repeated(seqs):
     """(i, j), i < j, where seqs[j] is seqs[i]; None when every sequence is there once."""
     if len(set(map(id, seqs))) == len(seqs):   # the common case, at C speed
@@ -62,7 +71,8 @@ class Sequence:
     """tokens[:cached_len] live in cached pages on the path of the locked radix `node`;
     tokens[cached_len:kv_len] in the sequence's own `tail` pages (cached_len is page-aligned,
     so token i of the tail sits at offset i % page_size). During decoding exactly one token,
-    tokens[kv_len], is pending: its K/V is written by the next decode()."""
+    tokens[kv_len], is pending: its K/V is written by the next decode(). release() sets node
+    to None: a released sequence is refused everywhere."""
     tokens: list
     node: object
     cached_len: int
@@ -180,6 +190,7 @@ class Engine:
 
     def publish(self, seq):
         """Hand seq's whole computed pages to the radix cache so later prompts share them."""
+        _check_live([seq])
         self._invalidate()
         full = seq.kv_len // self.page_size * self.page_size
         if full <= seq.cached_len:
@@ -201,6 +212,7 @@ class Engine:
         copy for all children)."""
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"n: expected a number of children >= 1, got {n!r} (release(seq) ends a sequence)")
+        _check_live([seq])
         self.publish(seq)
         left = seq.kv_len - seq.cached_len       # < page_size after publish
         children = []
@@ -228,12 +240,14 @@ class Engine:
 
     def release(self, seq, publish=True):
         """Finish seq: optionally keep its whole pages cached, free its tail, unlock."""
+        _check_live([seq])
         self._invalidate()
         if publish:
             self.publish(seq)
         self.cache.free(seq.tail)
         seq.tail = []
         self.cache.unlock(seq.node)
+        seq.node = None
 
     # -- decode -------------------------------------------------------------------------
     def _reserve_slot(self, seq):
@@ -289,7 +303,7 @@ class Engine:
         seqs changed in between. Returns False (nothing prepared) where decode(seqs) would
         raise: decode() then raises."""
         self._ahead = None
-        if not 0 < len(seqs) <= self.max_batch or _repeated(seqs) is not None:
+        if not 0 < len(seqs) <= self.max_batch or _repeated(seqs) is not None or any(s.node is None for s in seqs):
             return False
         try:
             for s in seqs:
@@ -334,6 +348,7 @@ class Engine:
             try:
                 pending = [s.tokens[s.kv_len] for s in seqs]
             except IndexError:
+                _check_live(seqs)
                 i = next(i for i, s in enumerate(seqs) if len(s.tokens) <= s.kv_len)
                 raise ValueError(f"seqs[{i}]: no pending token (kv_len {seqs[i].kv_len}, {len(seqs[i].tokens)} "
                                  "tokens): append the next token to seq.tokens before decode(), or pass ids") from None
@@ -345,6 +360,7 @@ class Engine:
             repeated = _repeated(seqs)
             if repeated is not None:
                 raise ValueError(f"seqs[{repeated[1]}] is seqs[{repeated[0]}]: a sequence decodes once a step")
+            _check_live(seqs)
             for s in seqs:
                 self._reserve_slot(s)
             self._plan(seqs)

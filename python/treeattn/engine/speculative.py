@@ -29,7 +29,7 @@ import torch
 
 from .contexts import DecodeContext
 from .drafting import NgramIndex, check_parents, default_workloads, draft_tree, load_topology
-from .engine import _repeated
+from .engine import _check_live, _repeated
 from .programs import Program, parse_params, release_all
 from .sampling import SamplingParams
 
@@ -58,6 +58,7 @@ def _check_drafts(engine, seqs, drafts):
     repeated = _repeated(seqs)
     if repeated is not None:
         raise ValueError(f"seqs[{repeated[1]}] is seqs[{repeated[0]}]: a sequence is verified once a step")
+    _check_live(seqs)
     total = len(seqs) + sum(len(d.tokens) for d in drafts)
     if total > engine.max_tokens:
         raise ValueError(f"drafts: {len(seqs)} pending tokens + {total - len(seqs)} drafts "
