@@ -319,7 +319,18 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
     configs.emplace(run);
     data = measure_auto_cost_samples(o, run, *configs);
   }
-  AutoCostModel m = fit_auto_cost_model(data.samples);
+  AutoCostModel m = fit_auto_cost_model(data.samples);  // Error on a non-finite or negative coefficient
+  // All 0 prices every plan at 0 us: auto would pick node everywhere, whatever
+  // the GPU. Such a fit means the samples cannot tell the plans apart (e.g.
+  // every feature 0); no table is better than that one. Measured samples are
+  // still written (--samples): they took the GPU time and show what went wrong.
+  if (std::all_of(m.coefficients.begin(), m.coefficients.end(), [](double c) { return c == 0; })) {
+    if (!run.samples_out.empty()) write_output(run.samples_out, to_json(data), "calibrate --auto --samples");
+    throw Error("calibrate --auto: coefficients = 0 for every feature, fitted on " +
+                std::to_string(data.samples.size()) +
+                " samples: they do not tell per-query's and node's times apart (are their features all 0?); "
+                "no table written");
+  }
   // The shape margins: auto's plans with the fitted coefficients, timed
   // under each pair (a measuring run); or the samples' own such times.
   if (configs) {
@@ -341,9 +352,17 @@ void calibrate_auto_cost(const CommonOptions& o, const AutoCostRun& run) {
   std::vector<std::string> groups;
   for (const AutoCostSample& s : data.samples)
     if (std::find(groups.begin(), groups.end(), s.group) == groups.end()) groups.push_back(s.group);
-  m.source = "per-query and node timed on " + std::to_string(data.samples.size()) + " configs (suites";
-  for (const std::string& g : groups) m.source += " " + g;
-  m.source += ") at commit " + data.commit + " on " + data.device + (data.date.empty() ? "" : ", " + data.date);
+  // Where the samples were measured; a samples file may lack the commit or
+  // device ("unknown", as current_commit() says where git cannot tell). A fit
+  // from samples files names its own commit too (measuring runs fit at theirs).
+  std::string suites;
+  for (const std::string& g : groups) suites += g.empty() ? "" : " " + g;
+  m.source = "per-query and node timed on " + std::to_string(data.samples.size()) + " configs" +
+             (suites.empty() ? "" : " (suites" + suites + ")") + " at commit " +
+             (data.commit.empty() ? std::string("unknown") : data.commit) + " on " +
+             (data.device.empty() ? std::string("an unnamed device") : data.device) +
+             (data.date.empty() ? "" : ", " + data.date) +
+             (run.from_samples.empty() ? "" : "; fitted at commit " + m.commit);
   m.fit = run.from_samples.empty() ? data.command : "treeattn calibrate --auto --from-samples " + source;
 
   const int n = int(data.samples.size());

@@ -160,7 +160,14 @@ std::vector<std::string> selected_planners(const CommonOptions& o, const std::st
   if (std::find(asked.begin(), asked.end(), "all") != asked.end()) {
     for (const PlannerInfo& p : planners()) names.push_back(p.name);
   } else {
-    for (const std::string& n : asked) names.push_back(find_planner(n).name);
+    for (const std::string& n : asked) {
+      if (n.empty()) {  // said in words: quoted, the empty name prints as ''
+        std::string known;
+        for (const PlannerInfo& p : planners()) known += (known.empty() ? "" : ", ") + p.name;
+        throw Error("--planner: the name is empty (known: " + known + ")");
+      }
+      names.push_back(find_planner(n).name);
+    }
   }
   return names;
 }

@@ -7,6 +7,8 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,39 +25,113 @@ inline std::string brief(const json& v) {
   return s;
 }
 
+// The member `key` of object `obj` (whose own path is `where`, "" for the top).
+inline std::string member_field(const std::string& where, std::string_view key) {
+  return where.empty() ? std::string(key) : where + "." + std::string(key);
+}
+
 // Deepest nesting of lists/objects any treeattn file may have. Our formats
 // need 4 (a ToT file: list > task > data > node > children); the margin is for
-// files we have not met. Deeper input is refused before it is parsed, before the
-// nested value exists: recursive code (dump(), the error messages' brief())
-// must never meet a 100000-deep value.
+// files we have not met. Deeper input is refused by parse_json.
 inline constexpr int kMaxJsonDepth = 64;
 
-// Parses text; a syntax error becomes Error "<what>: parse error at byte N: ...",
-// nesting past kMaxJsonDepth Error "<what>: nesting deeper than 64 ...".
-inline json parse_json(std::string_view text, const std::string& what) {
-  // Depth first, in one pass over the text (brackets inside strings do not
-  // count). Not through nlohmann's parser callback: with one installed, each
-  // closing '}' scans its whole enclosing array, quadratic in a list of
-  // objects (a 200000-node tree file took 30 s to load).
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;  // the escaped character is never a quote that ends the string
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        throw Error(what + ": nesting deeper than " + std::to_string(kMaxJsonDepth) +
-                    " lists/objects (kMaxJsonDepth) is not a treeattn file");
-    } else if (c == ']' || c == '}') {
-      --depth;
+// Builds the DOM as json::parse does (through json::sax_parse, the json_sax
+// interface) and refuses, as it meets them, what json::parse accepts but a
+// treeattn file must not have:
+// - nesting past kMaxJsonDepth, before the deeper value exists: recursive code
+//   (dump(), the error messages' brief()) must never meet a 100000-deep value;
+// - a key repeated in one object (json::parse keeps the last value silently).
+// Not through json::parse's parser callback: with one installed, each closing
+// '}' scans its whole enclosing array, quadratic in a list of objects (a
+// 200000-node tree file took 30 s to load); this handler is linear.
+class JsonDomBuilder {
+ public:
+  explicit JsonDomBuilder(const std::string& what) : what_(what) {}
+  json root;
+
+  bool null() { return put(nullptr); }
+  bool boolean(bool v) { return put(v); }
+  bool number_integer(json::number_integer_t v) { return put(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(v); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return put(v); }
+  bool string(json::string_t& v) { return put(std::move(v)); }
+  bool binary(json::binary_t& v) { return put(json(std::move(v))); }
+  bool start_object(std::size_t) { return open(json::value_t::object); }
+  bool start_array(std::size_t) { return open(json::value_t::array); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  // Every member before this key is already in the object (put() and open()
+  // add a value as soon as it starts), so one lookup finds a repeat.
+  bool key(json::string_t& k) {
+    Level& top = stack_.back();
+    if (top.value->contains(k)) {
+      const std::string where = path();
+      throw Error(what_ + ": duplicate key " + brief(json(k)) + " in " + (where.empty() ? "the top level" : where));
     }
+    top.key = std::move(k);
+    return true;
   }
+  // Syntax errors (json::parse_error) and numbers out of double's range
+  // (json::out_of_range) are thrown as json::parse would; parse_json words them.
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& e) {
+    throw e;
+  }
+
+ private:
+  struct Level {
+    json* value;      // the open list or object
+    std::string key;  // an object's member being read
+  };
+  std::vector<Level> stack_;
+  std::string what_;
+
+  // Adds v to the open list or object (or as the root); its address stays
+  // valid while it is open: nothing is added to its parent until it closes.
+  json* add(json&& v) {
+    if (stack_.empty()) return &(root = std::move(v));
+    Level& top = stack_.back();
+    if (top.value->is_array()) {
+      top.value->push_back(std::move(v));
+      return &top.value->back();
+    }
+    return &((*top.value)[top.key] = std::move(v));
+  }
+  bool put(json&& v) {
+    add(std::move(v));
+    return true;
+  }
+  bool open(json::value_t t) {
+    if (stack_.size() >= size_t(kMaxJsonDepth))
+      throw Error(what_ + ": nesting deeper than " + std::to_string(kMaxJsonDepth) +
+                  " lists/objects (kMaxJsonDepth) is not a treeattn file");
+    json* v = add(json(t));
+    stack_.push_back({v, {}});
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return true;
+  }
+  // The open object's field path as the readers' messages write it: "nodes[3]".
+  std::string path() const {
+    std::string p;
+    for (size_t i = 1; i < stack_.size(); ++i) {
+      const Level& parent = stack_[i - 1];
+      p = parent.value->is_array() ? p + "[" + std::to_string(parent.value->size() - 1) + "]"
+                                   : member_field(p, parent.key);
+    }
+    return p;
+  }
+};
+
+// Parses text; a syntax error becomes Error "<what>: parse error at byte N: ...",
+// nesting past kMaxJsonDepth Error "<what>: nesting deeper than 64 ...", a
+// repeated key Error "<what>: duplicate key "K" in nodes[3]".
+inline json parse_json(std::string_view text, const std::string& what) {
+  JsonDomBuilder builder(what);
   try {
-    return json::parse(text.begin(), text.end());
+    json::sax_parse(text.begin(), text.end(), &builder);
   } catch (const json::parse_error& e) {
     throw Error(what + ": parse error at byte " + std::to_string(e.byte) + ": " + e.what());
   } catch (const json::exception& e) {
@@ -63,6 +139,7 @@ inline json parse_json(std::string_view text, const std::string& what) {
     // out_of_range.406 (found by fuzz/fuzz_json_tree).
     throw Error(what + ": " + e.what());
   }
+  return std::move(builder.root);
 }
 
 // An integer in [lo, hi]; throws Error naming `field` otherwise.
@@ -84,11 +161,6 @@ inline int64_t get_int(const json& v, const std::string& field,
     throw Error(field + " = " + std::to_string(x) + " is out of range [" + std::to_string(lo) + ", " +
                 std::to_string(hi) + "]");
   return x;
-}
-
-// The member `key` of object `obj` (whose own path is `where`, "" for the top).
-inline std::string member_field(const std::string& where, std::string_view key) {
-  return where.empty() ? std::string(key) : where + "." + std::string(key);
 }
 
 inline const json& require(const json& obj, std::string_view key, const std::string& where) {

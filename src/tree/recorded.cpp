@@ -3,6 +3,7 @@
 // token trees at a step. Any file of the same format works.
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -52,12 +53,25 @@ TotTask parse_tot_task(const json& jt, const std::string& where) {
     n.value = int32_t(get_int(detail::require(*it, "value", f), f + ".value", 0));
     n.start = int32_t(get_int(detail::require(*it, "start", f), f + ".start"));
     n.end = int32_t(get_int(detail::require(*it, "end", f), f + ".end"));
+    // The key is the node's id (README): children name nodes by id.
+    if (std::to_string(n.id) != it.key())
+      throw Error(f + ".id = " + std::to_string(n.id) + " differs from its key \"" + it.key() + "\"");
+    // A node generates its tokens during iterations start..end (inclusive),
+    // at most one per iteration, and may stay live after its last one: the
+    // span holds at least `value` iterations (none for an empty node, whose
+    // end is start - 1).
+    if (n.start > int64_t(n.end) + 1)
+      throw Error(f + ": start = " + std::to_string(n.start) + ", end = " + std::to_string(n.end) +
+                  ": end is before start - 1 (start..end are the iterations generating the node's tokens)");
+    if (int64_t(n.end) - n.start + 1 < n.value)
+      throw Error(f + ": start = " + std::to_string(n.start) + ", end = " + std::to_string(n.end) + " give " +
+                  std::to_string(int64_t(n.end) - n.start + 1) + " iterations, fewer than value = " +
+                  std::to_string(n.value) + " tokens");
     const json& ch = detail::require(*it, "children", f);
     detail::require_array(ch, f + ".children");
     for (size_t k = 0; k < ch.size(); ++k)
       n.children.push_back(get_int(ch[k], f + ".children[" + std::to_string(k) + "]", 0));
-    if (!index.emplace(n.id, int32_t(nodes.size())).second)
-      throw Error(f + ".id = " + std::to_string(n.id) + " is a duplicate");
+    index.emplace(n.id, int32_t(nodes.size()));  // ids are keys, and parse_json refuses a repeated key
     nodes.push_back(std::move(n));
   }
   const int32_t n = int32_t(nodes.size());
@@ -276,6 +290,13 @@ Workload detail::medusa_workload_from_text(std::string_view text, const std::str
   detail::require_object(top, where + "top level");
   const json& ts = detail::require(top, "Tree_Structure", "");
   detail::require_array(ts, where + "Tree_Structure");
+  // Token_Tree_size counts the root token too (the APPS files: 32 with 31 paths).
+  if (const auto size = top.find("Token_Tree_size"); size != top.end()) {
+    const int64_t n = get_int(*size, where + "Token_Tree_size", 0, std::numeric_limits<int64_t>::max());
+    if (uint64_t(n) != ts.size() + 1)
+      throw Error(where + "Token_Tree_size = " + std::to_string(n) + " disagrees with Tree_Structure's " +
+                  std::to_string(ts.size()) + " paths (the size is 1 + the paths: the root token counts)");
+  }
   const json& recs = detail::require(top, "Records", "");
   detail::require_array(recs, where + "Records");
   if (record < 0 || size_t(record) >= recs.size())

@@ -168,7 +168,7 @@ Workload make_workload(std::string_view spec, const WorkloadParams& p) {
       w = fewshot_workload(prompt, branches, len, p);
     } else if (family == "kary") {
       const int arity = sp.integer("arity"), depth = sp.integer("depth", 0), total = sp.integer("total");
-      const bool leftmost = sp.find("leftmost") && sp.integer("leftmost", 0) != 0;
+      const bool leftmost = sp.find("leftmost") && sp.number("leftmost", sp.need("leftmost").value, 0, 1) == 1;
       sp.check_all_used();
       w = kary_workload(arity, depth, total, leftmost, p);
     } else {

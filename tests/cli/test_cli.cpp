@@ -102,6 +102,24 @@ TEST(Cli, HostileInputsGiveCleanErrors) {
   expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt ctas_per_sm=0x10", "'ctas_per_sm=0x10' is not KEY=NUMBER");
   expect_error("plan -w fasttree:N=1,64:C=1073741000,100 --page-size 65536 -p node-chunk",
                "node-chunk: chunks of 128 tokens x the queries below them exceed 67108864 plan entries");
+  // A second probe: an empty planner name printed as ''; a huge margin in
+  // --auto-cost's table printed with 300 digits; a repeated JSON key, whose
+  // last value won.
+  expect_error("plan -w fasttree:N=1,4:C=64,16 -p ''", "--planner: the name is empty (known: auto, per-query");
+  const std::string table = testing::TempDir() + "/treeattn_huge_margin.json";
+  {
+    std::ifstream in(std::string(TREEATTN_SOURCE_DIR) + "/data/auto_cost_h100.json");
+    nlohmann::json t = nlohmann::json::parse(in);
+    t["margin"] = 1e308;
+    std::ofstream(table) << t.dump();
+  }
+  const Result margin = run("plan -w fasttree:N=1,4:C=64,16 --auto-cost " + table);
+  EXPECT_EQ(margin.code, 2) << margin.out;
+  EXPECT_NE(margin.out.find("margin = 1e+308 is out of range [0, 1)"), std::string::npos) << margin.out;
+  EXPECT_LT(margin.out.size(), 200u) << margin.out;
+  const std::string twice = testing::TempDir() + "/treeattn_duplicate_key.json";
+  std::ofstream(twice) << R"({"nodes": [{"id": 0, "parent": -1, "tokens": 4, "tokens": 8}], "queries": [0]})";
+  expect_error("plan -w json:" + twice, "json: duplicate key \"tokens\" in nodes[0]");
 }
 
 // A tree without tokens loads nothing and needs nothing: 1.000 x the floor,
@@ -175,6 +193,8 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
   std::ifstream in(table);
   const nlohmann::json t = nlohmann::json::parse(in);
   EXPECT_EQ(t["device"], "Test GPU");
+  EXPECT_EQ(t["source"], "per-query and node timed on 12 configs (suites even odd) at commit abc on Test GPU; "
+                         "fitted at commit " + t["commit"].get<std::string>());
   EXPECT_NEAR(t["coefficients"]["launches"].get<double>(), 2.0, 1e-6) << t.dump();
   EXPECT_NEAR(t["coefficients"]["partial_mb"].get<double>(), 1.0, 1e-6) << t.dump();
   EXPECT_NEAR(t["coefficients"]["kv_mb"].get<double>(), 0.5, 1e-6) << t.dump();
@@ -226,6 +246,29 @@ TEST(Cli, CalibrateAutoCostFitsSamplesIntoATablePlanReads) {
                "calibrate --auto --out: cannot write '/nonexistent/dir/table.json'");
   expect_error("calibrate --test-samples " + samples, "need --auto");
   expect_error("calibrate --auto --from-samples " + samples + " --test-samples /nonexistent/t.json", "/nonexistent/t.json");
+  // Samples without commit and device say so; the fit's commit is
+  // $TREEATTN_COMMIT where set, as in every other output.
+  std::ofstream(samples) << nlohmann::json{{"format", "treeattn-auto-cost-samples/1"}, {"samples", list}}.dump();
+  setenv("TREEATTN_COMMIT", "feedbeef", 1);
+  const Result anonymous = run("calibrate --auto --from-samples " + samples + " --out " + table);
+  unsetenv("TREEATTN_COMMIT");
+  ASSERT_EQ(anonymous.code, 0) << anonymous.out;
+  std::ifstream anonymous_in(table);
+  const nlohmann::json t3 = nlohmann::json::parse(anonymous_in);
+  EXPECT_EQ(t3["commit"], "feedbeef");
+  EXPECT_EQ(t3["source"], "per-query and node timed on 12 configs (suites even odd) at commit unknown on an unnamed "
+                          "device; fitted at commit feedbeef");
+  // Samples that do not tell the plans apart (every feature 0) fit an
+  // all-zero table: an error, not a table that prices every plan at 0 us.
+  nlohmann::json flat = list;
+  for (auto& e : flat)
+    for (const char* side : {"per_query", "node"})
+      for (auto& [key, value] : e[side].items()) value = 0.0;
+  std::ofstream(samples) << nlohmann::json{{"format", "treeattn-auto-cost-samples/1"}, {"samples", flat}}.dump();
+  std::filesystem::remove(table);
+  expect_error("calibrate --auto --from-samples " + samples + " --out " + table,
+               "calibrate --auto: coefficients = 0 for every feature, fitted on 12 samples");
+  EXPECT_FALSE(std::filesystem::exists(table));
   std::ofstream(samples) << R"({"format": "treeattn-auto-cost-samples/1", "samples": [{"config": "x"}]})";
   expect_error("calibrate --auto --from-samples " + samples, "samples[0].per_query_us: missing");
   if (!treeattn::gpu_available())

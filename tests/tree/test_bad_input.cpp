@@ -41,6 +41,12 @@ TEST(SpecBadInput, Numbers) {
   EXPECT_ERROR_WITH(spec("random:seed=abc"), "seed = 'abc'");
   EXPECT_ERROR_WITH(spec("random:seed=1:nodes=0"), "nodes = 0 must be positive");
   EXPECT_ERROR_WITH(spec("random:seed=-1"), "seed = -1");
+  // A flag: 0 or 1, not "any non-zero".
+  EXPECT_ERROR_WITH(spec("kary:arity=2:depth=2:total=64:leftmost=2"), "kary", "leftmost = 2 is out of range [0, 1]");
+  EXPECT_ERROR_WITH(spec("kary:arity=2:depth=2:total=64:leftmost=-1"), "leftmost = -1 is out of range [0, 1]");
+  EXPECT_ERROR_WITH(spec("kary:arity=2:depth=2:total=64:leftmost=yes"), "leftmost = 'yes' is not an integer");
+  EXPECT_EQ(spec("kary:arity=2:depth=2:total=64:leftmost=1").name, "kary:arity=2:depth=2:total=64:leftmost=1");
+  EXPECT_EQ(spec("kary:arity=2:depth=2:total=64:leftmost=0").name, "kary:arity=2:depth=2:total=64");
 }
 
 TEST(SpecBadInput, LevelShapes) {

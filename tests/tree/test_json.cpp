@@ -199,8 +199,25 @@ TEST(JsonBadInput, NodesAndKeys) {
   EXPECT_ERROR_WITH(parse(doc(R"([{"id": 0, "parent": -1, "tokens": 1, "parnet": 3}, {"id": 1, "parent": 0, "tokens": 1},
                                   {"id": 2, "parent": 0, "tokens": 1}])")),
                     "nodes[0].parnet", "unknown key");
-  EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("format": "treeattn.tree/2", )")), "format", "treeattn.tree/2");
+  EXPECT_ERROR_WITH(parse(R"({"format": "treeattn.tree/2", "nodes": )" + kNodes + R"(, "queries": [1]})"), "format",
+                    "treeattn.tree/2");
   EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("extra": 1, )")), "extra", "unknown key");
+}
+
+// json::parse keeps the last of repeated keys; a treeattn file must not
+// depend on that: the parser names the key and the object holding it.
+TEST(JsonBadInput, DuplicateKeys) {
+  EXPECT_ERROR_WITH(parse(doc(R"([{"id": 0, "parent": -1, "tokens": 1}, {"id": 1, "parent": 0, "tokens": 1},
+                                  {"id": 2, "parent": 0, "tokens": 1}, {"id": 3, "parent": 2, "parent": 1, "tokens": 1}])",
+                              "[3]")),
+                    "json: duplicate key \"parent\" in nodes[3]");
+  EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("heads": {"qo": 8, "kv": 8, "qo": 16}, )")),
+                    "duplicate key \"qo\" in heads");
+  EXPECT_ERROR_WITH(parse(doc(kNodes, "[1]", R"("queries": [2], )")), "duplicate key \"queries\" in the top level");
+  EXPECT_ERROR_WITH(parse(R"([{"a": {"b": [0, {"c": 1, "c": 1}]}}])"), "duplicate key \"c\" in [0].a.b[1]");
+  // Equal keys in different objects, and the same key twice in a list of
+  // objects, are fine.
+  EXPECT_NO_THROW(parse(doc(kNodes, "[1]", R"("heads": {"qo": 8, "kv": 8}, "dtype": "fp16", )")));
 }
 
 TEST(JsonBadInput, QueryRowsOverflow32Bit) {

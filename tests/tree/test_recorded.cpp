@@ -115,6 +115,29 @@ TEST(Tot, MalformedTasks) {
   write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": []},
                                     "1": {"id": 1, "value": 5, "start": 1, "end": 5, "children": []}}}])");
   EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "node 1 is a second root");
+  // The key is the node's id. (Each write below differs in size from the one
+  // before it: the file cache compares size and mtime.)
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1]},
+                                    "1": {"id": 2, "value": 3, "start": 1, "end": 3, "children": []}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "[1].data[\"1\"].id = 2 differs from its key \"1\"");
+  // start..end holds at least value iterations; an empty node may end at start - 1.
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1]},
+                                    "1": {"id": 1, "value": 0, "start": 19, "end": 3, "children": []}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "[1].data[\"1\"]: start = 19, end = 3: end is before start - 1");
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1]},
+                                    "1": {"id": 1, "value": 3, "start": 4, "end": 3, "children": []}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "[1].data[\"1\"]: start = 4, end = 3 give 0 iterations, fewer than value = 3");
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1]},
+                                    "1": {"id": 1, "value": 13, "start": 1, "end": 12, "children": []}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "start = 1, end = 12 give 12 iterations, fewer than value = 13");
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1, 2]},
+                                    "1": {"id": 1, "value": 0, "start": 4, "end": 3, "children": []},
+                                    "2": {"id": 2, "value": 2, "start": 1, "end": 5, "children": []}}}])");
+  expect_shape(tot_workload(f, 1, 2, p), {2, 1, 5 + 2});  // empty, and live after its last token: fine
+  // Keys are unique (a repeated one is a JSON error), so ids are too.
+  write("[" + good + R"(, {"data": {"0": {"id": 0, "value": 5, "start": -4, "end": 0, "children": [1]},
+                                    "0": {"id": 0, "value": 3, "start": 1, "end": 3, "children": []}}}])");
+  EXPECT_ERROR_WITH(tot_workload(f, 0, 2, p), "duplicate key \"0\" in [1].data");
   write("[" + good + ", {\"data\": {}}]");
   EXPECT_ERROR_WITH(tot_workload(f, 1, 2, p), "data: empty");
   write("[" + good);
@@ -174,6 +197,14 @@ TEST(Medusa, MalformedTreeStructure) {
                     "Accept_length[1]", "not an integer");
   EXPECT_ERROR_WITH(medusa_workload(write("m6.json", R"({"Tree_Structure": [[0]], )"), 0, 0, 8, p),
                     "parse error at byte");
+  // Token_Tree_size, where given, is 1 + the paths (the root token counts).
+  EXPECT_ERROR_WITH(medusa_workload(write("m7.json", R"({"Tree_Structure": [[0], [1]], "Token_Tree_size": 2, )" + rec + "}"), 0, 0, 8, p),
+                    "Token_Tree_size = 2 disagrees with Tree_Structure's 2 paths");
+  EXPECT_ERROR_WITH(medusa_workload(write("m8.json", R"({"Tree_Structure": [[0]], "Token_Tree_size": "2", )" + rec + "}"), 0, 0, 8, p),
+                    "Token_Tree_size = \"2\" is not an integer");
+  EXPECT_EQ(medusa_workload(write("m9.json", R"({"Tree_Structure": [[0], [1]], "Token_Tree_size": 3, )" + rec + "}"), 0, 0, 8, p)
+                .num_queries(),
+            3);
 }
 
 // ---- the real recorded files -------------------------------------------------

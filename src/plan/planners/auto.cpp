@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -204,8 +205,14 @@ double AutoCostModel::predict(const AutoCostFeatures& f) const {
 }
 
 void AutoCostModel::validate() const {
-  const auto in_range = [](const char* name, double v) {
-    if (!(v >= 0 && v < 1)) throw Error(std::string("auto cost model: ") + name + " = " + std::to_string(v) + " is out of range [0, 1)");
+  // %g-style: std::to_string's fixed notation prints 1e308 with 309 digits.
+  const auto number = [](double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.15g", v);
+    return std::string(text);
+  };
+  const auto in_range = [&](const char* name, double v) {
+    if (!(v >= 0 && v < 1)) throw Error(std::string("auto cost model: ") + name + " = " + number(v) + " is out of range [0, 1)");
   };
   in_range("margin", margin);
   in_range("shape_margins.smaller_tiles", smaller_tiles_margin);
@@ -213,7 +220,7 @@ void AutoCostModel::validate() const {
   for (int i = 0; i < kAutoCostFeatures; ++i)
     if (!(coefficients[i] >= 0) || !std::isfinite(coefficients[i]))
       throw Error(std::string("auto cost model: coefficients.") + kAutoCostFeatureNames[i] + " = " +
-                  std::to_string(coefficients[i]) + " is not a finite number >= 0");
+                  number(coefficients[i]) + " is not a finite number >= 0");
 }
 
 AutoCostModel parse_auto_cost_model(std::string_view text) {
