@@ -99,17 +99,6 @@ def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _stream_handle(stream: Any) -> int:
-    """An explicit stream= as the int handle the extension takes (cudaStream_t)."""
-    try:
-        handle = int(stream)  # an int, or a torch/cupy stream's __int__
-    except (TypeError, ValueError):
-        raise TypeError(f"stream: expected a stream handle (an int), got {stream!r}") from None
-    if not 0 <= handle < 1 << 64:
-        raise ValueError(f"stream: expected a stream handle (an int in [0, 2**64)), got {handle}")
-    return handle
-
-
 def _int_arg(name: str, value: Any, lo: int = -(1 << 31), hi: int = (1 << 31) - 1) -> int:
     """An int argument of the constructor, in the range of its C++ field (the
     C++ constructor then names the range that field accepts)."""
@@ -333,9 +322,11 @@ class TreeAttention:
         _BY_HANDLE[self.op_handle] = self
 
     # -- planning (host; once per decode step, outside graph capture) ----------
-    def _stream(self, stream: Optional[int]) -> int:
+    def _stream(self, stream: Any) -> Any:
+        """plan_*'s stream: an explicit one as given (the extension reads its
+        handle as run() does), else PyTorch's current stream, else 0."""
         if stream is not None:
-            return _stream_handle(stream)
+            return stream
         if self._stream_fn is None:
             return 0
         return self._stream_fn() if self._stream_arg is None else self._stream_fn(self._stream_arg)

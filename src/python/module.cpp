@@ -73,8 +73,9 @@ struct View {
 
 [[noreturn]] void value_error(const std::string& msg) { throw nb::value_error(msg.c_str()); }
 
-std::string str_of(PyObject* o) {
-  nb::object s = nb::steal(PyObject_Str(o));
+// str(o), or repr(o) where `repr` (a value in a message: 'abc', not abc).
+std::string str_of(PyObject* o, bool repr = false) {
+  nb::object s = nb::steal(repr ? PyObject_Repr(o) : PyObject_Str(o));
   if (!s.is_valid()) {
     PyErr_Clear();
     return "?";
@@ -572,30 +573,31 @@ AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle 
                       float_of("k_scale", k_scale, 1.f), float_of("v_scale", v_scale, 1.f));
 }
 
+// A stream argument as the handle (cudaStream_t) it names: an int, or an
+// object with __int__ (a PyTorch or CuPy stream). run() and plan_*() alike.
+uintptr_t stream_handle(nb::handle s) {
+  nb::object i = nb::steal(PyNumber_Long(s.ptr()));  // int(stream)
+  if (!i.is_valid()) {
+    PyErr_Clear();
+    throw nb::type_error(("stream: expected a stream handle (an int), got " + str_of(s.ptr(), /*repr=*/true)).c_str());
+  }
+  const unsigned long long h = PyLong_AsUnsignedLongLong(i.ptr());
+  if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    value_error("stream: expected a stream handle (an int in [0, 2**64)), got " + str_of(s.ptr()));
+  }
+  return uintptr_t(h);
+}
+
 // Where run() takes its stream from when none is given: PyTorch's current
 // stream through `fn(arg)` (or `fn()` when arg is None; no fn: 0, the default
 // stream), as the Python layer found it at construction.
 struct StreamSource {
   nb::object fn, arg;
   uintptr_t get(nb::handle stream) const {
-    nb::object s;
-    if (!stream.is_none())
-      s = nb::borrow(stream);
-    else if (!fn.is_valid() || fn.is_none())
-      return 0;
-    else
-      s = arg.is_valid() && !arg.is_none() ? fn(arg) : fn();
-    nb::object i = nb::steal(PyNumber_Long(s.ptr()));  // int(stream), as the Python layer did
-    if (!i.is_valid()) {
-      PyErr_Clear();
-      throw nb::type_error(("stream: expected a stream handle (an int), got " + str_of(s.ptr())).c_str());
-    }
-    const unsigned long long h = PyLong_AsUnsignedLongLong(i.ptr());
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
-      PyErr_Clear();
-      value_error("stream: expected a stream handle (an int >= 0), got " + str_of(s.ptr()));
-    }
-    return uintptr_t(h);
+    if (!stream.is_none()) return stream_handle(stream);
+    if (!fn.is_valid() || fn.is_none()) return 0;
+    return stream_handle(arg.is_valid() && !arg.is_none() ? fn(arg) : fn());
   }
 };
 
@@ -702,28 +704,28 @@ void bind_runtime(nb::module_& m) {
           "plan_tree",
           [](TreeAttention& ta, const Index& parents, const Index& num_tokens, const Index& page_offsets,
              const Index& page_ids, const Index& query_nodes, const std::optional<Index>& first_slots,
-             uintptr_t stream) {
+             nb::handle stream) {
             ta.plan_tree(tree_of(parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots),
-                         reinterpret_cast<void*>(stream));
+                         reinterpret_cast<void*>(stream_handle(stream)));
           },
           nb::arg("parents"), nb::arg("num_tokens"), nb::arg("page_offsets"), nb::arg("page_ids"),
           nb::arg("query_nodes"), nb::arg("first_slots").none(), nb::arg("stream"))
       .def(
           "plan_block_tables",
           [](TreeAttention& ta, const nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>& bt,
-             const Index& seq_lens, uintptr_t stream) {
+             const Index& seq_lens, nb::handle stream) {
             ta.plan_block_tables({bt.data(), bt.size()}, int32_t(bt.shape(0)), int32_t(bt.shape(1)), span_of(seq_lens),
-                                 reinterpret_cast<void*>(stream));
+                                 reinterpret_cast<void*>(stream_handle(stream)));
           },
           nb::arg("block_tables"), nb::arg("seq_lens"), nb::arg("stream"))
       .def(
           "plan_tree_queries",
           [](TreeAttention& ta, const Index& parents, const Index& num_tokens, const Index& page_offsets,
              const Index& page_ids, const Index& query_nodes, const std::optional<Index>& first_slots,
-             const Index& draft_nodes, const Index& draft_parents, const Index64& draft_rows, uintptr_t stream) {
+             const Index& draft_nodes, const Index& draft_parents, const Index64& draft_rows, nb::handle stream) {
             ta.plan_tree_queries(tree_of(parents, num_tokens, page_offsets, page_ids, query_nodes, first_slots),
                                  {span_of(draft_nodes), span_of(draft_parents), {draft_rows.data(), draft_rows.size()}},
-                                 reinterpret_cast<void*>(stream));
+                                 reinterpret_cast<void*>(stream_handle(stream)));
           },
           nb::arg("parents"), nb::arg("num_tokens"), nb::arg("page_offsets"), nb::arg("page_ids"),
           nb::arg("query_nodes"), nb::arg("first_slots").none(), nb::arg("draft_nodes"), nb::arg("draft_parents"),
