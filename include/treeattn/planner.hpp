@@ -32,6 +32,14 @@ struct PlanOptions {
 // value and the range otherwise, so that a bad knob fails when it is set,
 // not at the first plan.
 void set_plan_option(PlanOptions& opt, const std::string& key, double value);
+// Several times any GPU's SM count (H100 132, B200 148): planners size their
+// unit lists by num_sms x ctas_per_sm.
+inline constexpr int kMaxNumSms = 1024;
+// Throws Error naming the option and the value unless num_sms is in [1,
+// kMaxNumSms] and every other option (each key of `extra` too) is one
+// set_plan_option accepts: for options set on a PlanOptions directly, as a
+// C++ caller of TreeAttention does.
+void check_plan_options(const PlanOptions& opt);
 // The knobs planners read from PlanOptions::extra, sorted.
 const std::vector<std::string>& planner_knobs();
 

@@ -26,7 +26,7 @@ struct TreeAttentionConfig {
   DType dtype = DType::fp16;      // of q and out
   std::optional<DType> kv_dtype;  // of the K/V pools when not dtype: fp8_e4m3 (run()'s k_scale / v_scale)
   int page_size = 16;
-  int64_t num_pages = 0;  // pages of the KV pools run() will be given (> 0)
+  int64_t num_pages = 0;  // pages of the KV pools run() will be given, 1 .. 2^31 - 1 (page ids are int32)
   Device device = Device::cuda;
   // The CUDA device that holds the buffers and runs the kernels; -1: the
   // device current at construction (config() then reports it). plan_*() and
@@ -36,14 +36,17 @@ struct TreeAttentionConfig {
   int32_t max_queries = 256;
   int32_t max_nodes = 4096;
   int64_t max_page_refs = 65536;  // pages of all nodes of one step's tree
-  // Capacities of the plan itself; 0: derived from the above (see runtime.cpp).
+  // Capacities of the plan itself, on the CPU too; 0: derived from the above
+  // (see tree_attention.cpp).
   int32_t max_units = 0, max_segments = 0, max_entries = 0, max_slots = 0;
   // The capacities above as a CudaStepExecutor takes them.
   StepCapacity step_capacity() const {
     return {max_queries, max_units, max_segments, max_entries, max_slots, max_page_refs};
   }
   std::string planner = "auto";
-  PlanOptions plan_options;  // num_sms = 0: the device's (132 on the CPU)
+  // num_sms = 0: the device's (132 on the CPU); each option in the range
+  // check_plan_options (planner.hpp) accepts, else the constructor throws.
+  PlanOptions plan_options;
   int cpu_threads = 0;       // CPU executor threads, 0: all
   // Plan extension (plan_tree only): a step whose tree differs from the last
   // one only in that some childless nodes grew (more tokens, pages appended;
@@ -98,7 +101,8 @@ struct DraftArrays {
 // progress and the other way round), so each run() sees one whole plan; which
 // one is the callers' to order. workload() and plan() return the plan in
 // force, valid until the next plan_*() replaces it: read them only while no
-// other thread plans.
+// other thread plans. A moved-from TreeAttention may only be destroyed or
+// assigned to.
 class TreeAttention {
  public:
   explicit TreeAttention(const TreeAttentionConfig& config);

@@ -55,11 +55,11 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("--seed", o.seed, "seed for page shuffling, random trees and inputs")
       ->capture_default_str()
       ->check(uint64_text);
-  // 1024: several times any GPU's SM count (H100 132, B200 148); planners size
-  // their unit lists by sms x ctas_per_sm, so an unbounded value is a memory bomb.
-  cmd->add_option("--sms", o.num_sms, "SM count the planners target, 1..1024")
+  // kMaxNumSms (planner.hpp): planners size their unit lists by sms x
+  // ctas_per_sm, so an unbounded value is a memory bomb.
+  cmd->add_option("--sms", o.num_sms, "SM count the planners target, 1.." + std::to_string(kMaxNumSms))
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(CLI::Range(1, kMaxNumSms));
   cmd->add_option("--forge-table", o.forge_table,
                   "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)");
   cmd->add_option("--pat-rules", o.pat_rules,

@@ -36,6 +36,10 @@ PlanBuilder::PlanBuilder(const Workload& w, std::string planner_name, Plan&& reu
 
 void PlanBuilder::begin_unit(int tile) {
   if (open_) throw Error("PlanBuilder: begin_unit inside an open unit");
+  // unit_tile is 8-bit: a tile past the table would wrap to another one.
+  if (tile >= num_tile_configs())
+    throw Error("PlanBuilder: begin_unit: tile = " + std::to_string(tile) + " is out of range [0, " +
+                std::to_string(num_tile_configs()) + ") (< 0: the smallest that holds the unit's rows)");
   open_ = true;
   pending_tile_ = tile;
 }

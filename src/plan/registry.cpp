@@ -99,6 +99,17 @@ void set_plan_option(PlanOptions& opt, const std::string& key, double value) {
   }
 }
 
+void check_plan_options(const PlanOptions& opt) {
+  if (opt.num_sms < 1 || opt.num_sms > kMaxNumSms)
+    throw Error("plan option num_sms = " + std::to_string(opt.num_sms) + " must be an integer in [1, " +
+                std::to_string(kMaxNumSms) + "]");
+  PlanOptions checked;  // set_plan_option checks each value as it sets it
+  set_plan_option(checked, "ctas_per_sm", opt.ctas_per_sm);
+  set_plan_option(checked, "chunk_tokens", opt.chunk_tokens);
+  set_plan_option(checked, "min_split_tokens", opt.min_split_tokens);
+  for (const auto& [key, value] : opt.extra) set_plan_option(checked, key, value);
+}
+
 const std::vector<PlannerInfo>& planners() {
   static const std::vector<PlannerInfo> table = {
       {"auto", "the default: node, or per-query where the GPU's calibrated cost model (data/auto_cost_h100.json, --auto-cost) predicts it faster", plan_auto,

@@ -93,7 +93,7 @@ struct TreeAttention::Impl {
   // extension attempt.
   bool bits_valid = false;
   std::vector<uint64_t> page_bits;
-  std::vector<int32_t> unit_growth;
+  std::vector<int64_t> unit_growth;  // 64-bit: a unit's tails may together grow by more than 2^31 tokens
   struct SegmentEnd {
     int32_t unit, segment, end;  // a segment an attempt lengthened, and its end before
   };
@@ -270,11 +270,12 @@ struct TreeAttention::Impl {
       for (const int32_t pg : n.pages) bits[size_t(pg) / 64] = 0;
   }
 
-  // Validates p for tree t (on the GPU set_plan does, before it packs it)
-  // unless it is an `extension` of the plan in force (try_extend), valid by
-  // construction. A fresh plan's tree t is the one validated last, whose
-  // index validate_scratch holds. The page table (`ids` at `offsets` per node) is the one
-  // t's node pages were copied from, so set_plan checks only its shape.
+  // Checks p against the plan capacities and validates it for tree t (on
+  // the GPU set_plan does, before it packs it) unless it is an `extension` of
+  // the plan in force (try_extend), valid by construction. A fresh plan's
+  // tree t is the one validated last, whose index validate_scratch holds.
+  // The page table (`ids` at `offsets` per node) is the one t's node pages
+  // were copied from, so set_plan checks only its shape.
   void hand_to_executor(const Workload& t, const Plan& p, void* stream, bool extension,
                         std::span<const int32_t> ids, std::span<const int32_t> offsets) {
 #if defined(TREEATTN_HAVE_CUDA)
@@ -286,7 +287,14 @@ struct TreeAttention::Impl {
     }
 #endif
     (void)stream, (void)ids, (void)offsets;
-    if (!extension) validate_plan(t, p, &validate_plan_scratch, &validate_scratch.index);
+    if (extension) return;
+    // The plan capacities hold on the CPU too, so that a plan the GPU would
+    // refuse is refused here (an extension keeps the counts of its plan).
+    check_capacity("plan units (max_units)", p.num_units(), cfg.max_units);
+    check_capacity("plan segments (max_segments)", int64_t(p.segments.size()), cfg.max_segments);
+    check_capacity("plan entries (max_entries)", int64_t(p.entry_query.size()), cfg.max_entries);
+    check_capacity("plan slots (max_slots)", p.num_slots, cfg.max_slots);
+    validate_plan(t, p, &validate_plan_scratch, &validate_scratch.index);
   }
 
   // After a fresh plan checked by the validation: w's pages into page_bits,
@@ -503,11 +511,12 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
          std::string(to_string(c.dtype)) + " (fp8_e4m3, or the dtype)");
   if (c.page_size <= 0 || c.page_size > 65536)
     fail("page_size " + std::to_string(c.page_size) + " is out of range [1, 65536]");
-  if (c.num_pages <= 0) fail("num_pages " + std::to_string(c.num_pages) + " must be positive");
   auto range = [](const char* name, int64_t v, int64_t hi) {
     if (v <= 0 || v > hi)
       fail(std::string(name) + " = " + std::to_string(v) + " is out of range [1, " + std::to_string(hi) + "]");
   };
+  // Page ids are int32: every page of the pool (a draft row's page too) must be one.
+  range("num_pages", c.num_pages, INT32_MAX);
   range("max_queries", c.max_queries, 1 << 20);
   if (c.max_extension_tokens < 0)
     fail("max_extension_tokens = " + std::to_string(c.max_extension_tokens) + " must be >= 0 (0: plan every step afresh)");
@@ -516,16 +525,20 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
     fail("cpu_threads = " + std::to_string(c.cpu_threads) + " is out of range [0, 1024] (0: every hardware thread)");
   range("max_page_refs", c.max_page_refs, int64_t(1) << 30);
   m.planner = &find_planner(c.planner);
-  if (c.plan_options.num_sms <= 0) c.plan_options.num_sms = 132;
+  if (c.plan_options.num_sms == 0) c.plan_options.num_sms = 132;
+  check_plan_options(c.plan_options);
 
   // Plan capacities a planner stays within for trees inside the capacities
   // above: a unit per (node piece, Q tile) and KV splits to fill the GPU.
-  const int64_t ctas = int64_t(c.plan_options.num_sms) * std::max(1, c.plan_options.ctas_per_sm) * 4;
-  auto derive = [](int32_t given, int64_t want) { return given > 0 ? given : int32_t(std::min<int64_t>(want, 1 << 24)); };
-  c.max_units = derive(c.max_units, 2 * int64_t(c.max_nodes) + 4 * int64_t(c.max_queries) + ctas);
-  c.max_segments = derive(c.max_segments, 2 * int64_t(c.max_units) + 2 * int64_t(c.max_nodes));
-  c.max_entries = derive(c.max_entries, 2 * int64_t(c.max_units) + 8 * int64_t(c.max_queries));
-  c.max_slots = derive(c.max_slots, c.max_entries);
+  const int64_t ctas = int64_t(c.plan_options.num_sms) * c.plan_options.ctas_per_sm * 4;
+  auto derive = [](const char* name, int32_t given, int64_t want) {
+    if (given < 0) fail(std::string(name) + " = " + std::to_string(given) + " must be >= 0 (0: derived)");
+    return given > 0 ? given : int32_t(std::min<int64_t>(want, 1 << 24));
+  };
+  c.max_units = derive("max_units", c.max_units, 2 * int64_t(c.max_nodes) + 4 * int64_t(c.max_queries) + ctas);
+  c.max_segments = derive("max_segments", c.max_segments, 2 * int64_t(c.max_units) + 2 * int64_t(c.max_nodes));
+  c.max_entries = derive("max_entries", c.max_entries, 2 * int64_t(c.max_units) + 8 * int64_t(c.max_queries));
+  c.max_slots = derive("max_slots", c.max_slots, c.max_entries);
   range("max_units", c.max_units, 1 << 24);
   range("max_segments", c.max_segments, 1 << 26);
   range("max_entries", c.max_entries, 1 << 26);

@@ -432,6 +432,33 @@ TEST(PlanOptionsByName, SetsFieldsAndKnobsAndRejectsTheRest) {
   EXPECT_EQ(opt.extra.count("alpha"), 0u);
 }
 
+// Options set on the struct directly (a C++ TreeAttentionConfig): the same
+// ranges, num_sms's too, checked at once.
+TEST(PlanOptionsByName, CheckPlanOptionsAppliesTheSameRanges) {
+  PlanOptions opt;
+  EXPECT_NO_THROW(check_plan_options(opt));
+  opt.extra["alpha"] = 2;
+  EXPECT_NO_THROW(check_plan_options(opt));
+  PlanOptions bad = opt;
+  bad.num_sms = 0;
+  EXPECT_ERROR_WITH(check_plan_options(bad), "num_sms = 0", "[1, 1024]");
+  bad = opt;
+  bad.num_sms = kMaxNumSms + 1;
+  EXPECT_ERROR_WITH(check_plan_options(bad), "num_sms = 1025");
+  bad = opt;
+  bad.ctas_per_sm = 0;
+  EXPECT_ERROR_WITH(check_plan_options(bad), "ctas_per_sm = 0", "[1, 64]");
+  bad = opt;
+  bad.min_split_tokens = -1;
+  EXPECT_ERROR_WITH(check_plan_options(bad), "min_split_tokens = -1");
+  bad = opt;
+  bad.extra["tile_rows"] = 1000;
+  EXPECT_ERROR_WITH(check_plan_options(bad), "tile_rows = 1000", "[1, 128]");
+  bad = opt;
+  bad.extra["nope"] = 1;
+  EXPECT_ERROR_WITH(check_plan_options(bad), "unknown key 'nope'");
+}
+
 // node's KV piece length schedules the pieces longest first onto the CTA
 // slots (planning::balanced_split_length). Its schedule counts pieces and
 // slots in groups of equal length; here it must finish when the textbook

@@ -5,6 +5,7 @@
 #include <map>
 #include <random>
 
+#include "tests/support/error_text.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
 
@@ -144,6 +145,29 @@ TEST(Validator, RejectsTooManySegments) {
   }
   // The built-in planners cut deep chains into pieces of at most 64 segments.
   for (const PlannerInfo& pl : planners()) EXPECT_NO_THROW(validate_plan(w, pl.fn(w, {}))) << pl.name;
+}
+
+// A tile past the compiled table is refused: unit_tile is 8-bit, and tile
+// 259 was stored as tile 3 (another tile than asked for, which the validator
+// cannot tell).
+TEST(Validator, PlanBuilderRefusesATilePastTheTable) {
+  Workload w;
+  w.heads = {1, 1, 64};
+  w.layout = {1, 0, DType::fp32};
+  PageAllocator pages(1);
+  pages.add_node(w.tree, -1, 1);
+  w.layout.num_pages = pages.finish(w.tree);
+  w.query_nodes = {0};
+  PlanBuilder b(w, "bad");
+  for (const int tile : {num_tile_configs(), 259}) {
+    const std::string error = test_support::error_text([&] { b.begin_unit(tile); });
+    EXPECT_NE(error.find("tile = " + std::to_string(tile) + " is out of range [0, 9)"), std::string::npos) << error;
+  }
+  b.begin_unit(num_tile_configs() - 1);
+  b.add_segment(0, 0, 1);
+  b.add_query(0);
+  b.end_unit();
+  EXPECT_NO_THROW(validate_plan(w, b.finish()));
 }
 
 namespace {

@@ -282,6 +282,101 @@ TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
   }
 }
 
+// Configuration values past what the runtime can represent are refused,
+// naming the field and the value, instead of being read as something else
+// (found by an adversarial probe of the C++ API).
+TEST(TreeAttentionCpu, ConfigOutOfRangeIsRefusedNotReinterpreted) {
+  WorkloadParams p;
+  p.heads = {4, 2, 64};
+  p.page_size = 4;
+  const TreeAttentionConfig c = cpu_config(p, 16);
+  using test_support::error_text;
+  const auto refused = [&](auto&& edit) {
+    TreeAttentionConfig bad = c;
+    edit(bad);
+    return error_text([&] { TreeAttention x(bad); });
+  };
+  // Page ids are int32: with 2^33 pages a draft row's page (row / page_size)
+  // was truncated to another page, and num_pages x page_size could overflow.
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.num_pages = int64_t(1) << 33; })
+                .find("num_pages = 8589934592 is out of range [1, 2147483647]"),
+            std::string::npos);
+  // Plan options set directly, bypassing set_plan_option: num_sms x
+  // ctas_per_sm overflowed int, and zero or negative values were clamped.
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.plan_options.num_sms = 2147483647; })
+                .find("num_sms = 2147483647 must be an integer in [1, 1024]"),
+            std::string::npos);
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.plan_options.num_sms = -1; }).find("num_sms = -1"),
+            std::string::npos);
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.plan_options.ctas_per_sm = -7; })
+                .find("ctas_per_sm = -7 must be an integer in [1, 64]"),
+            std::string::npos);
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.plan_options.chunk_tokens = 0; }).find("chunk_tokens = 0"),
+            std::string::npos);
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.plan_options.extra["tile_row"] = 64; })
+                .find("unknown key 'tile_row'"),
+            std::string::npos);
+  // 0 derives a plan capacity; a negative one was derived too.
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.max_units = -3; }).find("max_units = -3 must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(refused([](TreeAttentionConfig& b) { b.max_slots = -1; }).find("max_slots = -1 must be >= 0"),
+            std::string::npos);
+  EXPECT_EQ(error_text([&] { TreeAttention x(c); }), "(accepted)");
+}
+
+// The plan capacities (max_units, ...) refuse a plan on the CPU as on the
+// GPU, so that an engine tested on the CPU meets the same limits; the
+// previous plan stays in force.
+TEST(TreeAttentionCpu, PlanCapacitiesHoldOnTheCpu) {
+  WorkloadParams p;
+  p.heads = {4, 2, 64};
+  p.page_size = 4;
+  TreeAttentionConfig c = cpu_config(p, 16);
+  c.planner = "per-query";
+  c.max_units = 1;
+  c.max_segments = 2;
+  TreeAttention ta(c);
+  const std::vector<int32_t> parents{-1, 0, 0}, tokens{8, 2, 3}, offsets{0, 2, 3, 4}, pages{0, 1, 2, 3};
+  const std::vector<int32_t> one_leaf{1}, two_leaves{1, 2};
+  ta.plan_tree({parents, tokens, offsets, pages, one_leaf, {}});  // 1 unit of 2 segments
+  EXPECT_EQ(ta.plan().num_units(), 1);
+  const std::string error =
+      test_support::error_text([&] { ta.plan_tree({parents, tokens, offsets, pages, two_leaves, {}}); });
+  EXPECT_NE(error.find("plan units (max_units) = 2 exceeds the capacity 1"), std::string::npos) << error;
+  EXPECT_EQ(ta.num_queries(), 1);
+  EXPECT_LE(step_error(ta, 1), 2e-3);
+}
+
+// Plan extension sums the growth of a unit's tail segments: three leaves of
+// one unit, each grown to 2^30 - 1 tokens, grow it by more than 2^31 - 1
+// tokens, over any max_extension_tokens, so the step is planned afresh (a
+// 32-bit sum wrapped negative and the step extended the last plan).
+TEST(TreeAttentionCpu, GrowthPastInt32IsOverTheExtensionLimit) {
+  WorkloadParams p;
+  p.heads = {1, 1, 64};
+  p.page_size = 65536;
+  TreeAttentionConfig c = cpu_config(p, 65536);
+  c.planner = "flatten";
+  c.plan_options.chunk_tokens = 1 << 30;  // one block a leaf once grown
+  c.max_extension_tokens = INT32_MAX;
+  TreeAttention ta(c);
+  const std::vector<int32_t> parents{-1, 0, 0, 0}, tokens{1, 1, 1, 1}, offsets{0, 1, 2, 3, 4}, pages{0, 1, 2, 3},
+      queries{1, 2, 3};
+  ta.plan_tree({parents, tokens, offsets, pages, queries, {}});
+  ASSERT_EQ(ta.plan().num_units(), 1);
+  const int32_t big = (1 << 30) - 1, leaf_pages = (big + p.page_size - 1) / p.page_size;
+  std::vector<int32_t> grown_tokens{1, big, big, big}, grown_offsets{0, 1}, grown_pages{0};
+  int32_t next = 4;
+  for (int32_t leaf = 1; leaf <= 3; ++leaf) {
+    grown_pages.push_back(leaf);
+    for (int32_t i = 1; i < leaf_pages; ++i) grown_pages.push_back(next++);
+    grown_offsets.push_back(int32_t(grown_pages.size()));
+  }
+  ta.plan_tree({parents, grown_tokens, grown_offsets, grown_pages, queries, {}});
+  EXPECT_EQ(ta.plan_stats().extended, 0);
+  EXPECT_EQ(ta.plan_stats().planned, 2);
+}
+
 // A decode loop on one tree: every query's node one token longer per step,
 // a fresh page when its last fills. The steps extend the last plan until a
 // unit would outgrow max_extension_tokens; every step matches the fp64
