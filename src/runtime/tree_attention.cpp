@@ -525,7 +525,22 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
     fail("cpu_threads = " + std::to_string(c.cpu_threads) + " is out of range [0, 1024] (0: every hardware thread)");
   range("max_page_refs", c.max_page_refs, int64_t(1) << 30);
   m.planner = &find_planner(c.planner);
-  if (c.plan_options.num_sms == 0) c.plan_options.num_sms = 132;
+  if (c.device == Device::cuda) {
+#if defined(TREEATTN_HAVE_CUDA)
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "tree attention: cudaGetDeviceCount");
+    if (c.device_index < 0) check_cuda(cudaGetDevice(&c.device_index), "tree attention: cudaGetDevice");
+    if (c.device_index >= devices)
+      fail("device_index = " + std::to_string(c.device_index) + " is out of range [0, " + std::to_string(devices) +
+           ") (the CUDA devices this process sees)");
+    if (c.plan_options.num_sms == 0)  // the planners fill this device's SMs
+      check_cuda(cudaDeviceGetAttribute(&c.plan_options.num_sms, cudaDevAttrMultiProcessorCount, c.device_index),
+                 "tree attention: cudaDeviceGetAttribute(MultiProcessorCount)");
+#else
+    fail("device cuda: this build of treeattn has no CUDA executor (built without nvcc)");
+#endif
+  }
+  if (c.plan_options.num_sms == 0) c.plan_options.num_sms = 132;  // CPU plans: an H100's, as the CLI's
   check_plan_options(c.plan_options);
 
   // Plan capacities a planner stays within for trees inside the capacities
@@ -551,18 +566,10 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
   }
   if (c.device == Device::cuda) {
 #if defined(TREEATTN_HAVE_CUDA)
-    int devices = 0;
-    check_cuda(cudaGetDeviceCount(&devices), "tree attention: cudaGetDeviceCount");
-    if (c.device_index < 0) check_cuda(cudaGetDevice(&c.device_index), "tree attention: cudaGetDevice");
-    if (c.device_index >= devices)
-      fail("device_index = " + std::to_string(c.device_index) + " is out of range [0, " + std::to_string(devices) +
-           ") (the CUDA devices this process sees)");
     DeviceGuard on(c.device_index);
     CudaStepOptions so;
     so.l2_persistent_plan = c.l2_persistent_plan;
     m.cuda = std::make_unique<CudaStepExecutor>(c.heads, m.w.layout, c.step_capacity(), so);
-#else
-    fail("device cuda: this build of treeattn has no CUDA executor (built without nvcc)");
 #endif
   }
 }

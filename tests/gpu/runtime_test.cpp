@@ -621,6 +621,13 @@ TEST(Runtime, DeviceIndexIsResolvedCheckedAndRestored) {
   TreeAttentionConfig c = config_for(w, "auto", w.layout.num_pages);
   TreeAttention ta(c);
   EXPECT_EQ(ta.config().device_index, current);
+  // num_sms = 0: the planners target this device's SMs (132 was assumed before).
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, current), cudaSuccess);
+  c.plan_options.num_sms = 0;
+  EXPECT_EQ(TreeAttention(c).config().plan_options.num_sms, sms);
+  c.plan_options.num_sms = 7;
+  EXPECT_EQ(TreeAttention(c).config().plan_options.num_sms, 7);
   c.device_index = devices;
   try {
     TreeAttention past(c);
