@@ -56,10 +56,6 @@ def build_parser():
     return p
 
 
-def parse_args(argv=None):
-    return build_parser().parse_args(argv)
-
-
 def pages_needed(program, page_size):
     """Unique whole prompt pages (page-aligned prefixes hashed incrementally) plus, per
     sequence, its leftover, generated tokens and one page of slack; plus the scratch page."""

@@ -171,6 +171,9 @@ def _forward(engine, seqs, drafts, depths, time_attention):
         draft_parents += [first + p if p >= 0 else -1 for p in d.parents]
         draft_rows.append(rows)
         first += len(d)
+    # this replaces the backend's plan: a plan prepare() made ahead is gone (else a later
+    # decode() of the prepared batch, its lengths unchanged, would run on this plan)
+    engine._ahead = None
     engine.attention.plan_tree_queries(
         parents, ntok, offsets, pages, queries,
         draft_nodes=np.repeat(tail_nodes, sizes).astype(np.int32),
