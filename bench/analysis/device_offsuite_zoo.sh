@@ -29,8 +29,9 @@ T0=$(date +%s)
     IFS='|' read -r name planner opt <<<"$v"
     args=(bench --suite "$SUITE" -p "$planner" --no-graph --verify 0 --out "$OUT/zoo/$name")
     [[ -n $opt ]] && args+=(--plan-opt "$opt")
-    if timeout 150 "$BIN" "${args[@]}" >"$OUT/zoo/$name.log" 2>&1; then status=ok; else status=FAIL; fi
+    if timeout "${VARIANT_TIMEOUT:-150}" "$BIN" "${args[@]}" >"$OUT/zoo/$name.log" 2>&1; then status=ok; else status=FAIL; fi
     echo "[$(( $(date +%s) - T0 ))s] $name ($planner ${opt:-default}): $status"
+    tar czf "$OUT/zoo.tgz" -C "$OUT" zoo  # after each variant: what finished comes back if the call is cut short
   done
 } | tee "$OUT/zoo.log"
-tar czf "$OUT/zoo.tgz" -C "$OUT" zoo && rm -rf "$OUT/zoo"
+rm -rf "$OUT/zoo"
