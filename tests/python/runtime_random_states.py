@@ -1127,6 +1127,12 @@ class Probe:
     STEPS = [("decode", 6), ("grow", 30), ("same", 4), ("change", 18), ("remap", 4), ("big", 2), ("invalid", 8),
              ("bt", 16), ("tq", 8), ("new", 3)]
 
+    def step_decode_streak(self):
+        """A streak of decode steps, each run."""
+        for _ in range(int(self.rng.integers(3, 16))):
+            self.step_grow()
+            self.run_and_check("decode")
+
     def step(self):
         self.step_no += 1
         if self.tree is None:
@@ -1135,28 +1141,10 @@ class Probe:
             names, w = zip(*self.STEPS)
             kind = names[int(self.rng.choice(len(names), p=np.asarray(w) / sum(w)))]
             self.history.append(kind)
-            if kind == "grow":
-                self.step_grow()
-            elif kind == "same":
-                self.step_same()
-            elif kind == "change":
-                self.step_change()
-            elif kind == "remap":
-                self.step_remap()
-            elif kind == "big":
-                self.step_big_then_tiny()
-            elif kind == "invalid":
-                self.step_invalid()
-            elif kind == "bt":
-                self.step_block_tables()
-            elif kind == "tq":
-                self.step_tree_queries()
-            elif kind == "decode":  # a streak of decode steps, each run
-                for _ in range(int(self.rng.integers(3, 16))):
-                    self.step_grow()
-                    self.run_and_check("decode")
-            else:
-                self.plan_tree("new", self.new_tree(), None)
+            {"grow": self.step_grow, "same": self.step_same, "change": self.step_change, "remap": self.step_remap,
+             "big": self.step_big_then_tiny, "invalid": self.step_invalid, "bt": self.step_block_tables,
+             "tq": self.step_tree_queries, "decode": self.step_decode_streak,
+             "new": lambda: self.plan_tree("new", self.new_tree(), None)}[kind]()
         for _ in range(int(self.rng.integers(1, 3))):
             self.run_and_check()
 
