@@ -43,6 +43,13 @@ struct AttentionArgs {
   int64_t out_stride = 0;   // between queries of out
   int64_t kv_token_stride = 0;  // between tokens of a page (dense: num_kv_heads * head_dim)
   int64_t kv_page_stride = 0;   // between pages (dense: page_size * token stride)
+  // Strides in elements; 0: dense. Each must keep the rows it steps between
+  // apart: |q_stride|, |out_stride| >= num_qo_heads * head_dim (with more than
+  // one query), |kv_token_stride| >= num_kv_heads * head_dim, |kv_page_stride|
+  // >= (page_size - 1) * |kv_token_stride| + num_kv_heads * head_dim; else
+  // run() throws naming the field and value. The CPU executor reads a
+  // negative stride as a reversed view; the CUDA executor takes only positive
+  // strides of whole 16-byte copies, pages of whole token strides.
   float k_scale = 1.f;          // K = stored K x k_scale
   float v_scale = 1.f;          // V = stored V x v_scale
   // TreeAttention::run: the queries (rows of q and out, and lse) the

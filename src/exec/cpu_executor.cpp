@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
+#include <cstdint>
+#include <string>
 #include <thread>
+#include <tuple>
 
 #include "treeattn/executor.hpp"
 #include "treeattn/numeric.hpp"
@@ -125,6 +127,57 @@ void parallel_for(int64_t n, int threads, F&& f) {
   for (auto& th : pool) th.join();
 }
 
+// |s| as an unsigned value, INT64_MIN included.
+uint64_t magnitude(int64_t s) { return s < 0 ? 0 - uint64_t(s) : uint64_t(s); }
+
+// Elements spanned by n rows of `row` elements, `stride` apart: (n - 1) x
+// |stride| + row; UINT64_MAX where that overflows.
+uint64_t rows_span(int64_t n, int64_t stride, uint64_t row) {
+  uint64_t steps = 0;
+  if (n > 1 && __builtin_mul_overflow(uint64_t(n - 1), magnitude(stride), &steps)) return UINT64_MAX;
+  return steps > UINT64_MAX - row ? UINT64_MAX : steps + row;
+}
+
+// The strides against the shapes the executor knows (AttentionArgs takes
+// pointers, not sizes): q and out [num_queries] rows of num_qo_heads x
+// head_dim, the pools [num_pages, page_size] rows of num_kv_heads x head_dim.
+// Rows one stride steps over must not overlap: units write out's rows
+// concurrently, and a q or pool stride below its row is a wrong stride, not a
+// layout. Negative strides are a reversed view and are read as such. The
+// elements a tensor spans must stay addressable in bytes (the offsets are
+// int64). A few comparisons a run.
+void check_strides(const Workload& w, const Strides& s) {
+  const int64_t Q = w.num_queries(), ps = w.layout.page_size, pages = w.layout.num_pages;
+  const uint64_t qo_row = uint64_t(w.heads.num_qo_heads) * uint64_t(w.heads.head_dim);
+  const uint64_t kv_row = uint64_t(w.heads.num_kv_heads) * uint64_t(w.heads.head_dim);
+  auto fail = [](const char* field, int64_t value, const std::string& why) {
+    throw Error(std::string(field) + " = " + std::to_string(value) + ": " + why);
+  };
+  auto beyond_int64 = [](uint64_t elements, DType t) {
+    return elements > uint64_t(INT64_MAX) / uint64_t(dtype_size(t));
+  };
+  for (const auto& [field, tensor, stride] : {std::tuple{"q_stride", "q", s.q}, {"out_stride", "out", s.out}}) {
+    if (Q > 1 && magnitude(stride) < qo_row)
+      fail(field, stride, std::string("the queries' rows of ") + tensor + " overlap (|" + field +
+                              "| < num_qo_heads x head_dim = " + std::to_string(qo_row) + ")");
+    if (beyond_int64(rows_span(Q, stride, qo_row), w.layout.dtype))
+      fail(field, stride,
+           std::to_string(Q) + " queries' rows of " + tensor + " span more bytes than int64 offsets reach");
+  }
+  if (ps > 1 && magnitude(s.kv_token) < kv_row)
+    fail("kv_token_stride", s.kv_token, "a page's token rows overlap (|kv_token_stride| < num_kv_heads x head_dim = " +
+                                            std::to_string(kv_row) + ")");
+  const uint64_t page = rows_span(ps, s.kv_token, kv_row);  // elements of one page
+  if (pages > 1 && magnitude(s.kv_page) < page)
+    fail("kv_page_stride", s.kv_page,
+         "the pool's pages overlap (|kv_page_stride| < (page_size - 1) x |kv_token_stride| + "
+         "num_kv_heads x head_dim = " +
+             (page == UINT64_MAX ? std::string("more than 2^64") : std::to_string(page)) + ")");
+  if (beyond_int64(rows_span(std::max<int64_t>(pages, 1), s.kv_page, page), w.layout.kv_type()))
+    fail("kv_page_stride", s.kv_page,
+         std::to_string(pages) + " pages of the pools span more bytes than int64 offsets reach");
+}
+
 }  // namespace
 
 void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threads) {
@@ -135,11 +188,7 @@ void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threa
   part.lse.assign(size_t(p.num_slots) * H, -INFINITY);
   const float scale = effective_scale(w, a.scale);
   const Strides str = resolve_strides(w, a);
-  // Units write their queries' rows of out concurrently: no two may share memory.
-  const int64_t out_row = int64_t(H) * w.heads.head_dim;
-  if (w.num_queries() > 1 && std::llabs(str.out) < out_row)
-    throw Error("out_stride = " + std::to_string(a.out_stride) + ": the queries' rows of out overlap (|out_stride| < " +
-                "num_qo_heads x head_dim = " + std::to_string(out_row) + ")");
+  check_strides(w, str);
   parallel_for(int64_t(p.num_units()) * Hkv, threads,
                [&](int64_t i) { run_unit(w, p, a, str, scale, int32_t(i / Hkv), int(i % Hkv), part); });
   std::vector<int32_t> merged;

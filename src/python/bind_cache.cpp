@@ -48,7 +48,7 @@ class Int32Arg {
       size_t i = 0;
       for (nb::handle item : obj) {
         int64_t v;
-        if (!nb::try_cast(item, v))
+        if (PyBool_Check(item.ptr()) || !nb::try_cast(item, v))
           throw nb::type_error((std::string(name) + "[" + std::to_string(i) + "]: expected an int, got " +
                                 nb::type_name(item.type()).c_str())
                                    .c_str());
@@ -74,14 +74,19 @@ class Int32Arg {
 };
 
 // An int argument in [lo, hi]: TypeError or ValueError naming it (nanobind's
-// own conversion error names neither the argument nor the value).
-int64_t int_arg(nb::handle obj, const char* name, int64_t lo, int64_t hi) {
-  int64_t v = 0;
-  if (PyBool_Check(obj.ptr()) || !PyLong_Check(obj.ptr()))
+// own conversion error names neither the argument nor the value, and its int
+// caster takes a bool: lock(True) locked node 1). Integers of other types
+// (NumPy's) are taken where `index` is set, through __index__; a bool never.
+int64_t int_arg(nb::handle obj, const char* name, int64_t lo, int64_t hi, bool index = false) {
+  const bool is_int = PyLong_Check(obj.ptr()) || (index && PyIndex_Check(obj.ptr()));
+  if (PyBool_Check(obj.ptr()) || !is_int)
     throw nb::type_error((std::string(name) + ": expected an int, got " + nb::type_name(obj.type()).c_str()).c_str());
-  if (!nb::try_cast(obj, v) || v < lo || v > hi) {
+  nb::object value = nb::steal(PyNumber_Index(obj.ptr()));
+  if (!value.is_valid()) throw nb::python_error();
+  int64_t v = 0;
+  if (!nb::try_cast(value, v) || v < lo || v > hi) {
     PyErr_Clear();
-    throw nb::value_error((std::string(name) + " = " + nb::str(obj).c_str() + " is out of range [" +
+    throw nb::value_error((std::string(name) + " = " + nb::str(value).c_str() + " is out of range [" +
                            std::to_string(lo) + ", " + std::to_string(hi) + "]")
                               .c_str());
   }
@@ -134,10 +139,21 @@ void bind_cache(nb::module_& m) {
           "tokens"_a,
           "Longest cached prefix of tokens in whole pages -> (node, num_tokens, pages: int32[num_tokens // page_size]).\n"
           "Splits the node the match ends in, so that it ends at `node`; marks the path as used now.")
-      .def("lock", &RadixCache::lock, "node"_a, "Adds a reference to node and its ancestors: they are not evicted.")
-      .def("unlock", &RadixCache::unlock, "node"_a, "Drops a reference taken by lock(node).")
       .def(
-          "alloc", [](RadixCache& c, int64_t n) { return to_numpy(c.alloc(n)); }, "n"_a,
+          "lock",
+          [](RadixCache& c, nb::handle node) { c.lock(int32_t(int_arg(node, "node", INT32_MIN, INT32_MAX, true))); },
+          nb::sig("def lock(self, node: int) -> None"), "node"_a,
+          "Adds a reference to node and its ancestors: they are not evicted.")
+      .def(
+          "unlock",
+          [](RadixCache& c, nb::handle node) { c.unlock(int32_t(int_arg(node, "node", INT32_MIN, INT32_MAX, true))); },
+          nb::sig("def unlock(self, node: int) -> None"), "node"_a, "Drops a reference taken by lock(node).")
+      .def(
+          "alloc",
+          [](RadixCache& c, nb::handle n) { return to_numpy(c.alloc(int_arg(n, "n", INT64_MIN, INT64_MAX, true))); },
+          nb::sig("def alloc(self, n: int) -> typing.Annotated[numpy.typing.NDArray[numpy.int32], "
+                  "dict(shape=(None,))]"),
+          "n"_a,
           "n pages for a request's private tail (int32[n]); evicts least-recently-used unlocked\n"
           "leaves as needed; ValueError naming requested / free / evictable pages when it cannot.")
       .def(
@@ -153,9 +169,14 @@ void bind_cache(nb::module_& m) {
           "Caches tokens (a multiple of page_size) with their pages (one per page) and returns the\n"
           "node of the last page. The cache takes every page: those of an already cached prefix are\n"
           "freed as duplicates unless they are the cached pages themselves.")
-      .def("evict", &RadixCache::evict, "num_pages"_a,
-           "Evicts least-recently-used unlocked leaves (whole nodes) until num_pages were freed or\n"
-           "nothing is evictable; returns the pages freed.")
+      .def(
+          "evict",
+          [](RadixCache& c, nb::handle num_pages) {
+            return c.evict(int_arg(num_pages, "num_pages", INT64_MIN, INT64_MAX, true));
+          },
+          nb::sig("def evict(self, num_pages: int) -> int"), "num_pages"_a,
+          "Evicts least-recently-used unlocked leaves (whole nodes) until num_pages were freed or\n"
+          "nothing is evictable; returns the pages freed.")
       .def("check", &RadixCache::check, "Verifies every invariant; ValueError naming the first violation.")
       .def(
           "export_tree",

@@ -646,6 +646,39 @@ def test_constructor_and_plan_arguments_name_themselves():
         treeattn.RadixCache(10, 2).match_prefix([1.5])
 
 
+def test_radix_cache_refuses_a_bool_for_an_int():
+    """A bool where RadixCache takes an int (a node handle, a count, a token or page id) is
+    a TypeError naming the argument, as the constructor's: nanobind's own int conversion
+    took it (lock(True) locked node 1, alloc(True) handed out a page, match_prefix([True])
+    matched token 1). NumPy integers are still ints; a wrong int is a ValueError naming it;
+    a refused call changes nothing."""
+    c = treeattn.RadixCache(8, 2)
+    node = c.insert([5, 6, 7, 8], c.alloc(2))
+    free, cached = c.num_free_pages(), c.num_cached_pages()
+    for call, text in [(lambda: c.lock(True), "node: expected an int, got bool"),
+                       (lambda: c.unlock(False), "node: expected an int, got bool"),
+                       (lambda: c.lock(np.bool_(True)), "node: expected an int, got bool"),
+                       (lambda: c.lock("1"), "node: expected an int, got str"),
+                       (lambda: c.alloc(True), "n: expected an int, got bool"),
+                       (lambda: c.alloc(1.0), "n: expected an int, got float"),
+                       (lambda: c.evict(True), "num_pages: expected an int, got bool"),
+                       (lambda: c.match_prefix([5, True]), "tokens[1]: expected an int, got bool"),
+                       (lambda: c.insert([True, 6], [0]), "tokens[0]: expected an int, got bool"),
+                       (lambda: c.free([True]), "pages[0]: expected an int, got bool"),
+                       (lambda: c.export_tree([False]), "nodes[0]: expected an int, got bool")]:
+        with pytest.raises(TypeError, match=re.escape(text)):
+            call()
+    with pytest.raises(ValueError, match=re.escape("node = 4294967296 is out of range [-2147483648, 2147483647]")):
+        c.lock(2 ** 32)
+    c.check()
+    assert (c.num_free_pages(), c.num_cached_pages()) == (free, cached)
+    c.lock(np.int32(node))                      # NumPy integers are ints
+    c.unlock(np.int64(node))
+    assert len(c.alloc(np.int64(1))) == 1
+    assert c.evict(np.int16(0)) == 0
+    c.check()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="needs a CUDA GPU and a CUDA build")
 def test_gpu_l2_persistent_plan_changes_no_bit_of_the_output():

@@ -10,6 +10,7 @@
 #include <random>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include <string>
@@ -279,6 +280,117 @@ TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
     a.scale = bad == 0.f ? -0.5f : bad;
     EXPECT_NE(error_of([&] { ta.run(a); }).find("scale: expected 0 (1/sqrt(head_dim)) or a positive"),
               std::string::npos);
+  }
+}
+
+// The inputs of a dense HostTensors copied into buffers of other strides
+// (elements; a negative stride: the rows reversed, the pointer at row 0 of
+// the view, which is the buffer's last): a strided run's q, pools and out.
+struct StridedCopy {
+  int64_t q_stride, out_stride, kv_token_stride, kv_page_stride;
+  std::vector<uint16_t> q, k, v, out;
+  int64_t q_at = 0, out_at = 0, kv_at = 0;  // element of row 0 in each buffer
+
+  StridedCopy(const Workload& w, const HostTensors& h, int64_t qs, int64_t os, int64_t ts, int64_t pgs)
+      : q_stride(qs), out_stride(os), kv_token_stride(ts), kv_page_stride(pgs) {
+    const int64_t Q = w.num_queries(), H = w.heads.num_qo_heads, D = w.heads.head_dim;
+    const int64_t R = int64_t(w.heads.num_kv_heads) * D, ps = w.layout.page_size, pages = w.layout.num_pages;
+    q_at = qs < 0 ? (Q - 1) * -qs : 0;
+    out_at = os < 0 ? (Q - 1) * -os : 0;
+    kv_at = (ts < 0 ? (ps - 1) * -ts : 0) + (pgs < 0 ? (pages - 1) * -pgs : 0);
+    q.assign(size_t(q_at + (qs < 0 ? H * D : (Q - 1) * qs + H * D)), 0);
+    out.assign(size_t(out_at + (os < 0 ? H * D : (Q - 1) * os + H * D)), 0x7e00);  // NaN
+    const int64_t kv_end = kv_at + (ts > 0 ? (ps - 1) * ts : 0) + (pgs > 0 ? (pages - 1) * pgs : 0) + R;
+    k.assign(size_t(kv_end), 0);
+    v.assign(size_t(kv_end), 0);
+    const auto* hq = reinterpret_cast<const uint16_t*>(h.q.data());
+    const auto* hk = reinterpret_cast<const uint16_t*>(h.k.data());
+    const auto* hv = reinterpret_cast<const uint16_t*>(h.v.data());
+    for (int64_t i = 0; i < Q; ++i) std::copy_n(hq + i * H * D, H * D, q.begin() + q_at + i * qs);
+    for (int64_t pg = 0; pg < pages; ++pg)
+      for (int64_t t = 0; t < ps; ++t) {
+        const int64_t from = (pg * ps + t) * R, to = kv_at + pg * pgs + t * ts;
+        std::copy_n(hk + from, R, k.begin() + to);
+        std::copy_n(hv + from, R, v.begin() + to);
+      }
+  }
+  AttentionArgs args() {
+    AttentionArgs a{q.data() + q_at, k.data() + kv_at, v.data() + kv_at, out.data() + out_at};
+    a.q_stride = q_stride;
+    a.out_stride = out_stride;
+    a.kv_token_stride = kv_token_stride;
+    a.kv_page_stride = kv_page_stride;
+    return a;
+  }
+  // out's rows gathered into a dense [num_queries, num_qo_heads, head_dim] fp16 buffer.
+  std::vector<uint16_t> dense_out(const Workload& w) const {
+    const int64_t row = int64_t(w.heads.num_qo_heads) * w.heads.head_dim;
+    std::vector<uint16_t> d(size_t(w.num_queries() * row));
+    for (int64_t i = 0; i < w.num_queries(); ++i)
+      std::copy_n(out.begin() + out_at + i * out_stride, row, d.begin() + i * row);
+    return d;
+  }
+};
+
+// AttentionArgs carries pointers, not sizes, but the runtime knows the
+// shapes behind them: strides that make rows overlap (out's, which units
+// write concurrently; q's or the pools', a wrong stride rather than a
+// layout) are refused naming the field and the value; any stride that keeps
+// rows apart, negative (a reversed view) included, runs correctly.
+TEST(TreeAttentionCpu, RunStridesAreCheckedAgainstTheShapes) {
+  WorkloadParams p;
+  p.heads = {4, 2, 64};  // q and out rows of 256 elements, pool rows of 128
+  p.page_size = 4;
+  TreeAttentionConfig c = cpu_config(p, 16);
+  TreeAttention ta(c);
+  const std::vector<int32_t> parents{-1, 0, 0}, tokens{8, 2, 3}, offsets{0, 2, 3, 4}, pages{5, 1, 2, 9},
+      queries{1, 2, 2};
+  ta.plan_tree({parents, tokens, offsets, pages, queries, {}});
+  const Workload& w = ta.workload();
+  HostTensors h = make_random_inputs(w, 7);
+  const std::vector<double> ref = reference_attention(w, h.args());
+  struct Layout {
+    int64_t q, out, token, page;
+    const char* what;
+  };
+  for (const Layout& l : {Layout{768, 320, 256, 1024, "q of a fused QKV, out padded, K/V interleaved per token"},
+                          Layout{-256, -256, -128, -512, "every axis reversed"},
+                          Layout{256, -512, 256, 896, "pages as tight as their rows allow, out reversed"},
+                          Layout{512, 256, 128, -4096, "pages reversed, far apart"}}) {
+    StridedCopy s(w, h, l.q, l.out, l.token, l.page);
+    ASSERT_EQ(test_support::error_text([&] { ta.run(s.args()); }), "(accepted)") << l.what;
+    EXPECT_LE(relative_error(w, s.dense_out(w).data(), ref), 2e-3) << l.what;
+  }
+  struct Refused {
+    int64_t q, out, token, page;
+    std::string error;
+  };
+  const int64_t big = std::numeric_limits<int64_t>::max(), small = std::numeric_limits<int64_t>::min();
+  for (const Refused& r : std::vector<Refused>{
+           {8, 0, 0, 0, "q_stride = 8: the queries' rows of q overlap (|q_stride| < num_qo_heads x head_dim = 256)"},
+           {-255, 0, 0, 0, "q_stride = -255: the queries' rows of q overlap"},
+           {0, -8, 0, 0,
+            "out_stride = -8: the queries' rows of out overlap (|out_stride| < num_qo_heads x head_dim = 256)"},
+           {0, 0, 64, 0,
+            "kv_token_stride = 64: a page's token rows overlap (|kv_token_stride| < num_kv_heads x head_dim = 128)"},
+           {0, 0, -1, 0, "kv_token_stride = -1: a page's token rows overlap"},
+           {0, 0, 256, 895, "kv_page_stride = 895: the pool's pages overlap (|kv_page_stride| < (page_size - 1) x "
+                            "|kv_token_stride| + num_kv_heads x head_dim = 896)"},
+           {0, 0, 0, -256, "kv_page_stride = -256: the pool's pages overlap"},
+           {small, 0, 0, 0, "q_stride = " + std::to_string(small) + ": 3 queries' rows of q span more bytes"},
+           {0, big / 2, 0, 0, "out_stride = " + std::to_string(big / 2) + ": 3 queries' rows of out span more bytes"},
+           {0, 0, 0, big / 8, "kv_page_stride = " + std::to_string(big / 8) + ": 16 pages of the pools span more bytes"},
+           {0, 0, big / 2, big, "kv_page_stride = " + std::to_string(big) + ": the pool's pages overlap"},
+       }) {
+    HostTensors t = h;
+    AttentionArgs a = t.args();
+    a.q_stride = r.q;
+    a.out_stride = r.out;
+    a.kv_token_stride = r.token;
+    a.kv_page_stride = r.page;
+    const std::string text = test_support::error_text([&] { ta.run(a); });
+    EXPECT_NE(text.find(r.error), std::string::npos) << text;
+    EXPECT_TRUE(std::isnan(load_element(t.out.data(), t.dtype, 0))) << r.error << ": out written";
   }
 }
 
