@@ -324,3 +324,41 @@ def test_cli_reports_bad_input_without_a_traceback(capsys):
         assert e.value.code == 2, argv
         err = capsys.readouterr().err
         assert text in err and "Traceback" not in err, (argv, err)
+
+
+def test_cli_reports_input_errors_in_one_line_and_library_errors_with_a_traceback(capsys, monkeypatch,
+                                                                                  tmp_path):
+    """python -m treeattn.engine: what the user gave that is wrong or cannot be served (a
+    model path, a recorded or topology file, a pool too small for a prompt or for a decode
+    step) exits 2 with one line naming it; a ValueError or TypeError from inside the
+    library (a bug, stood in for by a patched function) is not taken for bad input: it
+    propagates with its traceback."""
+    from treeattn.engine import programs
+    from treeattn.engine.__main__ import main
+    bad_tree = tmp_path / "tree.json"
+    bad_tree.write_text("{\"Tree_Structure\": [[0], [0]]}")
+    base = ["--model", "random:tiny", "--device", "cpu", "--dtype", "fp32", "--attention", "torch-ref",
+            "--steps", "30"]
+    cases = [(["--model", str(tmp_path / "none")], "is neither a folder nor random:NAME"),
+             (["--program", f"tot:file={tmp_path / 'none.json'}"], "none.json: cannot read"),
+             (["--program", f"spec:prompt=20,requests=2,gen=4,tree={bad_tree}"],
+              "Tree_Structure[1]: path [0] appears twice"),
+             (["--num-pages", "1"], "--num-pages: expected an integer >= 2, got 1"),
+             (["--program", "shared:prompt=40,branches=2,gen=4", "--num-pages", "4", "--page-size", "4"],
+              "the KV cache holds 3 pages"),
+             (["--program", "shared:prompt=8,question=0,branches=2,gen=16", "--num-pages", "6",
+               "--page-size", "4"], "decode: KV cache full")]
+    for argv, text in cases:
+        with pytest.raises(SystemExit) as e:
+            main(base + argv)
+        assert e.value.code == 2, argv
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if "error:" in line]   # not usage or progress
+        assert len(lines) == 1 and text in lines[0] and "Traceback" not in err, (argv, err)
+
+    for error in (ValueError("an internal check failed"), TypeError("f() takes 2 arguments")):
+        def run_program(*args, **kwargs):
+            raise error
+        monkeypatch.setattr(programs, "run_program", run_program)
+        with pytest.raises(type(error), match=re.escape(str(error))):
+            main(base + ["--program", "shared:prompt=8,branches=2,gen=4"])

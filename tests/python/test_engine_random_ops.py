@@ -567,6 +567,54 @@ def test_verify_drops_the_plan_prepared_ahead(tiny, attention, dtype, drafts):
     assert err <= (FP32_ATOL if dtype == "fp32" else FP16_ATOL)
 
 
+
+def test_a_prepared_plan_is_dropped_through_one_method(tiny, monkeypatch):
+    """Engine.drop_prepared() is the one statement of when a plan prepare() made is stale:
+    after it, decode() of the prepared batch plans again (without it, it plans nothing);
+    verify() (its own plan_tree_queries) and GraphRunner.capture() of every launch (a plan
+    of padding queries) replace the backend's plan through it. capture() runs here up to
+    its first CUDA call, which the test stops."""
+    hf, models = tiny
+    oracle = Oracle(hf)
+    e = build_engine(models["fp32"], "torch-ref", "cpp", page_size=4, num_pages=64, max_batch=4,
+                     max_drafts=8)
+    plans, plan_tree = [], e.attention.plan_tree
+    monkeypatch.setattr(e.attention, "plan_tree", lambda *a, **kw: (plans.append(1), plan_tree(*a, **kw))[1])
+    a, logits = e.add([1, 2, 3, 4, 5])
+    for dropped in (True, False):
+        a.tokens.append(int(logits.argmax()))
+        before = len(plans)
+        assert e.prepare([a]) and len(plans) == before + 1
+        if dropped:
+            e.drop_prepared()
+        logits = e.decode([a])[0]
+        assert len(plans) == before + 1 + dropped, dropped
+        assert (logits - oracle.logits(a.tokens[:a.kv_len])).abs().max().item() <= FP32_ATOL
+
+    b, logits_b = e.add([9, 8, 7])
+    b.tokens.append(int(logits_b.argmax()))
+    a.tokens.append(int(logits.argmax()))
+    calls, drop = [], type(e).drop_prepared
+    monkeypatch.setattr(type(e), "drop_prepared", lambda self: (calls.append(self), drop(self))[1])
+    assert e.prepare([a])
+    verify(e, [b], [Draft([5], [-1])])
+    assert calls == [e] and not e._prepared([a])
+
+    class NoCuda(Exception):
+        pass
+
+    def stream():
+        raise NoCuda
+    runner = GraphRunner.__new__(GraphRunner)   # __init__ needs a CUDA device
+    runner.engine, runner.scratch_row, runner.every_launch = e, e.scratch_page * e.page_size, 0
+    runner.inputs = torch.zeros((3, 4), dtype=torch.long)
+    runner.ids, runner.positions, runner.slots = runner.inputs
+    monkeypatch.setattr(torch.cuda, "Stream", stream)
+    assert e.prepare([a])
+    with pytest.raises(NoCuda):
+        runner.capture(2)
+    assert calls == [e, e] and not e._prepared([a])
+
 if __name__ == "__main__":
     import tempfile
     torch.set_num_threads(1)

@@ -3,6 +3,7 @@ radix KV cache (python -m treeattn.engine --help)."""
 from .backends import make_attention, make_cache
 from .config import ModelConfig, config_from_dict, named_config, read_config
 from .engine import Engine, Sequence, check_sizes
+from .errors import InputError
 from .model import CausalLM
 from .programs import Program, RunResult, make_program, parse_spec, run_program
 from .py_radix import PyRadixCache
@@ -29,7 +30,7 @@ def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_p
                   graphs=graphs, max_drafts=max_drafts)
 
 
-__all__ = ["CausalLM", "Engine", "ModelConfig", "Program", "PyRadixCache", "RunResult",
+__all__ = ["CausalLM", "Engine", "InputError", "ModelConfig", "Program", "PyRadixCache", "RunResult",
            "SamplingParams", "Sequence", "ToTProgram", "ToTResult", "TorchTreeAttention",
            "build_engine", "config_from_dict", "load_model", "make_attention", "make_cache",
            "make_program", "make_tot_program", "named_config", "parse_dtype", "parse_spec",

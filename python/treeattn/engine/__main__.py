@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from . import build_engine, load_model, make_program
+from .errors import InputError
 from .ops import choose_ops
 from .programs import KINDS
 from .tot import TOT_KINDS, is_tot_spec, make_tot_program, run_tot
@@ -50,8 +51,9 @@ def build_parser():
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--page-size", type=_at_least(1), default=16)
-    p.add_argument("--num-pages", type=_at_least(1), default=None,
-                   help="KV pool pages (default: what the program needs, plus 10%%)")
+    p.add_argument("--num-pages", type=_at_least(2), default=None,
+                   help="KV pool pages, the last one scratch (default: what the program needs, "
+                        "plus 10%%)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     return p
 
@@ -75,7 +77,8 @@ def pages_needed(program, page_size):
 class Progress:
     """A bar redrawn in place on a terminal; a plain line every 10% otherwise."""
 
-    def __init__(self, stream=sys.stderr):
+    def __init__(self, stream=None):
+        stream = sys.stderr if stream is None else stream   # the one at call time, not at import
         self.stream, self.tty = stream, stream.isatty()
 
     def __call__(self, done, total):
@@ -111,7 +114,7 @@ def main(argv=None):
     check_device(parser, args.device)
     try:
         return run(args)
-    except (ValueError, TypeError) as e:   # bad input, named by the check that found it
+    except InputError as e:   # bad input or a refused request, named by the check that found it
         parser.exit(2, f"{parser.prog}: error: {e}\n")
 
 

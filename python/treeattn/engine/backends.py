@@ -4,6 +4,7 @@ TreeAttention with a named planner, or the TorchTreeAttention reference) and the
 engine package works before the C++ extension is built."""
 import torch
 
+from .errors import InputError
 from .py_radix import PyRadixCache
 from .torch_attention import TorchTreeAttention
 
@@ -21,12 +22,12 @@ def make_attention(name, cfg, page_size, num_pages, device, dtype, max_queries, 
         import treeattn
         tree_attention, planners = treeattn.TreeAttention, dict(treeattn.planners())
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"attention: {name!r} needs the treeattn extension ({e}); "
+        raise InputError(f"attention: {name!r} needs the treeattn extension ({e}); "
                          f"use --attention torch-ref") from e
     if name not in planners:   # the name first: a wrong one is wrong at any dtype
-        raise ValueError(f"attention: unknown {name!r} (known: torch-ref, {', '.join(planners)})")
+        raise InputError(f"attention: unknown {name!r} (known: torch-ref, {', '.join(planners)})")
     if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"attention: treeattn runs bf16 or fp16, got dtype {dtype}; "
+        raise InputError(f"attention: treeattn runs bf16 or fp16, got dtype {dtype}; "
                          f"use --attention torch-ref for fp32")
     return tree_attention(*shape, dtype=_DTYPE_NAMES[dtype], device=torch.device(device).type,
                           planner=name, **caps)
@@ -35,7 +36,7 @@ def make_attention(name, cfg, page_size, num_pages, device, dtype, max_queries, 
 def make_cache(kind, num_pages, page_size):
     """kind: "cpp" (treeattn.RadixCache), "py" (PyRadixCache), "auto" (cpp if built)."""
     if kind not in ("auto", "cpp", "py"):
-        raise ValueError(f"cache: expected auto, cpp or py, got {kind!r}")
+        raise InputError(f"cache: expected auto, cpp or py, got {kind!r}")
     if kind in ("auto", "cpp"):
         try:
             from treeattn import RadixCache

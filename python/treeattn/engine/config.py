@@ -5,6 +5,8 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 
+from .errors import InputError
+
 # architectures / model types the decoder implements (same math: RMSNorm, RoPE, GQA, SwiGLU)
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -34,7 +36,7 @@ class ModelConfig:
 
 def _require(cfg: dict, key: str, path: str):
     if key not in cfg or cfg[key] is None:
-        raise ValueError(f"{path}: missing required field {key!r}")
+        raise InputError(f"{path}: missing required field {key!r}")
     return cfg[key]
 
 
@@ -42,62 +44,62 @@ def _rope(cfg: dict, path: str):
     """(theta, scaling) from transformers 5's rope_parameters or 4's rope_theta + rope_scaling."""
     for key in ("rope_parameters", "rope_scaling"):
         if cfg.get(key) is not None and not isinstance(cfg[key], dict):
-            raise ValueError(f"{path}: {key} must be an object, got {cfg[key]!r}")
+            raise InputError(f"{path}: {key} must be an object, got {cfg[key]!r}")
     params = dict(cfg.get("rope_parameters") or {})
     theta = params.pop("rope_theta", None)
     if theta is None:
         theta = cfg.get("rope_theta")
     theta = 10000.0 if theta is None else _number(theta, "rope_theta", path)
     if not 0 < theta < math.inf:
-        raise ValueError(f"{path}: rope_theta = {theta} must be a positive number")
+        raise InputError(f"{path}: rope_theta = {theta} must be a positive number")
     scaling = params or dict(cfg.get("rope_scaling") or {})
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ("default", "llama3"):
-        raise ValueError(f"{path}: rope type {kind!r} is not supported (default, llama3)")
+        raise InputError(f"{path}: rope type {kind!r} is not supported (default, llama3)")
     if kind == "default":
         scaling = {}
     else:
         for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
             if key not in scaling:
-                raise ValueError(f"{path}: llama3 rope scaling needs {key!r}")
+                raise InputError(f"{path}: llama3 rope scaling needs {key!r}")
             if not _number(scaling[key], key, path) > 0:
-                raise ValueError(f"{path}: llama3 rope scaling {key} = {scaling[key]} must be positive")
+                raise InputError(f"{path}: llama3 rope scaling {key} = {scaling[key]} must be positive")
     return theta, scaling
 
 
 def _number(value, key: str, path: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{path}: {key} = {value!r} is not a number")
+        raise InputError(f"{path}: {key} = {value!r} is not a number")
     return float(value)
 
 
 def _size(value, key: str, path: str) -> int:
     """A positive int field (a JSON integer, or a float holding one)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
-        raise ValueError(f"{path}: {key} = {value!r} must be a positive integer")
+        raise InputError(f"{path}: {key} = {value!r} must be a positive integer")
     return int(value)
 
 
 def config_from_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
     if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected an object (a dict), got {type(cfg).__name__}")
+        raise InputError(f"{path}: expected an object (a dict), got {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
     model_type = cfg.get("model_type")
     known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
     if known:
         model_type = known[0]
     elif archs or model_type not in MODEL_TYPES:
-        raise ValueError(f"{path}: unknown architecture {archs or model_type!r}; "
+        raise InputError(f"{path}: unknown architecture {archs or model_type!r}; "
                          f"supported: {sorted(ARCHITECTURES)}")
     size = lambda key: _size(_require(cfg, key, path), key, path)
     heads, hidden = size("num_attention_heads"), size("hidden_size")
     kv_heads = heads if cfg.get("num_key_value_heads") is None else size("num_key_value_heads")
     head_dim = hidden // heads if cfg.get("head_dim") is None else size("head_dim")
     if heads % kv_heads:
-        raise ValueError(f"{path}: num_attention_heads = {heads} is not a multiple of "
+        raise InputError(f"{path}: num_attention_heads = {heads} is not a multiple of "
                          f"num_key_value_heads = {kv_heads}")
     if head_dim % 2:
-        raise ValueError(f"{path}: head_dim = {head_dim} must be even (RoPE rotates pairs)")
+        raise InputError(f"{path}: head_dim = {head_dim} must be even (RoPE rotates pairs)")
     theta, scaling = _rope(cfg, path)
     use_window = cfg.get("use_sliding_window", model_type == "mistral")
     return ModelConfig(
@@ -121,14 +123,14 @@ def config_from_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
 def read_config(folder: str) -> ModelConfig:
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
-        raise ValueError(f"model folder {folder!r}: missing config.json ({path})")
+        raise InputError(f"model folder {folder!r}: missing config.json ({path})")
     try:
         with open(path) as f:
             cfg = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: malformed JSON: {e}") from e
+        raise InputError(f"{path}: malformed JSON: {e}") from e
     if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+        raise InputError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     return config_from_dict(cfg, path)
 
 
@@ -153,5 +155,5 @@ NAMED_SHAPES = {
 
 def named_config(name: str) -> ModelConfig:
     if name not in NAMED_SHAPES:
-        raise ValueError(f"model: unknown random shape {name!r}; known: {sorted(NAMED_SHAPES)}")
+        raise InputError(f"model: unknown random shape {name!r}; known: {sorted(NAMED_SHAPES)}")
     return replace(NAMED_SHAPES[name])

@@ -11,6 +11,7 @@ their final positions (speculative.py copies nothing for it)."""
 import os
 from dataclasses import dataclass
 
+from .errors import InputError
 from .recorded import read_json
 
 
@@ -56,23 +57,23 @@ class Topology:
 
     def __init__(self, paths, name="Tree_Structure"):
         if not isinstance(paths, list) or not paths:
-            raise ValueError(f"{name}: expected a non-empty list of paths, got {paths!r:.80}")
+            raise InputError(f"{name}: expected a non-empty list of paths, got {paths!r:.80}")
         keys = []
         for i, path in enumerate(paths):
             if (not isinstance(path, list) or not path
                     or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
                                for r in path)):
-                raise ValueError(f"{name}[{i}]: expected a non-empty list of ranks >= 0, "
+                raise InputError(f"{name}[{i}]: expected a non-empty list of ranks >= 0, "
                                  f"got {path!r}")
             keys.append(tuple(path))
         index = {}
         for i, key in enumerate(keys):
             if key in index:
-                raise ValueError(f"{name}[{i}]: path {list(key)} appears twice")
+                raise InputError(f"{name}[{i}]: path {list(key)} appears twice")
             index[key] = i
         for i, key in enumerate(keys):
             if len(key) > 1 and key[:-1] not in index:
-                raise ValueError(f"{name}[{i}]: path {list(key)} has no parent path "
+                raise InputError(f"{name}[{i}]: path {list(key)} has no parent path "
                                  f"{list(key[:-1])} in the tree")
         self.paths = sorted(keys)
         position = {key: i for i, key in enumerate(self.paths)}
@@ -93,7 +94,7 @@ class Topology:
         candidate down to `depth`: width x depth drafts in `width` chains (prompt lookup's
         several matches, each with its continuation)."""
         if width < 1 or depth < 1:
-            raise ValueError(f"tree: width x depth must be >= 1 x 1, got {width}x{depth}")
+            raise InputError(f"tree: width x depth must be >= 1 x 1, got {width}x{depth}")
         return cls([[c] + [0] * k for c in range(width) for k in range(depth)], "tree")
 
     @classmethod
@@ -102,11 +103,11 @@ class Topology:
         optionally `Token_Tree_size` (the paths plus the root token, as recorded, or the
         paths alone)."""
         if not isinstance(record, dict) or "Tree_Structure" not in record:
-            raise ValueError(f"{name}: expected an object with a Tree_Structure list")
+            raise InputError(f"{name}: expected an object with a Tree_Structure list")
         topology = cls(record["Tree_Structure"], name)
         size = record.get("Token_Tree_size", len(topology) + 1)
         if not isinstance(size, int) or size not in (len(topology), len(topology) + 1):
-            raise ValueError(f"Token_Tree_size: {size!r} does not match the "
+            raise InputError(f"Token_Tree_size: {size!r} does not match the "
                              f"{len(topology)} paths of Tree_Structure (+1 for the root)")
         return topology
 

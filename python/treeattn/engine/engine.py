@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .contexts import AttentionTimer, DecodeContext, PrefillContext
+from .errors import InputError
 from .kv import KVPool
 
 
@@ -145,7 +146,7 @@ class Engine:
         try:
             return [int(p) for p in self.cache.alloc(n)]
         except ValueError as e:
-            raise ValueError(f"{what}: KV cache full, {n} more pages of {self.page_size} tokens "
+            raise InputError(f"{what}: KV cache full, {n} more pages of {self.page_size} tokens "
                              f"needed, cache holds {self.capacity} pages ({e})") from e
 
     # -- sequences ----------------------------------------------------------------------
@@ -154,13 +155,13 @@ class Engine:
         tokens = _token_ids("tokens", tokens, self.model.cfg.vocab_size)
         n = len(tokens)
         if n == 0:
-            raise ValueError("tokens: empty prompt")
+            raise InputError("tokens: empty prompt")
         if _ceil_div(n, self.page_size) > self.capacity:
-            raise ValueError(f"prompt: {n} tokens need {_ceil_div(n, self.page_size)} pages of "
+            raise InputError(f"prompt: {n} tokens need {_ceil_div(n, self.page_size)} pages of "
                              f"{self.page_size}, the KV cache holds {self.capacity} pages")
         window = self.model.cfg.sliding_window
         if window and n > window:
-            raise ValueError(f"prompt: {n} tokens exceed the model's sliding_window {window}")
+            raise InputError(f"prompt: {n} tokens exceed the model's sliding_window {window}")
         # the last token is always computed: its logits give the first generated token
         node, cached, pages = self.cache.match_prefix(tokens[:n - 1])
         self.cache.lock(node)
@@ -256,7 +257,7 @@ class Engine:
             seq.tail.append(self._alloc(1, "decode")[0])
         window = self.model.cfg.sliding_window
         if window and seq.kv_len + 1 > window:
-            raise ValueError(f"decode: sequence of {seq.kv_len + 1} tokens exceeds the "
+            raise InputError(f"decode: sequence of {seq.kv_len + 1} tokens exceeds the "
                              f"model's sliding_window {window}")
 
     def _slot(self, seq):
@@ -289,6 +290,16 @@ class Engine:
         """The radix cache or a sequence's cached pages changed: rebuild the forest and the
         plan prepared ahead (if any) next time."""
         self._fc = None
+        self.drop_prepared()
+
+    def drop_prepared(self):
+        """Forget the plan prepare() made ahead, so that the next decode() plans again. A
+        prepared plan is the one in force in the attention backend, made for the prepared
+        batch's sequences at their current lengths and cached pages; decode() checks those,
+        but not whether the backend still holds that plan. So whatever else plans the backend
+        (a verification step's plan_tree_queries, a graph capture's plan of padding
+        queries), or changes the radix cache or a sequence's cached pages, calls this
+        first."""
         self._ahead = None
 
     def _bucket(self, n):

@@ -14,6 +14,7 @@ otherwise ensure() captures the step's launch set the first time a plan needs it
 import torch
 
 from .contexts import DecodeContext
+from .errors import InputError
 
 
 def buckets_up_to(max_tokens):
@@ -32,9 +33,9 @@ def buckets_up_to(max_tokens):
 class GraphRunner:
     def __init__(self, engine, max_tokens):
         if engine.device.type != "cuda":
-            raise ValueError(f"graphs: CUDA graphs need a cuda device, got {engine.device}")
+            raise InputError(f"graphs: CUDA graphs need a cuda device, got {engine.device}")
         if not torch.cuda.is_available():
-            raise ValueError("graphs: torch reports no CUDA device")
+            raise InputError("graphs: torch reports no CUDA device")
         self.engine = engine
         self.buckets = buckets_up_to(max_tokens)
         dev = engine.device
@@ -72,7 +73,7 @@ class GraphRunner:
         e = self.engine
         self.pad(self.inputs, 0, b)
         if launches is None:
-            e._ahead = None   # capturing re-plans: a plan prepared ahead is gone
+            e.drop_prepared()   # capturing re-plans
             e.attention.plan_tree(*e.forest([], num_queries=b))
             launches = self.every_launch
         e.attention.graph_launches = launches

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .errors import InputError
 from .sampling import exponential_race
 
 
@@ -100,7 +101,7 @@ def compiled_ops() -> Ops:
     global _COMPILED
     ok, why = compile_available()
     if not ok:
-        raise ValueError(f"compile: torch.compile of the engine's ops needs a GPU backend: {why}")
+        raise InputError(f"compile: torch.compile of the engine's ops needs a GPU backend: {why}")
     if _COMPILED is None:
         fn = lambda f: torch.compile(f, fullgraph=True)
         _COMPILED = Ops(fn(rms_norm), fn(add_rms_norm), fn(rope_qkv), fn(silu_mul),
@@ -113,10 +114,10 @@ def choose_ops(mode: str, device) -> Ops:
     """mode "on": compiled (an error where it cannot be); "off": eager; "auto": compiled
     on a CUDA device where Triton is installed, else eager."""
     if mode not in ("auto", "on", "off"):
-        raise ValueError(f"compile: expected auto, on or off, got {mode!r}")
+        raise InputError(f"compile: expected auto, on or off, got {mode!r}")
     if mode == "off" or (mode == "auto" and (torch.device(device).type != "cuda"
                                              or not compile_available()[0])):
         return EAGER
     if torch.device(device).type != "cuda":
-        raise ValueError(f"compile: on needs a cuda device, got {device}")
+        raise InputError(f"compile: on needs a cuda device, got {device}")
     return compiled_ops()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .errors import InputError
 from .sampling import SamplingParams, sample
 
 # kind -> default parameters; every kind also takes gen, temperature, top_p, top_k
@@ -35,16 +36,16 @@ class Program:
 def parse_spec(spec: str) -> tuple:
     kind, _, rest = spec.partition(":")
     if kind not in KINDS:
-        raise ValueError(f"program: unknown kind {kind!r} in {spec!r}; known: {sorted(KINDS)}")
+        raise InputError(f"program: unknown kind {kind!r} in {spec!r}; known: {sorted(KINDS)}")
     params = dict(KINDS[kind], **COMMON)
     if kind == "sample":
         params["temperature"] = 1.0
     params = parse_params(kind, rest, params)
     if params["gen"] < 1:
-        raise ValueError(f"program: gen={params['gen']} must be >= 1")
+        raise InputError(f"program: gen={params['gen']} must be >= 1")
     for key in COUNTS & params.keys():
         if params[key] < 1:
-            raise ValueError(f"program: {key}={params[key]} must be >= 1 (it counts prompts or sequences)")
+            raise InputError(f"program: {key}={params[key]} must be >= 1 (it counts prompts or sequences)")
     return kind, params
 
 
@@ -54,14 +55,14 @@ def parse_params(kind: str, rest: str, defaults: dict) -> dict:
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq or key not in params:
-            raise ValueError(f"program: bad parameter {item!r} for {kind!r}; "
+            raise InputError(f"program: bad parameter {item!r} for {kind!r}; "
                              f"known: {sorted(params)}")
         try:
             params[key] = type(params[key])(value)
         except ValueError as e:
-            raise ValueError(f"program: {key}={value!r} is not a {type(params[key]).__name__}") from e
+            raise InputError(f"program: {key}={value!r} is not a {type(params[key]).__name__}") from e
         if type(params[key]) is int and params[key] < 0:
-            raise ValueError(f"program: {key}={value} must be >= 0")
+            raise InputError(f"program: {key}={value} must be >= 0")
     return params
 
 

@@ -12,10 +12,12 @@ What load_tot_file() accepts, beyond the types: node ids equal to their keys, on
 every other node listed as a child exactly once and reachable from the root (no cycle),
 value >= 0 (root >= 1), end - start + 1 >= value (a node cannot generate more tokens than
 it has iterations), the root ends at 0 and a child starts after its parent ends. Anything
-else raises ValueError naming the file, the task index, the node and the field."""
+else raises InputError (a ValueError) naming the file, the task index, the node and the field."""
 import json
 import math
 from dataclasses import dataclass
+
+from .errors import InputError
 
 NODE_FIELDS = ("id", "value", "start", "end", "children")
 
@@ -52,16 +54,16 @@ def is_int(x):
 
 
 def read_json(path, what=None):
-    """A recorded file's JSON; ValueError starting with `what` (else the path) when the file
+    """A recorded file's JSON; InputError starting with `what` (else the path) when the file
     cannot be read or parsed."""
     where = f"{what}: {path!r}" if what else str(path)
     try:
         with open(path) as f:
             return json.load(f)
     except OSError as e:
-        raise ValueError(f"{where}: cannot read ({e})") from e
+        raise InputError(f"{where}: cannot read ({e})") from e
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: malformed JSON ({e})") from e
+        raise InputError(f"{where}: malformed JSON ({e})") from e
 
 
 def load_tot_file(path, tasks=None):
@@ -72,11 +74,11 @@ def load_tot_file(path, tasks=None):
 def parse_tot(raw, source="<tot>", tasks=None):
     """raw: the decoded JSON list; source names it in errors."""
     if not isinstance(raw, list) or not raw:
-        raise ValueError(f"{source}: expected a non-empty JSON list of tasks, "
+        raise InputError(f"{source}: expected a non-empty JSON list of tasks, "
                          f"got {type(raw).__name__}")
     if tasks is not None:
         if not 1 <= tasks <= len(raw):
-            raise ValueError(f"{source}: tasks={tasks}, the file holds {len(raw)} tasks")
+            raise InputError(f"{source}: tasks={tasks}, the file holds {len(raw)} tasks")
         raw = raw[:tasks]
     return [_parse_task(entry, i, source) for i, entry in enumerate(raw)]
 
@@ -84,31 +86,31 @@ def parse_tot(raw, source="<tot>", tasks=None):
 def _parse_task(entry, index, source):
     where = f"{source}: task {index}"
     if not isinstance(entry, dict):
-        raise ValueError(f"{where}: expected an object, got {type(entry).__name__}")
+        raise InputError(f"{where}: expected an object, got {type(entry).__name__}")
     if "data" not in entry:
-        raise ValueError(f"{where}: missing field 'data'")
+        raise InputError(f"{where}: missing field 'data'")
     for key, kind in (("prompt", str), ("incompleted", bool)):
         if key in entry and not isinstance(entry[key], kind):
-            raise ValueError(f"{where}: field '{key}' must be a {kind.__name__}, "
+            raise InputError(f"{where}: field '{key}' must be a {kind.__name__}, "
                              f"got {type(entry[key]).__name__}")
     data = entry["data"]
     if not isinstance(data, dict) or not data:
-        raise ValueError(f"{where}: field 'data' must be a non-empty object of nodes")
+        raise InputError(f"{where}: field 'data' must be a non-empty object of nodes")
     fields = {key: _node_fields(node, key, f"{where}, node {key!r}") for key, node in data.items()}
 
     parent = {}
     for key, f in fields.items():
         for child in f["children"]:
             if str(child) not in data:
-                raise ValueError(f"{where}, node {key!r}: field 'children' names node {child}, "
+                raise InputError(f"{where}, node {key!r}: field 'children' names node {child}, "
                                  f"which is not in 'data'")
             if child in parent:
-                raise ValueError(f"{where}, node {key!r}: field 'children' names node {child}, "
+                raise InputError(f"{where}, node {key!r}: field 'children' names node {child}, "
                                  f"already a child of node {parent[child]}")
             parent[child] = f["id"]
     roots = [f["id"] for f in fields.values() if f["id"] not in parent]
     if len(roots) > 1:
-        raise ValueError(f"{where}, node '{roots[1]}': field 'children': no node lists it, "
+        raise InputError(f"{where}, node '{roots[1]}': field 'children': no node lists it, "
                          f"so the task has {len(roots)} roots (node {roots[0]} too)")
     # with one root and one parent per other node, a node not reached from the root (or
     # any node when no root exists) lies on a cycle of parent links or below one
@@ -120,7 +122,7 @@ def _parse_task(entry, index, source):
             stack.append(child)
     if len(reached) != len(fields):
         lost = next(f["id"] for f in fields.values() if f["id"] not in reached)
-        raise ValueError(f"{where}, node '{_on_cycle(parent, lost)}': field 'children' makes "
+        raise InputError(f"{where}, node '{_on_cycle(parent, lost)}': field 'children' makes "
                          f"a cycle (not reachable from a root)")
     root = roots[0]
 
@@ -133,21 +135,21 @@ def _parse_task(entry, index, source):
 
 def _node_fields(node, key, where):
     if not isinstance(node, dict):
-        raise ValueError(f"{where}: expected an object, got {type(node).__name__}")
+        raise InputError(f"{where}: expected an object, got {type(node).__name__}")
     for name in NODE_FIELDS:
         if name not in node:
-            raise ValueError(f"{where}: missing field '{name}'")
+            raise InputError(f"{where}: missing field '{name}'")
     for name in ("id", "value", "start", "end"):
         if not is_int(node[name]):
-            raise ValueError(f"{where}: field '{name}' must be an integer, got {node[name]!r}")
+            raise InputError(f"{where}: field '{name}' must be an integer, got {node[name]!r}")
     children = node["children"]
     if not isinstance(children, list) or not all(is_int(c) for c in children):
-        raise ValueError(f"{where}: field 'children' must be a list of integer node ids, "
+        raise InputError(f"{where}: field 'children' must be a list of integer node ids, "
                          f"got {children!r}")
     if str(node["id"]) != key:
-        raise ValueError(f"{where}: field 'id' is {node['id']}, not the node's key")
+        raise InputError(f"{where}: field 'id' is {node['id']}, not the node's key")
     if node["value"] < 0:
-        raise ValueError(f"{where}: field 'value' must be >= 0, got {node['value']}")
+        raise InputError(f"{where}: field 'value' must be >= 0, got {node['value']}")
     return node
 
 
@@ -162,19 +164,19 @@ def _on_cycle(parent, node):
 
 def _check_times(node, nodes, where):
     if node.end - node.start + 1 < node.value:
-        raise ValueError(f"{where}: fields 'start'/'end' ({node.start}..{node.end}) are "
+        raise InputError(f"{where}: fields 'start'/'end' ({node.start}..{node.end}) are "
                          f"inconsistent with 'value' {node.value}: fewer iterations than tokens")
     if node.parent < 0:
         if node.value < 1:
-            raise ValueError(f"{where}: field 'value' of the root (the prompt length) must be "
+            raise InputError(f"{where}: field 'value' of the root (the prompt length) must be "
                              f">= 1, got {node.value}")
         if node.end != 0:
-            raise ValueError(f"{where}: field 'end' of the root must be 0 (the prompt is "
+            raise InputError(f"{where}: field 'end' of the root must be 0 (the prompt is "
                              f"prefilled before iteration 1), got {node.end}")
     else:
         parent_end = nodes[node.parent].end
         if node.start <= parent_end:
-            raise ValueError(f"{where}: field 'start' ({node.start}) must come after its parent "
+            raise InputError(f"{where}: field 'start' ({node.start}) must come after its parent "
                              f"{node.parent} ends (iteration {parent_end})")
 
 
@@ -185,7 +187,7 @@ def scaled(task, factor):
     if factor == 1:
         return task
     if not 0 < factor <= 1000:   # also refuses nan and inf: lengths must stay integers a run can hold
-        raise ValueError(f"scale: expected a number in (0, 1000], got {factor}")
+        raise InputError(f"scale: expected a number in (0, 1000], got {factor}")
     shrink = lambda n: math.ceil(n * factor) if n > 0 else 0
     nodes, order = {}, [task.root]
     for node_id in order:      # parents before children

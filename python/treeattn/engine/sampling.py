@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import InputError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,11 +30,11 @@ class SamplingParams:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
             raise TypeError(f"top_k: expected an int, got {self.top_k!r}")
         if not 0 <= self.temperature < math.inf:   # also refuses nan
-            raise ValueError(f"temperature: expected a finite number >= 0, got {self.temperature}")
+            raise InputError(f"temperature: expected a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p: expected in (0, 1], got {self.top_p}")
+            raise InputError(f"top_p: expected in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k: expected >= 0, got {self.top_k}")
+            raise InputError(f"top_k: expected >= 0, got {self.top_k}")
 
 
 def exponential_race(scores, inv_temperature: float, noise):

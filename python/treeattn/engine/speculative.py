@@ -30,6 +30,7 @@ import torch
 from .contexts import DecodeContext
 from .drafting import NgramIndex, check_parents, default_workloads, draft_tree, load_topology
 from .engine import _check_live, _repeated
+from .errors import InputError
 from .programs import Program, parse_params, release_all
 from .sampling import SamplingParams
 
@@ -171,9 +172,7 @@ def _forward(engine, seqs, drafts, depths, time_attention):
         draft_parents += [first + p if p >= 0 else -1 for p in d.parents]
         draft_rows.append(rows)
         first += len(d)
-    # this replaces the backend's plan: a plan prepare() made ahead is gone (else a later
-    # decode() of the prepared batch, its lengths unchanged, would run on this plan)
-    engine._ahead = None
+    engine.drop_prepared()               # this replaces the backend's plan
     engine.attention.plan_tree_queries(
         parents, ntok, offsets, pages, queries,
         draft_nodes=np.repeat(tail_nodes, sizes).astype(np.int32),
@@ -205,10 +204,10 @@ def parse_spec_program(spec, vocab_size, seed=0, workloads=None):
     $TREEATTN_WORKLOADS, else the repository's data/workloads)."""
     kind, _, rest = spec.partition(":")
     if kind != "spec":
-        raise ValueError(f"program: expected spec:..., got {spec!r}")
+        raise InputError(f"program: expected spec:..., got {spec!r}")
     p = parse_params("spec", rest, dict(SPEC_DEFAULTS))
     if p["gen"] < 1 or p["requests"] < 1 or p["prompt"] < 1 or p["ngram"] < 1:
-        raise ValueError(f"program: gen, requests, prompt and ngram must be >= 1 in {spec!r}")
+        raise InputError(f"program: gen, requests, prompt and ngram must be >= 1 in {spec!r}")
     tree = p["tree"]
     if workloads and not os.path.exists(tree) and os.path.exists(os.path.join(workloads, tree)):
         tree = os.path.join(workloads, tree)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .errors import InputError
 from .programs import COMMON, RunResult, _sync, parse_params
 from .recorded import is_int, load_tot_file, scaled
 from .sampling import SamplingParams, exponential_race, sample
@@ -138,7 +139,7 @@ class LivePolicy:
     def __init__(self, prompt_lengths, rounds, width, k, budget):
         for name, v in dict(rounds=rounds, width=width, k=k, budget=budget).items():
             if v < 1:
-                raise ValueError(f"program: tot-live {name}={v} must be >= 1")
+                raise InputError(f"program: tot-live {name}={v} must be >= 1")
         self.prompt_lengths, self.tasks = prompt_lengths, len(prompt_lengths)
         self.rounds, self.width, self.k, self.budget = rounds, width, k, budget
         self.created = [1] * self.tasks       # branches made per task (node ids)
@@ -222,12 +223,12 @@ def make_tot_program(spec, vocab_size, seed=0):
     defaults["temperature"] = 1.0
     p = parse_params(kind, rest, defaults)
     if p["leaves"] not in ("free", "cache"):
-        raise ValueError(f"program: leaves={p['leaves']!r}: expected free or cache")
+        raise InputError(f"program: leaves={p['leaves']!r}: expected free or cache")
     rng = np.random.default_rng(seed)
     random_ids = lambda n: rng.integers(0, vocab_size, n).tolist()
     if kind == "tot":
         if not p["file"]:
-            raise ValueError("program: tot needs file=PATH (a recorded ToT file)")
+            raise InputError("program: tot needs file=PATH (a recorded ToT file)")
         tasks = load_tot_file(p["file"], p["tasks"] or None)
         policy = ReplayPolicy([scaled(t, p["scale"]) for t in tasks])
         prompts = [random_ids(length) for _, _, length in policy.roots()]
@@ -235,7 +236,7 @@ def make_tot_program(spec, vocab_size, seed=0):
         if p["prompt_ids"]:
             prompts = _load_prompt_ids(p["prompt_ids"], vocab_size)
         elif p["prompt"] < 1 or p["tasks"] < 1:
-            raise ValueError("program: tot-live prompt and tasks must be >= 1")
+            raise InputError("program: tot-live prompt and tasks must be >= 1")
         else:
             prompts = [random_ids(p["prompt"]) for _ in range(p["tasks"])]
         policy = LivePolicy([len(t) for t in prompts], p["rounds"], p["width"], p["k"],
@@ -250,13 +251,13 @@ def _load_prompt_ids(path, vocab_size):
         with open(path) as f:
             prompts = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read prompt_ids ({e})") from e
+        raise InputError(f"{path}: cannot read prompt_ids ({e})") from e
     if not isinstance(prompts, list) or not prompts:
-        raise ValueError(f"{path}: expected a non-empty JSON list of token id lists")
+        raise InputError(f"{path}: expected a non-empty JSON list of token id lists")
     for i, ids in enumerate(prompts):
         if not isinstance(ids, list) or not ids or not all(
                 is_int(t) and 0 <= t < vocab_size for t in ids):
-            raise ValueError(f"{path}: task {i}: expected a non-empty list of token ids in "
+            raise InputError(f"{path}: task {i}: expected a non-empty list of token ids in "
                              f"[0, {vocab_size})")
     return prompts
 

@@ -7,6 +7,7 @@ import os
 import torch
 
 from .config import ModelConfig, named_config, read_config
+from .errors import InputError
 from .model import CausalLM, rope_inv_freq
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -17,7 +18,7 @@ def parse_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
+        raise InputError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
 
 
@@ -54,11 +55,11 @@ def shard_map(folder: str) -> dict:
             with open(index) as f:
                 weight_map = json.load(f)["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: malformed index ({e})") from e
+            raise InputError(f"{index}: malformed index ({e})") from e
         return {name: os.path.join(folder, shard) for name, shard in weight_map.items()}
     shards = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     if not shards:
-        raise ValueError(f"model folder {folder!r}: no *.safetensors file")
+        raise InputError(f"model folder {folder!r}: no *.safetensors file")
     from safetensors import safe_open
     names = {}
     for shard in shards:
@@ -74,19 +75,19 @@ def load_weights(model: CausalLM, folder: str):
     params = dict(model.named_parameters())
     for name in params:
         if name not in where:
-            raise ValueError(f"model folder {folder!r}: missing tensor {name!r}")
+            raise InputError(f"model folder {folder!r}: missing tensor {name!r}")
     by_shard = {}
     for name in params:
         by_shard.setdefault(where[name], []).append(name)
     for path, names in by_shard.items():
         if not os.path.isfile(path):
-            raise ValueError(f"{path}: shard file named in the index is missing")
+            raise InputError(f"{path}: shard file named in the index is missing")
         with safe_open(path, framework="pt") as f:
             for name in names:
                 t = f.get_tensor(name)
                 p = params[name]
                 if tuple(t.shape) != tuple(p.shape):
-                    raise ValueError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, "
+                    raise InputError(f"{path}: tensor {name!r} has shape {tuple(t.shape)}, "
                                      f"the config implies {tuple(p.shape)}")
                 p.copy_(t)   # converts to the model's dtype and device
 
@@ -96,7 +97,7 @@ def load_model(path_or_name: str, device="cpu", dtype="bf16", seed: int = 0) -> 
     if path_or_name.startswith("random:"):
         return random_model(named_config(path_or_name[len("random:"):]), device, dtype, seed)
     if not os.path.isdir(path_or_name):
-        raise ValueError(f"model: {path_or_name!r} is neither a folder nor random:NAME")
+        raise InputError(f"model: {path_or_name!r} is neither a folder nor random:NAME")
     model = empty_model(read_config(path_or_name), device, dtype)
     load_weights(model, path_or_name)
     model.fuse_projections()
