@@ -50,6 +50,7 @@ Needs numpy, scipy (the log-space fit), build/cpu/treeattn and build/cpu/libtree
 import argparse
 import collections
 import datetime
+import importlib.util
 import itertools
 import json
 import math
@@ -64,6 +65,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import auto_cost_data as D  # noqa: E402
 
 ROOT = D.ROOT
+# scripts/fit_auto_cost.py's Lawson-Hanson non-negative least squares, loaded from the script.
+_spec = importlib.util.spec_from_file_location("fit_auto_cost", os.path.join(ROOT, "scripts/fit_auto_cost.py"))
+_fac = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fac)
+nnls = _fac.nnls
 SRC = os.path.join(ROOT, "bench/analysis/plan_units_dump.cpp")
 LIB = os.path.join(ROOT, "build/cpu/libtreeattn.a")
 TOOL = "/tmp/treeattn_plan_makespan"
@@ -151,31 +157,6 @@ def zoo_variants():
 
 
 # ------------------------------------------------------------------ models ----------------------------------------
-
-def nnls(A, b, iters=500):
-    """Lawson-Hanson (as scripts/fit_auto_cost.py)."""
-    n = A.shape[1]
-    x = np.zeros(n)
-    passive = np.zeros(n, bool)
-    w = A.T @ (b - A @ x)
-    for _ in range(iters):
-        if passive.all() or w[~passive].max() <= 1e-12:
-            break
-        j = np.argmax(np.where(passive, -np.inf, w))
-        passive[j] = True
-        while True:
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
-            if (z[passive] > 0).all():
-                x = z
-                break
-            neg = passive & (z <= 0)
-            alpha = np.min(x[neg] / (x[neg] - z[neg]))
-            x = x + alpha * (z - x)
-            passive &= x > 1e-12
-        w = A.T @ (b - A @ x)
-    return x
-
 
 def fit(groups, names, feat, how):
     """groups: [[(plan, time), ...] per config]; feat(plan) -> dict; (coef, loss).
