@@ -362,3 +362,97 @@ def test_cli_reports_input_errors_in_one_line_and_library_errors_with_a_tracebac
         monkeypatch.setattr(programs, "run_program", run_program)
         with pytest.raises(type(error), match=re.escape(str(error))):
             main(base + ["--program", "shared:prompt=8,branches=2,gen=4"])
+
+
+def test_cli_reports_outside_input_the_libraries_refuse_in_one_line(capsys, llama_folder, tmp_path):
+    """python -m treeattn.engine: input that only a library call below the engine refuses, with
+    a ValueError / TypeError / its own error of that library (numpy's and torch's seeds, the
+    C++ RadixCache's and TreeAttention's size limits, json's UnicodeDecodeError and
+    RecursionError, safetensors' SafetensorError, float() / int() of a config field, an
+    allocation the pool or the model cannot get), exits 2 with one line naming it (found by an
+    adversarial probe of the CLI: each was a traceback after InputError replaced the catch of
+    every ValueError / TypeError, several were one before)."""
+    from treeattn.engine.__main__ import main
+
+    def folder(name, edit=None, config=None, weights=None, index=None):
+        dst = tmp_path / name
+        dst.mkdir()
+        with open(os.path.join(llama_folder, "config.json")) as f:
+            cfg = json.load(f)
+        if edit:
+            cfg.update(edit)
+        (dst / "config.json").write_bytes(config if config is not None else json.dumps(cfg).encode())
+        with open(os.path.join(llama_folder, "model.safetensors"), "rb") as f:
+            data = f.read()
+        if index is not None:
+            (dst / "model.safetensors.index.json").write_bytes(index)
+        else:
+            (dst / "model.safetensors").write_bytes(data if weights is None else weights(data))
+        return str(dst)
+
+    def write(name, data):
+        (tmp_path / name).write_bytes(data)
+        return str(tmp_path / name)
+
+    binary = write("binary.json", b"\xff\xfe{}")
+    deep = write("deep.json", b"[" * 100000 + b"]" * 100000)
+    node = lambda id, value, start, end, children: dict(id=id, value=value, start=start, end=end, children=children)
+    late = write("late.json", json.dumps([{"data": {"0": node(0, 4, -3, 0, [1]),
+                                                    "1": node(1, 2, 2 ** 70, 2 ** 70 + 2, [])}}]).encode())
+    mistral = dict(architectures=["MistralForCausalLM"], model_type="mistral")
+    base = ["--model", "random:tiny", "--device", "cpu", "--dtype", "fp32", "--attention", "torch-ref",
+            "--steps", "2", "--program", "shared:prompt=8,branches=2,gen=3"]
+    cases = [
+        (["--seed", "-1"], "--seed: expected an integer in [0, 18446744073709551615], got -1"),
+        (["--seed", str(2 ** 64)], f"--seed: expected an integer in [0, 18446744073709551615], got {2 ** 64}"),
+        (["--page-size", str(10 ** 12), "--cache", "cpp"], f"page_size = {10 ** 12}"),
+        (["--num-pages", str(10 ** 11), "--cache", "cpp"], f"num_pages = {10 ** 11}"),
+        (["--page-size", "65537", "--attention", "per-query", "--dtype", "fp16"], "page_size = 65537"),
+        (["--program", "shared:prompt=8,branches=2,gen=1000000000000"], "num_pages = "),
+        (["--page-size", str(2 ** 31 - 1), "--num-pages", str(2 ** 16), "--cache", "py"],
+         f"kv pool: {2 ** 16} pages of {2 ** 31 - 1} tokens"),
+        (["--program", f"tot:file={binary}"], "binary.json: malformed JSON"),
+        (["--program", f"tot:file={deep}"], "deep.json: malformed JSON"),
+        (["--program", f"tot:file={late}"], f"node '1': field 'start' = {2 ** 70} is out of range"),
+        (["--program", f"tot-live:prompt_ids={binary}"], "binary.json: cannot read prompt_ids"),
+        (["--program", f"spec:prompt=8,requests=2,gen=3,tree={binary}"], "binary.json': malformed JSON"),
+        (["--model", folder("cfg_binary", config=b"\xff\xfe{}")], "config.json: malformed JSON"),
+        (["--model", folder("cfg_deep", config=b"[" * 100000 + b"]" * 100000)], "config.json: malformed JSON"),
+        (["--model", folder("eps_str", dict(rms_norm_eps="abc"))], "rms_norm_eps = 'abc' is not a number"),
+        (["--model", folder("eps_null", dict(rms_norm_eps=None))], "rms_norm_eps = None is not a number"),
+        (["--model", folder("eps_neg", dict(rms_norm_eps=-1.0))], "rms_norm_eps = -1.0 must be"),
+        (["--model", folder("window_str", dict(mistral, sliding_window="abc"))],
+         "sliding_window = 'abc' must be a positive integer"),
+        (["--model", folder("window_list", dict(mistral, sliding_window=[4]))],
+         "sliding_window = [4] must be a positive integer"),
+        (["--model", folder("window_neg", dict(mistral, sliding_window=-4))],
+         "sliding_window = -4 must be a positive integer"),
+        (["--model", folder("bias_str", dict(attention_bias="false"))], "attention_bias = 'false' must be true or false"),
+        (["--model", folder("type_list", dict(architectures=None, model_type=["llama"]))],
+         "unknown architecture ['llama']"),
+        (["--model", folder("arch_lists", dict(architectures=[["LlamaForCausalLM"]]))],
+         "unknown architecture [['LlamaForCausalLM']]"),
+        (["--model", folder("vocab_huge", dict(vocab_size=10 ** 12))], "cannot be allocated"),
+        (["--model", folder("truncated", weights=lambda data: data[:len(data) // 2])],
+         "model.safetensors: cannot read"),
+        (["--model", folder("empty", weights=lambda data: b"")], "model.safetensors: cannot read"),
+        (["--model", folder("index_binary", index=b"\xff\xfe")], "model.safetensors.index.json: malformed index"),
+        (["--model", folder("index_int", index=json.dumps({"weight_map": {"lm_head.weight": 3}}).encode())],
+         "model.safetensors.index.json: malformed index"),
+        (["--model", folder("index_list", index=json.dumps({"weight_map": [1]}).encode())],
+         "model.safetensors.index.json: malformed index"),
+    ]
+    failed = []
+    for argv, text in cases:
+        try:
+            with pytest.raises(SystemExit) as e:
+                main(base + argv)
+        except BaseException as error:   # noqa: BLE001 -- collect every case's outcome
+            failed.append((argv, f"raised {type(error).__name__}: {str(error)[:200]}"))
+            capsys.readouterr()
+            continue
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if "error:" in line]   # not usage or progress
+        if not (e.value.code == 2 and len(lines) == 1 and text in lines[0] and "Traceback" not in err):
+            failed.append((argv, e.value.code, err[-300:]))
+    assert not failed, "\n".join(map(str, failed))

@@ -21,11 +21,23 @@ def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_p
     check_sizes(page_size=(page_size, 1), num_pages=(num_pages, 2), max_batch=(max_batch, 1),
                  max_drafts=(max_drafts, 0))
     w = model.model.embed_tokens.weight
-    attn = make_attention(attention, model.cfg, page_size, num_pages, w.device, w.dtype,
-                          max_queries=max_batch + max_drafts,
-                          max_nodes=num_pages + max_batch + 1 + max_drafts,
-                          max_page_refs=num_pages + max_drafts)
-    kv_cache = make_cache(cache, num_pages - 1, page_size)
+    sizes = f"page_size = {page_size}, num_pages = {num_pages}"
+    try:   # the C++ TreeAttention's and RadixCache's own limits (int32 fields, node counts)
+        attn = make_attention(attention, model.cfg, page_size, num_pages, w.device, w.dtype,
+                              max_queries=max_batch + max_drafts,
+                              max_nodes=num_pages + max_batch + 1 + max_drafts,
+                              max_page_refs=num_pages + max_drafts)
+    except InputError:
+        raise
+    except (ValueError, MemoryError) as e:
+        raise InputError(f"attention {attention!r} refuses {sizes}, max_batch = {max_batch}, "
+                         f"max_drafts = {max_drafts}: {e}") from e
+    try:
+        kv_cache = make_cache(cache, num_pages - 1, page_size)
+    except InputError:
+        raise
+    except (ValueError, MemoryError) as e:
+        raise InputError(f"cache {cache!r} refuses {sizes} (the last page is scratch): {e}") from e
     return Engine(model, attn, kv_cache, num_pages, page_size, max_batch=max_batch,
                   graphs=graphs, max_drafts=max_drafts)
 

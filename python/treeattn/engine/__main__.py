@@ -27,6 +27,14 @@ def _at_least(lo):
     return parse
 
 
+def _seed(text):
+    """argparse type: a seed that numpy (>= 0) and torch (< 2**64) both take."""
+    value = int(text)
+    if not 0 <= value < 2 ** 64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {2 ** 64 - 1}], got {value}")
+    return value
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m treeattn.engine", description=__doc__)
     p.add_argument("--model", default="random:tiny",
@@ -49,7 +57,7 @@ def build_parser():
                         "(auto: on a CUDA device with Triton)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--page-size", type=_at_least(1), default=16)
     p.add_argument("--num-pages", type=_at_least(2), default=None,
                    help="KV pool pages, the last one scratch (default: what the program needs, "

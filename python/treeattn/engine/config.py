@@ -80,15 +80,26 @@ def _size(value, key: str, path: str) -> int:
     return int(value)
 
 
+def _flag(cfg: dict, key: str, default: bool, path: str) -> bool:
+    """A true/false field (null: false); a string such as "false" is refused, not truthy."""
+    if key not in cfg:
+        return default
+    if cfg[key] not in (True, False, None):
+        raise InputError(f"{path}: {key} = {cfg[key]!r} must be true or false")
+    return bool(cfg[key])
+
+
 def config_from_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: expected an object (a dict), got {type(cfg).__name__}")
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise InputError(f"{path}: architectures = {archs!r} must be a list of names")
     model_type = cfg.get("model_type")
-    known = [ARCHITECTURES[a] for a in archs if a in ARCHITECTURES]
+    known = [ARCHITECTURES[a] for a in archs if isinstance(a, str) and a in ARCHITECTURES]
     if known:
         model_type = known[0]
-    elif archs or model_type not in MODEL_TYPES:
+    elif archs or not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise InputError(f"{path}: unknown architecture {archs or model_type!r}; "
                          f"supported: {sorted(ARCHITECTURES)}")
     size = lambda key: _size(_require(cfg, key, path), key, path)
@@ -101,7 +112,12 @@ def config_from_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
     if head_dim % 2:
         raise InputError(f"{path}: head_dim = {head_dim} must be even (RoPE rotates pairs)")
     theta, scaling = _rope(cfg, path)
-    use_window = cfg.get("use_sliding_window", model_type == "mistral")
+    use_window = _flag(cfg, "use_sliding_window", model_type == "mistral", path)
+    eps = _number(cfg.get("rms_norm_eps", 1e-6), "rms_norm_eps", path)
+    if not 0 <= eps < math.inf:
+        raise InputError(f"{path}: rms_norm_eps = {eps} must be a finite number >= 0")
+    window = cfg.get("sliding_window") if use_window else None   # 0 or null: no window
+    window = 0 if window is None or window == 0 else _size(window, "sliding_window", path)
     return ModelConfig(
         model_type=model_type,
         vocab_size=size("vocab_size"),
@@ -111,12 +127,12 @@ def config_from_dict(cfg: dict, path: str = "config.json") -> ModelConfig:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=eps,
         rope_theta=theta,
         rope_scaling=scaling,
-        attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        sliding_window=int(cfg.get("sliding_window") or 0) if use_window else 0,
+        attention_bias=_flag(cfg, "attention_bias", model_type == "qwen2", path),
+        tie_word_embeddings=_flag(cfg, "tie_word_embeddings", False, path),
+        sliding_window=window,
     )
 
 
@@ -127,8 +143,10 @@ def read_config(folder: str) -> ModelConfig:
     try:
         with open(path) as f:
             cfg = json.load(f)
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, deep nesting
         raise InputError(f"{path}: malformed JSON: {e}") from e
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e})") from e
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     return config_from_dict(cfg, path)

@@ -1,5 +1,6 @@
 """The engine's one exception type of its own: InputError, for input from outside the
-program that is wrong or cannot be served."""
+program that is wrong or cannot be served, and how to tell an allocation that failed."""
+import torch
 
 
 class InputError(ValueError):
@@ -11,3 +12,10 @@ class InputError(ValueError):
     python -m treeattn.engine prints an InputError as one line and exits 2; every other
     exception, a ValueError or TypeError of the checks on how the library calls itself
     included, is a bug there and propagates with its traceback."""
+
+
+def out_of_memory(e):
+    """Whether e is an allocation that failed (torch.OutOfMemoryError on a GPU, the CPU
+    allocator's RuntimeError, MemoryError), not another error of the same type."""
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))

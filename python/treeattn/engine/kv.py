@@ -1,15 +1,26 @@
 """The paged KV pool: one layer-major K tensor and one V tensor
 [num_layers, num_pages, page_size, num_kv_heads, head_dim]; k[layer] is the NHD pool that
 treeattn reads. A token's row is page * page_size + offset."""
+import math
+
 import torch
+
+from .errors import InputError, out_of_memory
 
 
 class KVPool:
     def __init__(self, num_layers, num_pages, page_size, num_kv_heads, head_dim, device, dtype):
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
         self.num_pages, self.page_size = num_pages, page_size
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        try:   # sized by the caller's num_pages and page_size: too many is their mistake
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+        except (RuntimeError, MemoryError) as e:
+            if not out_of_memory(e):
+                raise
+            gib = 2 * math.prod(shape) * dtype.itemsize / 2 ** 30
+            raise InputError(f"kv pool: {num_pages} pages of {page_size} tokens ({gib:.4g} GiB for K "
+                             f"and V) cannot be allocated on {device}: {e}") from e
 
     def _rows(self, t, layer=None):
         # view of the pool as rows; slicing the first dim keeps k[layer] contiguous

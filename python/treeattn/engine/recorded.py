@@ -10,9 +10,10 @@ inclusive; the root is the prefilled prompt and ends at iteration 0).
 
 What load_tot_file() accepts, beyond the types: node ids equal to their keys, one root,
 every other node listed as a child exactly once and reachable from the root (no cycle),
-value >= 0 (root >= 1), end - start + 1 >= value (a node cannot generate more tokens than
-it has iterations), the root ends at 0 and a child starts after its parent ends. Anything
-else raises InputError (a ValueError) naming the file, the task index, the node and the field."""
+value >= 0 (root >= 1), value, start and end within +-(2**31 - 1), end - start + 1 >=
+value (a node cannot generate more tokens than it has iterations), the root ends at 0 and
+a child starts after its parent ends. Anything else raises InputError (a ValueError)
+naming the file, the task index, the node and the field."""
 import json
 import math
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from .errors import InputError
 
 NODE_FIELDS = ("id", "value", "start", "end", "children")
+ITERATION_LIMIT = 2 ** 31 - 1   # |value|, |start|, |end|: far beyond any run, far inside int64
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def read_json(path, what=None):
             return json.load(f)
     except OSError as e:
         raise InputError(f"{where}: cannot read ({e})") from e
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, deep nesting
         raise InputError(f"{where}: malformed JSON ({e})") from e
 
 
@@ -142,6 +144,10 @@ def _node_fields(node, key, where):
     for name in ("id", "value", "start", "end"):
         if not is_int(node[name]):
             raise InputError(f"{where}: field '{name}' must be an integer, got {node[name]!r}")
+    for name in ("value", "start", "end"):   # token counts and iterations: NumPy int64 holds them
+        if not -ITERATION_LIMIT <= node[name] <= ITERATION_LIMIT:
+            raise InputError(f"{where}: field '{name}' = {node[name]} is out of range "
+                             f"[-{ITERATION_LIMIT}, {ITERATION_LIMIT}]")
     children = node["children"]
     if not isinstance(children, list) or not all(is_int(c) for c in children):
         raise InputError(f"{where}: field 'children' must be a list of integer node ids, "

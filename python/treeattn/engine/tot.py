@@ -250,7 +250,7 @@ def _load_prompt_ids(path, vocab_size):
     try:
         with open(path) as f:
             prompts = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:   # ValueError: JSON, UTF-8
         raise InputError(f"{path}: cannot read prompt_ids ({e})") from e
     if not isinstance(prompts, list) or not prompts:
         raise InputError(f"{path}: expected a non-empty JSON list of token id lists")

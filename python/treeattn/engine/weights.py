@@ -7,7 +7,7 @@ import os
 import torch
 
 from .config import ModelConfig, named_config, read_config
-from .errors import InputError
+from .errors import InputError, out_of_memory
 from .model import CausalLM, rope_inv_freq
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -26,7 +26,14 @@ def empty_model(cfg: ModelConfig, device, dtype) -> CausalLM:
     """Parameters allocated on the device, uninitialised: no CPU copy, no fp32 detour."""
     with torch.device("meta"):
         model = CausalLM(cfg).to(dtype)   # meta: no memory until to_empty, then dtype-sized
-    model = model.to_empty(device=device)
+    try:   # sized by the config (or the named shape) the caller chose
+        model = model.to_empty(device=device)
+    except (RuntimeError, MemoryError) as e:
+        if not out_of_memory(e):
+            raise
+        gib = sum(p.numel() for p in model.parameters()) * dtype.itemsize / 2 ** 30
+        raise InputError(f"model: its {gib:.4g} GiB of {dtype} weights cannot be allocated on "
+                         f"{device}: {e}") from e
     model.inv_freq = rope_inv_freq(cfg).to(device)   # meta buffers come back empty
     return model.eval().requires_grad_(False)
 
@@ -54,23 +61,34 @@ def shard_map(folder: str) -> dict:
         try:
             with open(index) as f:
                 weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except (ValueError, RecursionError, KeyError, TypeError) as e:   # ValueError: JSON, UTF-8
             raise InputError(f"{index}: malformed index ({e})") from e
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise InputError(f"{index}: malformed index (weight_map must map tensor names to "
+                             f"file names, got {weight_map!r:.80})")
         return {name: os.path.join(folder, shard) for name, shard in weight_map.items()}
     shards = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
     if not shards:
         raise InputError(f"model folder {folder!r}: no *.safetensors file")
-    from safetensors import safe_open
     names = {}
     for shard in shards:
         path = os.path.join(folder, shard)
-        with safe_open(path, framework="pt") as f:
+        with _open_shard(path) as f:
             names.update({name: path for name in f.keys()})
     return names
 
 
+def _open_shard(path):
+    """safe_open(path), its errors on a file that is not safetensors (truncated, empty, a
+    folder) as InputError naming the file."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        return safe_open(path, framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise InputError(f"{path}: cannot read as safetensors ({e})") from e
+
+
 def load_weights(model: CausalLM, folder: str):
-    from safetensors import safe_open
     where = shard_map(folder)
     params = dict(model.named_parameters())
     for name in params:
@@ -82,7 +100,7 @@ def load_weights(model: CausalLM, folder: str):
     for path, names in by_shard.items():
         if not os.path.isfile(path):
             raise InputError(f"{path}: shard file named in the index is missing")
-        with safe_open(path, framework="pt") as f:
+        with _open_shard(path) as f:
             for name in names:
                 t = f.get_tensor(name)
                 p = params[name]
