@@ -456,3 +456,20 @@ def test_cli_reports_outside_input_the_libraries_refuse_in_one_line(capsys, llam
         if not (e.value.code == 2 and len(lines) == 1 and text in lines[0] and "Traceback" not in err):
             failed.append((argv, e.value.code, err[-300:]))
     assert not failed, "\n".join(map(str, failed))
+
+
+def test_cli_program_kind_alone_takes_its_defaults_and_an_unknown_kind_lists_every_kind(capsys, monkeypatch):
+    """--program spec (no colon) is speculative decoding with its defaults, as --program
+    shared is the shared program's; an unknown kind names every kind the CLI runs."""
+    from treeattn.engine import speculative
+    from treeattn.engine.__main__ import main
+    base = ["--model", "random:tiny", "--device", "cpu", "--dtype", "fp32", "--attention", "torch-ref"]
+    seen = []
+    monkeypatch.setattr(speculative, "run_cli", lambda args, model: seen.append(args.program) or {})
+    main(base + ["--program", "spec"])
+    assert seen == ["spec"]
+    with pytest.raises(SystemExit) as e:
+        main(base + ["--program", "bogus:gen=2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unknown kind 'bogus'" in err, err
+    assert all(f"'{kind}'" in err for kind in ("shared", "spec", "tot", "tot-live")), err

@@ -116,6 +116,7 @@ def test_topology_order_and_width_depth():
     ({"Tree_Structure": [[0], [0]]}, "Tree_Structure[1]"),            # twice
     ({"Tree_Structure": [[0], [1, 0, 2]]}, "Tree_Structure[1]"),      # no parent path
     ({"Tree_Structure": [[0], [1]], "Token_Tree_size": 7}, "Token_Tree_size"),
+    ({"Tree_Structure": [[0]], "Token_Tree_size": True}, "Token_Tree_size"),   # a bool, not 1
 ])
 def test_malformed_topology_file(tmp_path, record, field):
     path = tmp_path / "tree.json"

@@ -130,9 +130,13 @@ def run(args):
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device, dtype=args.dtype, seed=args.seed)
     model.use_ops(choose_ops(args.compile, args.device))
-    if args.program.startswith("spec:"):
+    kind = args.program.partition(":")[0]   # "KIND" alone takes the kind's defaults
+    if kind == "spec":
         from .speculative import run_cli
         return print_report(run_cli(args, model), args.json)
+    if kind not in KINDS and not is_tot_spec(args.program):
+        raise InputError(f"--program: unknown kind {kind!r} in {args.program!r}; "
+                         f"known: {sorted([*KINDS, *TOT_KINDS, 'spec'])}")
     if is_tot_spec(args.program):
         program = make_tot_program(args.program, model.cfg.vocab_size, seed=args.seed)
         num_pages = args.num_pages or program.pages_needed(args.page_size)

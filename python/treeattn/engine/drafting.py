@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import InputError
-from .recorded import read_json
+from .recorded import is_int, read_json
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Topology:
             raise InputError(f"{name}: expected an object with a Tree_Structure list")
         topology = cls(record["Tree_Structure"], name)
         size = record.get("Token_Tree_size", len(topology) + 1)
-        if not isinstance(size, int) or size not in (len(topology), len(topology) + 1):
+        if not is_int(size) or size not in (len(topology), len(topology) + 1):
             raise InputError(f"Token_Tree_size: {size!r} does not match the "
                              f"{len(topology)} paths of Tree_Structure (+1 for the root)")
         return topology
