@@ -3,7 +3,7 @@ radix KV cache (python -m treeattn.engine --help)."""
 from .backends import make_attention, make_cache
 from .config import ModelConfig, config_from_dict, named_config, read_config
 from .engine import Engine, Sequence, check_sizes
-from .errors import InputError
+from .errors import InputError, refused
 from .model import CausalLM
 from .programs import Program, RunResult, make_program, parse_spec, run_program
 from .py_radix import PyRadixCache
@@ -22,22 +22,14 @@ def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_p
                  max_drafts=(max_drafts, 0))
     w = model.model.embed_tokens.weight
     sizes = f"page_size = {page_size}, num_pages = {num_pages}"
-    try:   # the C++ TreeAttention's and RadixCache's own limits (int32 fields, node counts)
+    # the C++ TreeAttention's and RadixCache's own limits (int32 fields, node counts)
+    with refused(f"attention {attention!r} refuses {sizes}, max_batch = {max_batch}, max_drafts = {max_drafts}"):
         attn = make_attention(attention, model.cfg, page_size, num_pages, w.device, w.dtype,
                               max_queries=max_batch + max_drafts,
                               max_nodes=num_pages + max_batch + 1 + max_drafts,
                               max_page_refs=num_pages + max_drafts)
-    except InputError:
-        raise
-    except (ValueError, MemoryError) as e:
-        raise InputError(f"attention {attention!r} refuses {sizes}, max_batch = {max_batch}, "
-                         f"max_drafts = {max_drafts}: {e}") from e
-    try:
+    with refused(f"cache {cache!r} refuses {sizes} (the last page is scratch)"):
         kv_cache = make_cache(cache, num_pages - 1, page_size)
-    except InputError:
-        raise
-    except (ValueError, MemoryError) as e:
-        raise InputError(f"cache {cache!r} refuses {sizes} (the last page is scratch): {e}") from e
     return Engine(model, attn, kv_cache, num_pages, page_size, max_batch=max_batch,
                   graphs=graphs, max_drafts=max_drafts)
 

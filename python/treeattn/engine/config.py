@@ -1,11 +1,10 @@
 """Model configuration for the engine's Llama-family decoder: read from a Hugging Face
 config.json (transformers 4 and 5 layouts) or built from a named shape for random weights."""
-import json
 import math
 import os
 from dataclasses import dataclass, field, replace
 
-from .errors import InputError
+from .errors import InputError, read_json
 
 # architectures / model types the decoder implements (same math: RMSNorm, RoPE, GQA, SwiGLU)
 ARCHITECTURES = {
@@ -140,13 +139,7 @@ def read_config(folder: str) -> ModelConfig:
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise InputError(f"model folder {folder!r}: missing config.json ({path})")
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, deep nesting
-        raise InputError(f"{path}: malformed JSON: {e}") from e
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e})") from e
+    cfg = read_json(path)
     if not isinstance(cfg, dict):
         raise InputError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     return config_from_dict(cfg, path)

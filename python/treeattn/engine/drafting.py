@@ -11,8 +11,8 @@ their final positions (speculative.py copies nothing for it)."""
 import os
 from dataclasses import dataclass
 
-from .errors import InputError
-from .recorded import is_int, read_json
+from .errors import InputError, read_json
+from .recorded import is_int
 
 
 @dataclass(frozen=True)

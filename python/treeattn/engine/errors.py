@@ -1,5 +1,9 @@
 """The engine's one exception type of its own: InputError, for input from outside the
-program that is wrong or cannot be served, and how to tell an allocation that failed."""
+program that is wrong or cannot be served, and the helpers that raise it where such
+input enters a file read, an allocation or a library call."""
+import contextlib
+import json
+
 import torch
 
 
@@ -14,8 +18,39 @@ class InputError(ValueError):
     included, is a bug there and propagates with its traceback."""
 
 
-def out_of_memory(e):
-    """Whether e is an allocation that failed (torch.OutOfMemoryError on a GPU, the CPU
-    allocator's RuntimeError, MemoryError), not another error of the same type."""
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+def read_json(path, what=None):
+    """A file's JSON; InputError starting with `what` (else the path) when the file cannot
+    be read or parsed."""
+    where = f"{what}: {path!r}" if what else str(path)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise InputError(f"{where}: cannot read ({e})") from e
+    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, deep nesting
+        raise InputError(f"{where}: malformed JSON ({e})") from e
+
+
+@contextlib.contextmanager
+def allocating(what, device):
+    """An allocation sized by the caller's input (a pool, a model) that fails is their
+    mistake: InputError "{what} cannot be allocated on {device}". Only a failed allocation
+    (torch.OutOfMemoryError, the CPU allocator's RuntimeError, MemoryError) is converted."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        if not (isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(e)):
+            raise
+        raise InputError(f"{what} cannot be allocated on {device}: {e}") from e
+
+
+@contextlib.contextmanager
+def refused(what):
+    """A library call's ValueError (its own limits: int32 fields, node counts) or
+    MemoryError on sizes the caller chose, as InputError "{what}: ..."."""
+    try:
+        yield
+    except InputError:
+        raise
+    except (ValueError, MemoryError) as e:
+        raise InputError(f"{what}: {e}") from e

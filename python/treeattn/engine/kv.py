@@ -5,22 +5,18 @@ import math
 
 import torch
 
-from .errors import InputError, out_of_memory
+from .errors import allocating
 
 
 class KVPool:
     def __init__(self, num_layers, num_pages, page_size, num_kv_heads, head_dim, device, dtype):
         shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
         self.num_pages, self.page_size = num_pages, page_size
-        try:   # sized by the caller's num_pages and page_size: too many is their mistake
+        gib = 2 * math.prod(shape) * dtype.itemsize / 2 ** 30
+        with allocating(f"kv pool: {num_pages} pages of {page_size} tokens ({gib:.4g} GiB for K and V)",
+                        device):
             self.k = torch.zeros(shape, device=device, dtype=dtype)
             self.v = torch.zeros(shape, device=device, dtype=dtype)
-        except (RuntimeError, MemoryError) as e:
-            if not out_of_memory(e):
-                raise
-            gib = 2 * math.prod(shape) * dtype.itemsize / 2 ** 30
-            raise InputError(f"kv pool: {num_pages} pages of {page_size} tokens ({gib:.4g} GiB for K "
-                             f"and V) cannot be allocated on {device}: {e}") from e
 
     def _rows(self, t, layer=None):
         # view of the pool as rows; slicing the first dim keeps k[layer] contiguous

@@ -14,11 +14,10 @@ value >= 0 (root >= 1), value, start and end within +-(2**31 - 1), end - start +
 value (a node cannot generate more tokens than it has iterations), the root ends at 0 and
 a child starts after its parent ends. Anything else raises InputError (a ValueError)
 naming the file, the task index, the node and the field."""
-import json
 import math
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import InputError, read_json
 
 NODE_FIELDS = ("id", "value", "start", "end", "children")
 ITERATION_LIMIT = 2 ** 31 - 1   # |value|, |start|, |end|: far beyond any run, far inside int64
@@ -53,19 +52,6 @@ class ToTTask:
 
 def is_int(x):
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def read_json(path, what=None):
-    """A recorded file's JSON; InputError starting with `what` (else the path) when the file
-    cannot be read or parsed."""
-    where = f"{what}: {path!r}" if what else str(path)
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except OSError as e:
-        raise InputError(f"{where}: cannot read ({e})") from e
-    except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError, deep nesting
-        raise InputError(f"{where}: malformed JSON ({e})") from e
 
 
 def load_tot_file(path, tasks=None):

@@ -7,7 +7,7 @@ import os
 import torch
 
 from .config import ModelConfig, named_config, read_config
-from .errors import InputError, out_of_memory
+from .errors import InputError, allocating
 from .model import CausalLM, rope_inv_freq
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -26,14 +26,9 @@ def empty_model(cfg: ModelConfig, device, dtype) -> CausalLM:
     """Parameters allocated on the device, uninitialised: no CPU copy, no fp32 detour."""
     with torch.device("meta"):
         model = CausalLM(cfg).to(dtype)   # meta: no memory until to_empty, then dtype-sized
-    try:   # sized by the config (or the named shape) the caller chose
+    gib = sum(p.numel() for p in model.parameters()) * dtype.itemsize / 2 ** 30
+    with allocating(f"model: its {gib:.4g} GiB of {dtype} weights", device):   # sized by the config
         model = model.to_empty(device=device)
-    except (RuntimeError, MemoryError) as e:
-        if not out_of_memory(e):
-            raise
-        gib = sum(p.numel() for p in model.parameters()) * dtype.itemsize / 2 ** 30
-        raise InputError(f"model: its {gib:.4g} GiB of {dtype} weights cannot be allocated on "
-                         f"{device}: {e}") from e
     model.inv_freq = rope_inv_freq(cfg).to(device)   # meta buffers come back empty
     return model.eval().requires_grad_(False)
 
