@@ -29,7 +29,12 @@ Strides resolve_strides(const Workload& w, const AttentionArgs& a) {
   const int64_t q = int64_t(w.heads.num_qo_heads) * w.heads.head_dim;
   Strides s{a.q_stride ? a.q_stride : q, a.out_stride ? a.out_stride : q, a.kv_token_stride ? a.kv_token_stride : row,
             0};
-  s.kv_page = a.kv_page_stride ? a.kv_page_stride : s.kv_token * w.layout.page_size;
+  if (a.kv_page_stride != 0) {
+    s.kv_page = a.kv_page_stride;
+  } else if (__builtin_mul_overflow(s.kv_token, int64_t(w.layout.page_size), &s.kv_page)) {
+    throw Error("kv_token_stride = " + std::to_string(s.kv_token) + ": a page of " +
+                std::to_string(w.layout.page_size) + " tokens spans more elements than int64 offsets reach");
+  }
   return s;
 }
 

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -202,6 +203,16 @@ TEST(Runtime, SanitizeFp8KvStridedPoolsAndScales) {
         bad = a;
         bad.v_scale = 0.f;
         EXPECT_THROW(ta.run(bad, nullptr), Error);
+        // Strides whose products pass int64 are refused, not wrapped: a
+        // page of huge token rows, a huge page of rows, huge token rows.
+        const int64_t huge = std::numeric_limits<int64_t>::max() / 32 * 16;  // a multiple of every 16-byte copy
+        for (const auto& [token, page] : {std::pair{huge, int64_t(0)}, std::pair{tok, huge / tok * tok},
+                                          std::pair{huge / 256 * 16, huge / 256 * 16 * ps}}) {
+          bad = a;
+          bad.kv_token_stride = token;
+          bad.kv_page_stride = page;
+          EXPECT_THROW(ta.run(bad, nullptr), Error) << token << " " << page;
+        }
       }
     }
   }

@@ -381,6 +381,8 @@ TEST(TreeAttentionCpu, RunStridesAreCheckedAgainstTheShapes) {
            {0, big / 2, 0, 0, "out_stride = " + std::to_string(big / 2) + ": 3 queries' rows of out span more bytes"},
            {0, 0, 0, big / 8, "kv_page_stride = " + std::to_string(big / 8) + ": 16 pages of the pools span more bytes"},
            {0, 0, big / 2, big, "kv_page_stride = " + std::to_string(big) + ": the pool's pages overlap"},
+           {0, 0, big / 2, 0,
+            "kv_token_stride = " + std::to_string(big / 2) + ": a page of 4 tokens spans more elements than int64"},
        }) {
     HostTensors t = h;
     AttentionArgs a = t.args();

@@ -150,14 +150,16 @@ void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams
   check_stride(s.q, int64_t(t.heads.num_qo_heads) * D, 8, "q_stride");
   check_stride(s.out, int64_t(t.heads.num_qo_heads) * D, 8, "out_stride");
   check_stride(s.kv_token, int64_t(t.heads.num_kv_heads) * D, kv_chunk, "kv_token_stride");
-  if (s.kv_page < s.kv_token * t.page_size || s.kv_page % s.kv_token != 0)
+  // Divisions, not products: the strides are the caller's and may be near INT64_MAX
+  // (for a positive kv_token, kv_page < kv_token x page_size iff kv_page / page_size < kv_token).
+  if (s.kv_page / t.page_size < s.kv_token || s.kv_page % s.kv_token != 0)
     throw Error("cuda executor: kv_page_stride = " + std::to_string(s.kv_page) + " must be a multiple of kv_token_stride (" +
                 std::to_string(s.kv_token) + ") and >= page_size x that");
   const int64_t rows_per_page = s.kv_page / s.kv_token;
-  const int64_t token_bytes = s.kv_token * int64_t(dtype_size(t.kv_dtype));
-  if (int64_t(t.num_pages) * rows_per_page > INT32_MAX || token_bytes > int64_t(UINT32_MAX))
+  const int64_t element_bytes = int64_t(dtype_size(t.kv_dtype));
+  if (rows_per_page > INT32_MAX / std::max<int64_t>(t.num_pages, 1) || s.kv_token > int64_t(UINT32_MAX) / element_bytes)
     throw Error("cuda executor: a pool of " + std::to_string(t.num_pages) + " pages of " + std::to_string(rows_per_page) +
-                " rows of " + std::to_string(token_bytes) + " bytes exceeds the kernels' 32-bit row indexing");
+                " rows of " + std::to_string(s.kv_token) + " x " + std::to_string(element_bytes) + " bytes exceeds the kernels' 32-bit row indexing");
   a.q = args.q;
   a.k = args.k;
   a.v = args.v;
@@ -165,7 +167,7 @@ void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams
   a.lse_out = args.lse;
   a.q_stride = s.q;
   a.o_stride = s.out;
-  a.kv_token_bytes = uint32_t(token_bytes);
+  a.kv_token_bytes = uint32_t(s.kv_token * element_bytes);
   a.rows_per_page = int32_t(rows_per_page);
   a.scale_log2 = scale * args.k_scale * 1.4426950408889634f;
   a.v_scale = args.v_scale;
