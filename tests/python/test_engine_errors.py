@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_models import save, tiny_hf_model
 from treeattn.engine import build_engine, load_model, make_program, parse_spec
+from treeattn.engine.errors import InputError, host_memory
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +102,33 @@ def test_bad_program_specs():
     with pytest.raises(ValueError, match="vocab_size = 0"):
         make_program("shared:prompt=4", 0)
     assert len(make_program("shared:prompt=5,question=0,branches=2", 100).prompts) == 2   # a length may be 0
+
+
+def test_program_sizes_are_checked_before_any_token_is_made():
+    """Every program constructor checks its sizes first: token id lists past the host's
+    memory, and (given the device's bound) KV tokens past it, are an InputError at once; the
+    sizes it checks are the programs' own (token ids + one per prompt, distinct prefixes)."""
+    from treeattn.engine.programs import KINDS, prompt_sizes
+    from treeattn.engine.speculative import parse_spec_program
+    from treeattn.engine.tot import make_tot_program
+    huge = 10 ** 11
+    for make in (lambda: make_program(f"shared:branches={huge},question=0", 100),
+                 lambda: make_program(f"fewshot:questions={huge}", 100),
+                 lambda: make_tot_program(f"tot-live:prompt=1,tasks={huge}", 100),
+                 lambda: parse_spec_program(f"spec:requests={huge},tree=2x2", 100)):
+        with pytest.raises(InputError, match="token ids, more than this host's memory"):
+            make()
+    with pytest.raises(InputError, match="at least 4016 KV tokens, more than the device's memory holds"):
+        make_program("shared:prompt=4000,branches=1,question=16", 100, max_kv_tokens=4015)
+    make_program("shared:prompt=4000,branches=1,question=16", 100, max_kv_tokens=4016)
+    small = dict(prompt=5, branches=3, question=2, system=4, docs=2, doc=3, questions=3, shots=2, shot=3,
+                 n=4, seqs=3)
+    for kind in KINDS:
+        params = {k: v for k, v in small.items() if k in KINDS[kind]}
+        program = make_program(f"{kind}:" + ",".join(f"{k}={v}" for k, v in params.items()), 10 ** 9)
+        prefixes = {tuple(p[:i + 1]) for p in program.prompts for i in range(len(p))}
+        ids, distinct = prompt_sizes(kind, dict(KINDS[kind], **params))
+        assert (ids, distinct) == (sum(len(p) + 1 for p in program.prompts), len(prefixes)), kind
 
 
 def test_prompt_longer_than_cache():
@@ -441,6 +469,11 @@ def test_cli_reports_outside_input_the_libraries_refuse_in_one_line(capsys, llam
          "model.safetensors.index.json: malformed index"),
         (["--model", folder("index_list", index=json.dumps({"weight_map": [1]}).encode())],
          "model.safetensors.index.json: malformed index"),
+        # sizes with zeros too many: refused before a token is made (were a traceback or a hang)
+        (["--program", "shared:prompt=100000000000"], "its prompts hold 6400000001088 token ids"),
+        (["--program", "tot-live:prompt=10,tasks=100000000000"], "its prompts hold 1100000000000 token ids"),
+        (["--program", "spec:prompt=10,requests=100000000000"], "its prompts hold 2700000000000 token ids"),
+        (["--program", f"independent:seqs=1,prompt={host_memory() // 64}"], "KV tokens, more than the device's memory"),
     ]
     failed = []
     for argv, text in cases:

@@ -135,6 +135,26 @@ def test_overlap_keeps_the_tokens(models):
         assert runs[0] == runs[1]
 
 
+def test_timed_steps_are_not_launched_ahead(models):
+    """With overlap and attention timed on one step in attention_every, a timed step is
+    decoded in its own step: launched ahead, its decode (all of it on a synchronous device)
+    fell in the step before, and its attention share could pass 1 (test_bench_smoke under
+    load). Steps between the timed ones are still launched ahead."""
+    _, folder = models
+    model = load_model(folder, dtype="fp32")
+    program = make_tot_program(f"tot:file={workload(FILES[0])},tasks=3,scale=0.01", model.cfg.vocab_size, seed=3)
+    engine = build_engine(model, "torch-ref", "auto", page_size=4, num_pages=program.pages_needed(4),
+                          max_batch=program.max_batch)
+    calls = []
+    decode = engine.decode
+    engine.decode = lambda seqs, ids=None, time_attention=False, **kw: (
+        calls.append((ids is not None, time_attention)), decode(seqs, ids=ids, time_attention=time_attention, **kw))[1]
+    result = run_tot(engine, program, seed=5, time_attention=True, attention_every=3, overlap=True)
+    assert (True, True) not in calls
+    assert (True, False) in calls and (False, True) in calls
+    assert len(result.attention_steps) == len(result.attention_seconds) > 0
+
+
 def test_replay_treeattn_planner(models):
     # treeattn's planner and CPU executor (fp16) plan each step's forest of three trees
     hf, folder = models

@@ -11,6 +11,7 @@ import torch
 
 from . import build_engine, load_model, make_program
 from .errors import InputError
+from .kv import max_kv_tokens
 from .ops import choose_ops
 from .programs import KINDS
 from .tot import TOT_KINDS, is_tot_spec, make_tot_program, run_tot
@@ -138,11 +139,13 @@ def run(args):
         raise InputError(f"--program: unknown kind {kind!r} in {args.program!r}; "
                          f"known: {sorted([*KINDS, *TOT_KINDS, 'spec'])}")
     if is_tot_spec(args.program):
-        program = make_tot_program(args.program, model.cfg.vocab_size, seed=args.seed)
+        program = make_tot_program(args.program, model.cfg.vocab_size, seed=args.seed,
+                                   max_kv_tokens=max_kv_tokens(model))
         num_pages = args.num_pages or program.pages_needed(args.page_size)
         max_batch = program.max_batch
     else:
-        program = make_program(args.program, model.cfg.vocab_size, seed=args.seed)
+        program = make_program(args.program, model.cfg.vocab_size, seed=args.seed,
+                               max_kv_tokens=max_kv_tokens(model))
         num_pages = args.num_pages or pages_needed(program, args.page_size)
         max_batch = len(program.prompts) * program.samples
     engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,

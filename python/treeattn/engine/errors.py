@@ -3,6 +3,7 @@ program that is wrong or cannot be served, and the helpers that raise it where s
 input enters a file read, an allocation or a library call."""
 import contextlib
 import json
+import os
 
 import torch
 
@@ -54,3 +55,22 @@ def refused(what):
         raise
     except (ValueError, MemoryError) as e:
         raise InputError(f"{what}: {e}") from e
+
+
+def host_memory():
+    """Bytes of this host's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_program_size(what, token_ids, kv_tokens, max_kv_tokens=None):
+    """A program's sizes, checked before any of its tokens is made: its prompts' token id
+    lists (`token_ids` list slots, 8 bytes each at least) must fit this host's memory, and
+    the KV tokens its sequences hold at least (`kv_tokens`) the most the device holds
+    (kv.max_kv_tokens; None: unchecked). A size typed with zeros too many would otherwise
+    fill the host's memory with token lists, or loop for hours, before any other check."""
+    if 8 * token_ids > host_memory():
+        raise InputError(f"{what}: its prompts hold {token_ids} token ids, more than this host's "
+                         f"memory holds ({host_memory() // 8} at 8 bytes each)")
+    if max_kv_tokens is not None and kv_tokens > max_kv_tokens:
+        raise InputError(f"{what}: its sequences hold at least {kv_tokens} KV tokens, more than "
+                         f"the device's memory holds for this model ({max_kv_tokens})")

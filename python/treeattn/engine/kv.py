@@ -5,7 +5,21 @@ import math
 
 import torch
 
-from .errors import allocating
+from .errors import allocating, host_memory
+
+
+def max_kv_tokens(model):
+    """The most tokens whose K and V (every layer) the memory of the model's device holds:
+    a program needing more cannot run, and is refused before its token lists are made
+    (errors.check_program_size)."""
+    w = model.model.embed_tokens.weight
+    cfg = model.cfg
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * w.dtype.itemsize
+    if w.device.type == "cuda":
+        memory = torch.cuda.get_device_properties(w.device).total_memory
+    else:
+        memory = host_memory()
+    return memory // per_token
 
 
 class KVPool:

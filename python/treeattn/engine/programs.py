@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import InputError
+from .errors import InputError, check_program_size
 from .sampling import SamplingParams, sample
 
 # kind -> default parameters; every kind also takes gen, temperature, top_p, top_k
@@ -66,11 +66,31 @@ def parse_params(kind: str, rest: str, defaults: dict) -> dict:
     return params
 
 
-def make_program(spec: str, vocab_size: int, seed: int = 0) -> Program:
-    """Random token ids (seeded); distinct segments so only the intended prefixes match."""
+def prompt_sizes(kind: str, p: dict) -> tuple:
+    """(token ids the prompts' lists hold, plus one per prompt; distinct prompt tokens, the
+    KV tokens the sequences hold at least) of a tree program, from its parameters."""
+    if kind == "shared":
+        return p["branches"] * (p["prompt"] + p["question"] + 1), p["prompt"] + p["branches"] * p["question"]
+    if kind == "two-level":
+        prompts = p["docs"] * p["questions"]
+        return (prompts * (p["system"] + p["doc"] + p["question"] + 1),
+                p["system"] + p["docs"] * p["doc"] + prompts * p["question"])
+    if kind == "fewshot":
+        shots = p["shots"] * p["shot"]
+        return p["questions"] * (shots + p["question"] + 1), shots + p["questions"] * p["question"]
+    if kind == "sample":
+        return p["prompt"] + 1, p["prompt"]
+    return p["seqs"] * (p["prompt"] + 1), p["seqs"] * p["prompt"]
+
+
+def make_program(spec: str, vocab_size: int, seed: int = 0, max_kv_tokens: int = None) -> Program:
+    """Random token ids (seeded); distinct segments so only the intended prefixes match.
+    The sizes are checked first (errors.check_program_size; max_kv_tokens: the most KV
+    tokens the device holds, kv.max_kv_tokens)."""
     kind, p = parse_spec(spec)
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size = {vocab_size!r}: expected an int >= 1")
+    check_program_size(f"program {spec!r}", *prompt_sizes(kind, p), max_kv_tokens)
     rng = np.random.default_rng(seed)
     rand = lambda n: rng.integers(0, vocab_size, n).tolist()
     samples = 1

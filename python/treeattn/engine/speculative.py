@@ -30,7 +30,8 @@ import torch
 from .contexts import DecodeContext
 from .drafting import NgramIndex, check_parents, default_workloads, draft_tree, load_topology
 from .engine import _check_live, _repeated
-from .errors import InputError
+from .errors import InputError, check_program_size
+from .kv import max_kv_tokens
 from .programs import Program, parse_params, release_all
 from .sampling import SamplingParams
 
@@ -196,12 +197,14 @@ class SpecProgram:
     fill: bool                # fill the whole topology (acceptance-independent timing)
 
 
-def parse_spec_program(spec, vocab_size, seed=0, workloads=None):
+def parse_spec_program(spec, vocab_size, seed=0, workloads=None, max_kv_tokens=None):
     """spec:prompt=4000,requests=8,question=16,repeat=0,gen=128,tree=PATH|WxD,ngram=3,fill=0.
     requests share a `prompt`-token prompt, each with its own `question` tokens; repeat=R
     makes the prompt a random R-token segment repeated (so n-gram drafts get accepted);
     a tree file not found as given is looked up in the folder `workloads` too (the CLI:
-    $TREEATTN_WORKLOADS, else the repository's data/workloads)."""
+    $TREEATTN_WORKLOADS, else the repository's data/workloads). The prompts' sizes are
+    checked before they are made (errors.check_program_size; max_kv_tokens: the most KV
+    tokens the device holds, kv.max_kv_tokens)."""
     kind, _, rest = spec.partition(":")
     if kind != "spec":
         raise InputError(f"program: expected spec:..., got {spec!r}")
@@ -211,6 +214,8 @@ def parse_spec_program(spec, vocab_size, seed=0, workloads=None):
     tree = p["tree"]
     if workloads and not os.path.exists(tree) and os.path.exists(os.path.join(workloads, tree)):
         tree = os.path.join(workloads, tree)
+    check_program_size(f"program {spec!r}", p["requests"] * (p["prompt"] + p["question"] + 1),
+                       p["prompt"] + p["requests"] * p["question"], max_kv_tokens)
     rng = np.random.default_rng(seed)
     if p["repeat"] > 0:
         segment = rng.integers(0, vocab_size, p["repeat"])
@@ -309,7 +314,8 @@ def run_speculative(engine, spec, steps=None, time_attention=False, on_step=None
 def run_cli(args, model):
     """python -m treeattn.engine --program spec:...: prints the drafts accepted per request
     at each step (stderr) and returns the report."""
-    spec = parse_spec_program(args.program, model.cfg.vocab_size, args.seed, default_workloads())
+    spec = parse_spec_program(args.program, model.cfg.vocab_size, args.seed, default_workloads(),
+                              max_kv_tokens(model))
     max_draft = len(load_topology(spec.tree))
     requests = len(spec.program.prompts)
     num_pages = args.num_pages or spec_pages_needed(spec, args.page_size, max_draft)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .errors import InputError
+from .errors import InputError, check_program_size
 from .programs import COMMON, RunResult, _sync, parse_params
 from .recorded import is_int, load_tot_file, scaled
 from .sampling import SamplingParams, exponential_race, sample
@@ -212,12 +212,14 @@ def is_tot_spec(spec):
     return spec.partition(":")[0] in TOT_KINDS
 
 
-def make_tot_program(spec, vocab_size, seed=0):
+def make_tot_program(spec, vocab_size, seed=0, max_kv_tokens=None):
     """A ToTProgram from "tot:file=F,tasks=N,scale=S,max_steps=M,leaves=free|cache" or
     "tot-live:prompt=P,tasks=N,rounds=R,width=W,k=K,budget=B"; both take temperature
     (default 1), top_p, top_k. Prompts are random token ids (seeded) of the recorded root
     lengths (tot) or of length P (tot-live), or for tot-live prompt_ids=PATH: a JSON list of
-    token id lists (one task each, tokenized outside, e.g. for a real checkpoint)."""
+    token id lists (one task each, tokenized outside, e.g. for a real checkpoint). The
+    prompts' sizes are checked before they are made (errors.check_program_size;
+    max_kv_tokens: the most KV tokens the device holds, kv.max_kv_tokens)."""
     kind, _, rest = spec.partition(":")
     defaults = dict(TOT_KINDS[kind], **{k: COMMON[k] for k in SAMPLING_KEYS})
     defaults["temperature"] = 1.0
@@ -231,13 +233,17 @@ def make_tot_program(spec, vocab_size, seed=0):
             raise InputError("program: tot needs file=PATH (a recorded ToT file)")
         tasks = load_tot_file(p["file"], p["tasks"] or None)
         policy = ReplayPolicy([scaled(t, p["scale"]) for t in tasks])
-        prompts = [random_ids(length) for _, _, length in policy.roots()]
+        roots = [length for _, _, length in policy.roots()]
+        check_program_size(f"program {spec!r}", sum(roots) + len(roots), sum(roots), max_kv_tokens)
+        prompts = [random_ids(length) for length in roots]
     else:
         if p["prompt_ids"]:
             prompts = _load_prompt_ids(p["prompt_ids"], vocab_size)
         elif p["prompt"] < 1 or p["tasks"] < 1:
             raise InputError("program: tot-live prompt and tasks must be >= 1")
         else:
+            check_program_size(f"program {spec!r}", p["tasks"] * (p["prompt"] + 1), p["tasks"] * p["prompt"],
+                               max_kv_tokens)
             prompts = [random_ids(p["prompt"]) for _ in range(p["tasks"])]
         policy = LivePolicy([len(t) for t in prompts], p["rounds"], p["width"], p["k"],
                             p["budget"])
@@ -438,7 +444,8 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
     fed the sampled ids on the device; the host then reads this step's tokens (waiting for
     the sampling only) and does its bookkeeping while the GPU runs the next step. The tokens
     are the same either way (the same sampling calls in the same order). A step whose
-    attention is timed does not launch ahead (its timing replays its own plan). Recording
+    attention is timed neither launches the next one ahead (its timing replays its own plan)
+    nor is launched ahead (its decode stays within its own step's time). Recording
     logits (tests) reads each step's rows with a sync, which waits for the step launched
     ahead too: do not time a run that records.
 
@@ -492,10 +499,11 @@ def run_tot(engine, program, seed=0, max_steps=None, record_logits=False, check_
                 # the next step decodes the same sequences: plan it while this one runs
                 engine.prepare(seqs)
             tokens, fetch = run.sample_async(logits)
-            if same_next and overlap and not timed:
-                timed_next = time_attention and (len(result.step_seconds) + 1) % attention_every == 0
-                ahead = (batch, engine.decode(seqs, time_attention=timed_next, ids=tokens),
-                         timed_next)
+            # a timed next step is not launched ahead: its work (all of it, where the device
+            # runs synchronously) would fall in this step's time, its share past 1
+            timed_next = time_attention and (len(result.step_seconds) + 1) % attention_every == 0
+            if same_next and overlap and not timed and not timed_next:
+                ahead = (batch, engine.decode(seqs, time_attention=False, ids=tokens), False)
             tokens, logprobs = fetch()
             for b, tok, lp, d in zip(batch, tokens, logprobs, done):
                 b.generated += 1
