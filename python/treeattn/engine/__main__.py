@@ -138,14 +138,15 @@ def run(args):
     if kind not in KINDS and not is_tot_spec(args.program):
         raise InputError(f"--program: unknown kind {kind!r} in {args.program!r}; "
                          f"known: {sorted([*KINDS, *TOT_KINDS, 'spec'])}")
+    kv_capacity = max_kv_tokens(model)
     if is_tot_spec(args.program):
         program = make_tot_program(args.program, model.cfg.vocab_size, seed=args.seed,
-                                   max_kv_tokens=max_kv_tokens(model))
+                                   max_kv_tokens=kv_capacity)
         num_pages = args.num_pages or program.pages_needed(args.page_size)
         max_batch = program.max_batch
     else:
         program = make_program(args.program, model.cfg.vocab_size, seed=args.seed,
-                               max_kv_tokens=max_kv_tokens(model))
+                               max_kv_tokens=kv_capacity)
         num_pages = args.num_pages or pages_needed(program, args.page_size)
         max_batch = len(program.prompts) * program.samples
     engine = build_engine(model, args.attention, args.cache, args.page_size, num_pages,

@@ -319,7 +319,7 @@ class Engine:
         try:
             for s in seqs:
                 self._reserve_slot(s)
-        except ValueError:
+        except InputError:   # the cache is full: decode(seqs) raises it
             return False
         self._plan(seqs)
         return True
