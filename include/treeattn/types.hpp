@@ -53,6 +53,11 @@ struct KvLayout {
   DType kv_type() const { return kv_dtype.value_or(dtype); }
 };
 
+// A K/V pool of num_pages x page_size x kv heads x head_dim elements: at
+// most 2^46, so that element offsets fit 64 bits with room. Throws Error
+// naming num_pages and the sizes otherwise.
+void check_pool_size(int64_t num_pages, int page_size, const HeadConfig& heads);
+
 // Parses "32/8" into (32, 8); throws Error naming `field` on bad text.
 HeadConfig parse_heads(std::string_view text, int head_dim);
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import numbers
 import weakref
+from collections.abc import Mapping as _Mapping
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -85,8 +86,16 @@ def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
             raise TypeError(f"{name}: expected integers, got {x.dtype}")
         if getattr(x, "is_meta", False):
             raise ValueError(f"{name}: a meta tensor holds no values")
-        x = x.detach().cpu().numpy()
-    a = np.asarray(x)
+        if getattr(x, "is_nested", False) or str(x.layout) != "torch.strided":
+            raise ValueError(f"{name}: expected a dense tensor, got a {'nested' if x.is_nested else x.layout} one")
+        try:  # a negated view (its neg bit set) is read as its values
+            x = x.detach().cpu().resolve_neg().numpy()
+        except (RuntimeError, TypeError) as e:  # a quantized dtype, ...
+            raise TypeError(f"{name}: expected integers, got {x.dtype} ({str(e).splitlines()[0]})") from None
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError) as e:  # a ragged list, or an object NumPy cannot take
+        raise type(e)(f"{name}: not an integer array ({str(e).splitlines()[0]})") from None
     if a.size == 0:
         a = a.astype(dtype)
     if a.dtype.kind not in "iu":
@@ -147,13 +156,20 @@ _HANDLES = itertools.count(1)
 def _alloc_run_output(q: Any, num_qo_heads: int, lse: bool) -> Any:
     """run()'s out (q's shape and dtype) or, with ``lse``, its lse (float32
     ``[num_queries, num_qo_heads]``), on q's device, where run() is given none."""
-    if not hasattr(q, "shape"):
-        raise TypeError(f"q: expected a tensor (PyTorch, or anything with DLPack), got {type(q).__name__}")
-    if len(q.shape) != 3:
-        raise ValueError(f"q: expected 3 dimensions, got shape {list(q.shape)}")
+    try:  # a nested (ragged) tensor has no shape to read
+        shape = tuple(q.shape)
+    except AttributeError:
+        raise TypeError(f"q: expected a tensor (PyTorch, or anything with DLPack), got {type(q).__name__}") from None
+    except Exception as e:
+        raise ValueError(f"q: cannot read the tensor's shape ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if len(shape) != 3:
+        raise ValueError(f"q: expected 3 dimensions, got shape {list(shape)}")
+    if not all(type(d) is int for d in shape):  # a jagged tensor's ragged dimension (a torch.SymInt)
+        raise ValueError(f"q: cannot allocate out like it: shape {list(shape)} is not of ints (a nested tensor?)")
     if lse:
-        return _empty_like(q, (q.shape[0], num_qo_heads), float32=True)
-    return _empty_like(q, tuple(q.shape))
+        return _empty_like(q, (shape[0], num_qo_heads), float32=True)
+    return _empty_like(q, shape)
 
 
 def _empty_like(x: Any, shape, float32: bool = False) -> Any:
@@ -268,6 +284,11 @@ class TreeAttention:
                                         ("cpu_threads", cpu_threads), ("max_extension_tokens", max_extension_tokens)))
         if num_sms is not None:
             num_sms = _int_arg("num_sms", num_sms, 1, int32_max)
+        if not isinstance(planner, str):
+            raise TypeError(f"planner: expected a planner name (str), got {planner!r}")
+        if plan_options is not None and not isinstance(plan_options, _Mapping):
+            raise TypeError(f"plan_options: expected a mapping of option names to numbers, got "
+                            f"{type(plan_options).__name__}")
         options = {}
         for key, value in (plan_options or {}).items():
             if not isinstance(key, str):

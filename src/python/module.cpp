@@ -147,12 +147,14 @@ std::string strides_str(const View& t) { return ints_str(t, t.strides); }
 struct Torch {
   PyObject *tensor = nullptr, *fp16 = nullptr, *bf16 = nullptr, *fp32 = nullptr;
   PyObject *fp8 = nullptr, *u8 = nullptr;  // fp8: nullptr in a PyTorch without float8_e4m3fn
-  PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu;
+  PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu, *s_is_neg;
   PyObject* empty_tuple;
   // TensorBase's descriptors (owned) and their C functions, when usable.
   PyObject *d_data_ptr = nullptr, *d_shape = nullptr, *d_stride = nullptr, *d_dtype = nullptr, *d_is_cuda = nullptr,
            *d_is_cpu = nullptr;
   PyCFunction f_data_ptr = nullptr;
+  PyCFunction f_is_neg = nullptr;  // TensorBase.is_neg's C function, of either calling convention
+  PyCFunctionWithKeywords f_is_neg_kw = nullptr;
   PyCFunctionWithKeywords f_stride = nullptr;
   const PyGetSetDef *g_shape = nullptr, *g_dtype = nullptr, *g_is_cuda = nullptr, *g_is_cpu = nullptr;
   static constexpr int kTypes = 16;
@@ -167,6 +169,7 @@ struct Torch {
     s_dtype = PyUnicode_InternFromString("dtype");
     s_is_cuda = PyUnicode_InternFromString("is_cuda");
     s_is_cpu = PyUnicode_InternFromString("is_cpu");
+    s_is_neg = PyUnicode_InternFromString("is_neg");
     empty_tuple = PyTuple_New(0);
   }
 
@@ -213,6 +216,12 @@ struct Torch {
         *ds[i] = PyObject_GetAttr(base, names[i]);  // a class attribute: the descriptor itself
         if (!*ds[i]) PyErr_Clear();
       }
+      PyObject* neg = PyObject_GetAttr(base, s_is_neg);
+      if (!neg) PyErr_Clear();
+      if (const PyMethodDef* n = method_of(neg, METH_NOARGS)) f_is_neg = n->ml_meth;
+      else if (const PyMethodDef* n = method_of(neg, METH_VARARGS | METH_KEYWORDS))
+        f_is_neg_kw = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(n->ml_meth));
+      Py_XDECREF(neg);  // the class keeps the descriptor alive
       Py_DECREF(base);
       const PyMethodDef* dp = method_of(d_data_ptr, METH_NOARGS);
       const PyMethodDef* st = method_of(d_stride, METH_VARARGS | METH_KEYWORDS);
@@ -288,8 +297,10 @@ Torch& torch_info() {
 // An attribute read of a PyTorch tensor that failed (a tensor without storage,
 // a sparse one, ...): ValueError naming the argument, with PyTorch's message.
 [[noreturn]] void torch_read_error(const char* name, const char* what) {
-  nb::python_error e;
-  value_error(std::string(name) + ": cannot read the tensor's " + what + " (" + e.what() + ")");
+  nb::python_error e;  // its type and message: what() would append the traceback
+  const std::string msg = str_of(e.value().ptr());
+  value_error(std::string(name) + ": cannot read the tensor's " + what + " (" + nb::inst_name(e.value()).c_str() +
+              (msg.empty() ? "" : ": " + msg.substr(0, msg.find('\n'))) + ")");
 }
 
 // A tuple of ints (torch.Size or stride()'s tuple) into `dst`; the count.
@@ -339,6 +350,17 @@ void read_torch(const char* name, PyObject* o, View& v, const Where& where, bool
   if (!flag) torch_read_error(name, want_cuda ? "is_cuda" : "is_cpu");
   v.on_device = flag == Py_True;
   Py_DECREF(flag);
+  // A negated view (the neg bit: the .imag of a conj()ed complex-half tensor)
+  // holds the negation of what its memory says: read or written raw, every
+  // value would have the wrong sign. Direct types: TensorBase.is_neg's C
+  // function (~10 ns); others: the attribute, where it exists.
+  nb::object neg = nb::steal(dir && T.f_is_neg      ? T.f_is_neg(o, nullptr)
+                             : dir && T.f_is_neg_kw ? T.f_is_neg_kw(o, T.empty_tuple, nullptr)
+                                                    : PyObject_CallMethodNoArgs(o, T.s_is_neg));
+  if (!neg.is_valid()) PyErr_Clear();
+  if (neg.is_valid() && neg.ptr() == Py_True)
+    value_error(std::string(name) + ": a tensor with its negative bit set (a lazy negation: its memory holds the "
+                "negated values); pass .resolve_neg()");
   if (want_cuda && v.on_device && where.torch_index) {
     nb::object i = nb::steal(PyObject_CallMethod(o, "get_device", nullptr));
     if (!i.is_valid()) torch_read_error(name, "get_device()");
@@ -441,7 +463,9 @@ void check_tensor(const char* name, const View& t, const TreeAttentionConfig& c,
   if (t.shape[ndim - 1] != D || t.shape[ndim - 2] != heads)
     value_error(std::string(name) + ": shape " + shape_str(t) + " must end in [" + std::to_string(heads) + ", " +
                 std::to_string(D) + "] (heads, head_dim)");
-  if (t.strides[ndim - 1] != 1 || t.strides[ndim - 2] != D)
+  bool empty = false;  // an empty tensor's strides mean nothing (NumPy exports 0s): its shape is named below
+  for (int d = 0; d < ndim; ++d) empty = empty || t.shape[d] == 0;
+  if (!empty && (t.strides[ndim - 1] != 1 || t.strides[ndim - 2] != D))
     value_error(std::string(name) + ": the last two dimensions must be dense (strides " + std::to_string(D) +
                 ", 1), got strides " + std::to_string(t.strides[ndim - 2]) + ", " + std::to_string(t.strides[ndim - 1]));
 }
@@ -531,6 +555,12 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
                   (l.device_index >= 0 ? "cuda:" + std::to_string(l.device_index) : device_desc(l)));
     a.lse = reinterpret_cast<float*>(l.ptr);
   }
+  // A tensor without memory (a FakeTensor, PyTorch's efficient zero tensor, a
+  // storage resized to 0): named here; an lse at address 0 would read as "no lse".
+  for (const auto& [name, t] : {std::pair{"q", &q}, {"k_pool", &k}, {"v_pool", &v}, {"out", &out}, {"lse", lse}})
+    if (t && t->ptr == 0)
+      value_error(std::string(name) + ": its data pointer is null (a tensor without memory: a fake, meta or "
+                  "efficient-zero tensor, or one whose storage was freed)");
   // What run() writes must not share memory with what it reads (nor lse with
   // out): CTAs would read values other CTAs already overwrote.
   check_disjoint("out", out, "q", q);
@@ -545,6 +575,8 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
 // A float argument; None: `none`.
 float float_of(const char* name, nb::handle x, float none) {
   if (x.is_none()) return none;
+  if (PyBool_Check(x.ptr()))  // True would be 1.0: a flag passed where a number belongs
+    throw nb::type_error((std::string(name) + ": expected a number, got " + str_of(x.ptr())).c_str());
   const double s = PyFloat_AsDouble(x.ptr());
   if (s == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
@@ -576,6 +608,8 @@ AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle 
 // A stream argument as the handle (cudaStream_t) it names: an int, or an
 // object with __int__ (a PyTorch or CuPy stream). run() and plan_*() alike.
 uintptr_t stream_handle(nb::handle s) {
+  if (PyBool_Check(s.ptr()) || PyFloat_Check(s.ptr()))  // int(1.5) and int(True) would name streams 1
+    throw nb::type_error(("stream: expected a stream handle (an int), got " + str_of(s.ptr(), /*repr=*/true)).c_str());
   nb::object i = nb::steal(PyNumber_Long(s.ptr()));  // int(stream)
   if (!i.is_valid()) {
     PyErr_Clear();
@@ -638,7 +672,10 @@ struct Runner {
   nb::object call(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle return_lse, nb::handle lse,
                   nb::handle scale, nb::handle k_scale, nb::handle v_scale, nb::handle stream) const {
     const int truth = PyObject_IsTrue(return_lse.ptr());
-    if (truth < 0) throw nb::python_error();
+    if (truth < 0) {  // an array of several elements: NumPy's message would not name the argument
+      PyErr_Clear();
+      throw nb::type_error(("return_lse: expected a bool, got " + str_of(return_lse.ptr(), /*repr=*/true)).c_str());
+    }
     const int heads = ta->config().heads.num_qo_heads;
     nb::object o = out.is_none() ? alloc(q, heads, false) : nb::borrow(out);
     nb::object l = lse.is_none() && truth ? alloc(q, heads, true) : nb::borrow(lse);
@@ -714,6 +751,9 @@ void bind_runtime(nb::module_& m) {
           "plan_block_tables",
           [](TreeAttention& ta, const nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>& bt,
              const Index& seq_lens, nb::handle stream) {
+            if (bt.shape(0) > size_t(INT32_MAX) || bt.shape(1) > size_t(INT32_MAX))  // int32_t() would wrap them
+              value_error("block_tables: shape [" + std::to_string(bt.shape(0)) + ", " + std::to_string(bt.shape(1)) +
+                          "] is out of range (each dimension at most 2147483647)");
             ta.plan_block_tables({bt.data(), bt.size()}, int32_t(bt.shape(0)), int32_t(bt.shape(1)), span_of(seq_lens),
                                  reinterpret_cast<void*>(stream_handle(stream)));
           },

@@ -524,6 +524,12 @@ TreeAttention::TreeAttention(const TreeAttentionConfig& config) : impl_(std::mak
   if (c.cpu_threads < 0 || c.cpu_threads > 1024)
     fail("cpu_threads = " + std::to_string(c.cpu_threads) + " is out of range [0, 1024] (0: every hardware thread)");
   range("max_page_refs", c.max_page_refs, int64_t(1) << 30);
+  // The pool's size is fixed here: past what a plan accepts (Workload::validate), every plan would fail.
+  try {
+    check_pool_size(c.num_pages, c.page_size, c.heads);
+  } catch (const Error& e) {
+    fail(e.what());
+  }
   m.planner = &find_planner(c.planner);
   if (c.device == Device::cuda) {
 #if defined(TREEATTN_HAVE_CUDA)

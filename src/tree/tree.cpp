@@ -150,12 +150,8 @@ void Workload::validate(ValidateScratch* scratch) const {
     throw Error("tree: " + std::to_string(tree.nodes.size()) + " nodes exceed the 32-bit node index");
   if (query_nodes.empty()) throw Error("queries: the workload has no queries");
 
-  // Pool element count must fit 64-bit offsets with room; per-node token offsets are 32-bit.
-  const __int128 pool_elems = __int128(layout.num_pages) * ps * heads.num_kv_heads * heads.head_dim;
-  if (pool_elems > (__int128(1) << 46))
-    throw Error("num_pages: " + std::to_string(layout.num_pages) + " pages of " + std::to_string(ps) +
-                " tokens x " + std::to_string(heads.num_kv_heads) + " kv heads x " +
-                std::to_string(heads.head_dim) + " exceed the supported pool size (2^46 elements)");
+  // Per-node token offsets are 32-bit; the pool's element offsets 64-bit.
+  check_pool_size(layout.num_pages, ps, heads);
   const __int128 q_elems = __int128(query_nodes.size()) * heads.num_qo_heads * heads.head_dim;
   if (q_elems > std::numeric_limits<int32_t>::max())
     throw Error("queries: " + std::to_string(query_nodes.size()) + " queries x " +

@@ -31,6 +31,14 @@ bool is_supported_head_dim(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
+void check_pool_size(int64_t num_pages, int page_size, const HeadConfig& heads) {
+  const __int128 elems = __int128(num_pages) * page_size * heads.num_kv_heads * heads.head_dim;
+  if (elems > (__int128(1) << 46))
+    throw Error("num_pages: " + std::to_string(num_pages) + " pages of " + std::to_string(page_size) + " tokens x " +
+                std::to_string(heads.num_kv_heads) + " kv heads x " + std::to_string(heads.head_dim) +
+                " exceed the supported pool size (2^46 elements)");
+}
+
 void HeadConfig::validate() const {
   if (num_kv_heads <= 0 || num_kv_heads > 1024)
     throw Error("num_kv_heads: " + std::to_string(num_kv_heads) + " is out of range [1, 1024]");

@@ -435,6 +435,23 @@ TEST(TreeAttentionCpu, ConfigOutOfRangeIsRefusedNotReinterpreted) {
             std::string::npos);
   EXPECT_NE(refused([](TreeAttentionConfig& b) { b.max_slots = -1; }).find("max_slots = -1 must be >= 0"),
             std::string::npos);
+  // A pool past the size a plan accepts (2^46 elements) was taken here and
+  // every plan then failed on it: refused at construction, as a plan names it.
+  EXPECT_NE(refused([](TreeAttentionConfig& b) {
+              b.num_pages = 2147483647;
+              b.page_size = 65536;
+            }).find("num_pages: 2147483647 pages of 65536 tokens x 2 kv heads x 64 exceed the supported pool size"),
+            std::string::npos);
+  EXPECT_EQ(refused([](TreeAttentionConfig& b) {  // (2^31 - 1) x 256 x 2 x 64 < 2^46: the largest page size
+              b.num_pages = 2147483647;
+              b.page_size = 256;
+            }),
+            "(accepted)");
+  EXPECT_NE(refused([](TreeAttentionConfig& b) {
+              b.num_pages = 2147483647;
+              b.page_size = 257;
+            }).find("exceed the supported pool size (2^46 elements)"),
+            std::string::npos);
   EXPECT_EQ(error_text([&] { TreeAttention x(c); }), "(accepted)");
 }
 
