@@ -58,8 +58,18 @@ struct TreeIndex {
   // Throws Error on a parent out of range or a cycle.
   static TreeIndex build(const Tree& tree, const std::vector<int32_t>& query_nodes);
   // The same into this index's arrays (no allocation once they have grown).
+  // Where the tree's parents and the queries are those of the last rebuild
+  // that completed (a tree planned again with its nodes grown), only the
+  // token counts are read again (tokens, path_tokens): the other arrays
+  // depend on the parents and the queries alone, so callers change none of
+  // them between rebuilds (tokens and path_tokens they may).
   void rebuild(const Tree& tree, const std::vector<int32_t>& query_nodes);
   int num_children(int32_t v) const { return child_offset[v + 1] - child_offset[v]; }
+
+ private:
+  // The queries of the last rebuild, valid (with `parent`) while complete_.
+  std::vector<int32_t> built_queries_;
+  bool complete_ = false;
 };
 
 // Reusable memory of Workload::validate: a bit per pool page, set while a

@@ -475,7 +475,6 @@ struct TreeAttention::Impl {
     if (t.page_offsets[0] != 0 || size_t(t.page_offsets[n]) != t.page_ids.size())
       fail("page_offsets must run from 0 to len(page_ids) = " + std::to_string(t.page_ids.size()) + ", got " +
            std::to_string(t.page_offsets[0]) + " .. " + std::to_string(t.page_offsets[n]));
-    resize_nodes(n);
     for (size_t v = 0; v < n; ++v) {
       const int32_t b = t.page_offsets[v], e = t.page_offsets[v + 1];
       if (e < b) fail("page_offsets decreases at node " + std::to_string(v) + " (" + std::to_string(b) + " > " +
@@ -483,15 +482,54 @@ struct TreeAttention::Impl {
       if (size_t(e) > t.page_ids.size())  // (offsets start at 0 and never decrease: b >= 0)
         fail("page_offsets[" + std::to_string(v + 1) + "] = " + std::to_string(e) + " is beyond len(page_ids) = " +
              std::to_string(t.page_ids.size()));
+    }
+    resize_nodes(n);
+    load_pages(t);
+    for (size_t v = 0; v < n; ++v) {
       Node& node = scratch.tree.nodes[v];
       node.parent = t.parents[v];
       node.num_tokens = t.num_tokens[v];
       node.first_slot = t.first_slots.empty() ? 0 : t.first_slots[v];
-      node.pages.assign(t.page_ids.begin() + b, t.page_ids.begin() + e);
     }
     scratch.query_nodes.assign(t.query_nodes.begin(), t.query_nodes.end());
-    scratch_table.ids.assign(t.page_ids.begin(), t.page_ids.end());
-    scratch_table.offsets.assign(t.page_offsets.begin(), t.page_offsets.end());
+  }
+
+  // scratch's node pages and scratch_table <- those of `t` (its offsets
+  // checked). Invariant: scratch's nodes [0, scratch_table.offsets.size() - 1)
+  // hold the pages scratch_table lists (a swap with w and table keeps it), so
+  // only the nodes whose ids differ are copied: compared in runs of nodes
+  // with as many pages in both (their pages then lie at offsets moved by the
+  // same amount), one memcmp a run, as check_pages_against_last compares.
+  void load_pages(const TreeArrays& t) {
+    const size_t n = t.parents.size();
+    const std::vector<int32_t>&had_at = scratch_table.offsets, &had_ids = scratch_table.ids;
+    const size_t listed = had_at.empty() ? 0 : std::min(n, had_at.size() - 1);
+    const auto copy = [&](size_t v) {
+      const auto ids = t.page_ids.begin();
+      scratch.tree.nodes[v].pages.assign(ids + t.page_offsets[v], ids + t.page_offsets[v + 1]);
+    };
+    size_t run = 0;  // the open run's first node
+    const auto close_run = [&](size_t end) {  // nodes [run, end)
+      const size_t len = size_t(had_at[end] - had_at[run]);
+      if (len != 0 && std::memcmp(had_ids.data() + had_at[run], t.page_ids.data() + t.page_offsets[run],
+                                  sizeof(int32_t) * len) != 0)
+        for (size_t v = run; v < end; ++v) copy(v);
+    };
+    try {
+      for (size_t v = 0; v < listed; ++v)
+        if (had_at[v + 1] - had_at[v] != t.page_offsets[v + 1] - t.page_offsets[v]) {
+          close_run(v);
+          copy(v);
+          run = v + 1;
+        }
+      if (listed > 0) close_run(listed);
+      for (size_t v = listed; v < n; ++v) copy(v);
+      scratch_table.ids.assign(t.page_ids.begin(), t.page_ids.end());
+      scratch_table.offsets.assign(t.page_offsets.begin(), t.page_offsets.end());
+    } catch (...) {
+      scratch_table.offsets.clear();  // it lists none of scratch's pages now
+      throw;
+    }
   }
 
   // plan_tree's work, for the public functions that hold the mutex.

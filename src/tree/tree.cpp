@@ -25,6 +25,22 @@ TreeIndex TreeIndex::build(const Tree& tree, const std::vector<int32_t>& query_n
 void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_nodes) {
   const int32_t n = static_cast<int32_t>(tree.nodes.size());
   TreeIndex& ix = *this;
+  if (complete_ && ix.parent.size() == size_t(n) && built_queries_ == query_nodes) {
+    bool same = true;
+    for (int32_t v = 0; v < n; ++v) {
+      same &= tree.nodes[v].parent == ix.parent[v];
+      ix.tokens[v] = tree.nodes[v].num_tokens;
+    }
+    if (same) {
+      for (const int32_t r : ix.roots) ix.path_tokens[r] = ix.tokens[r];
+      for (size_t i = ix.roots.size(); i < ix.bfs_order.size(); ++i) {
+        const int32_t c = ix.bfs_order[i];
+        ix.path_tokens[c] = ix.path_tokens[ix.parent[c]] + ix.tokens[c];
+      }
+      return;
+    }
+  }
+  complete_ = false;  // until the arrays below are all the tree's
   ix.roots.clear();
   ix.parent.resize(size_t(n));
   ix.tokens.resize(size_t(n));
@@ -113,6 +129,8 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
       ix.query_begin[ix.children[k]] = child_at;
     }
   }
+  built_queries_.assign(query_nodes.begin(), query_nodes.end());
+  complete_ = true;
 }
 
 std::vector<int32_t> Workload::path(int32_t node) const {

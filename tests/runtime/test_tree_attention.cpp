@@ -179,6 +179,63 @@ TEST(TreeAttentionCpu, DraftTokensSeeTheirPrefixAndAncestors) {
   EXPECT_LE(step_error(ta, 5), 2e-3);
 }
 
+// Fresh plans of one object with draft trees, trees of other pages and sizes,
+// and calls refused halfway: each plan's tree holds the pages it was given
+// (a fresh plan copies only the nodes whose pages changed since the tree it
+// loaded two plans before).
+TEST(TreeAttentionCpu, FreshPlansHoldThePagesTheyWereGiven) {
+  WorkloadParams p;
+  p.heads = {8, 2, 64};
+  p.page_size = 4;
+  TreeAttentionConfig c = cpu_config(p, 32);
+  c.max_extension_tokens = 0;
+  TreeAttention ta(c);
+  struct Tree {
+    std::vector<int32_t> parents, tokens, offsets, pages, queries;
+    TreeArrays view() const { return {parents, tokens, offsets, pages, queries, {}}; }
+  };
+  const auto expect_pages = [&](const Tree& t, const std::vector<int64_t>& draft_rows, const char* step) {
+    SCOPED_TRACE(step);
+    const std::vector<Node>& nodes = ta.workload().tree.nodes;
+    ASSERT_EQ(nodes.size(), t.parents.size() + draft_rows.size());
+    for (size_t v = 0; v < t.parents.size(); ++v) {
+      const std::vector<int32_t> given(t.pages.begin() + t.offsets[v], t.pages.begin() + t.offsets[v + 1]);
+      EXPECT_EQ(nodes[v].pages, given) << "node " << v;
+    }
+    for (size_t i = 0; i < draft_rows.size(); ++i)
+      EXPECT_EQ(nodes[t.parents.size() + i].pages, std::vector<int32_t>{int32_t(draft_rows[i] / p.page_size)});
+    EXPECT_LE(step_error(ta, 3), 2e-3);
+  };
+  // A root of 9 tokens and two children with a query each.
+  const Tree base{{-1, 0, 0}, {9, 4, 5}, {0, 3, 4, 6}, {5, 2, 6, 7, 8, 9}, {1, 2}};
+  Tree swapped = base, grown = base, fewer = base, bad = base;
+  swapped.pages = {5, 2, 6, 7, 9, 8};  // node 2's pages in the other order
+  grown.tokens[1] = 6, grown.offsets = {0, 3, 5, 7}, grown.pages = {5, 2, 6, 7, 11, 8, 9};
+  fewer.parents.pop_back(), fewer.tokens.pop_back(), fewer.offsets.pop_back(), fewer.pages.resize(4);
+  fewer.queries = {1};
+  bad.offsets = {0, 3, 2, 6};
+  const std::vector<int32_t> dnodes{1, 2}, dparents{-1, -1};
+  const std::vector<int64_t> rows{40, 41}, bad_rows{40, 32 * 4};
+  ta.plan_tree(base.view());
+  expect_pages(base, {}, "base");
+  ta.plan_tree_queries(base.view(), {dnodes, dparents, rows});
+  expect_pages(base, rows, "drafts");
+  EXPECT_THROW(ta.plan_tree_queries(grown.view(), {dnodes, dparents, bad_rows}), Error);
+  ta.plan_tree(swapped.view());
+  expect_pages(swapped, {}, "swapped after refused drafts");
+  ta.plan_tree(grown.view());
+  expect_pages(grown, {}, "grown");
+  EXPECT_THROW(ta.plan_tree(bad.view()), Error);
+  ta.plan_tree(fewer.view());
+  expect_pages(fewer, {}, "fewer after refused offsets");
+  ta.plan_tree_queries(grown.view(), {dnodes, dparents, rows});
+  expect_pages(grown, rows, "grown with drafts");
+  for (const Tree* t : std::vector<const Tree*>{&base, &swapped, &base, &grown, &fewer, &base}) {
+    ta.plan_tree(t->view());
+    expect_pages(*t, {}, "in turn");
+  }
+}
+
 TEST(TreeAttentionCpu, ErrorsNameTheFieldAndKeepThePreviousPlan) {
   WorkloadParams p;
   p.heads = {4, 2, 64};

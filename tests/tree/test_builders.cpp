@@ -227,3 +227,49 @@ TEST(Builders, FamiliesListEverySpecKind) {
                            "fewshot:prompt=4000:branches=32:len=256", "random:seed=7"})
     EXPECT_NO_THROW(make_workload(spec, WorkloadParams{})) << spec;
 }
+
+// An index rebuilt in place equals a fresh one: for a tree of the last
+// rebuild's shape with other token counts (only those are read again), for
+// other queries or parents, and after a rebuild that threw (a cycle), whose
+// arrays it must not reuse.
+TEST(TreeIndex, RebuildInPlaceEqualsAFreshBuild) {
+  const auto expect_fresh = [](const TreeIndex& ix, const Workload& w, const char* step) {
+    SCOPED_TRACE(step);
+    const TreeIndex fresh = TreeIndex::build(w.tree, w.query_nodes);
+    EXPECT_EQ(ix.parent, fresh.parent);
+    EXPECT_EQ(ix.tokens, fresh.tokens);
+    EXPECT_EQ(ix.roots, fresh.roots);
+    EXPECT_EQ(ix.child_offset, fresh.child_offset);
+    EXPECT_EQ(ix.children, fresh.children);
+    EXPECT_EQ(ix.bfs_order, fresh.bfs_order);
+    EXPECT_EQ(ix.depth, fresh.depth);
+    EXPECT_EQ(ix.path_tokens, fresh.path_tokens);
+    EXPECT_EQ(ix.subtree_queries, fresh.subtree_queries);
+    EXPECT_EQ(ix.query_begin, fresh.query_begin);
+  };
+  TreeIndex ix;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    Workload w = random_workload(seed, WorkloadParams{}, RandomTreeOptions{});
+    ix.rebuild(w.tree, w.query_nodes);
+    expect_fresh(ix, w, "another tree");
+    for (size_t v = 0; v < w.tree.nodes.size(); ++v) w.tree.nodes[v].num_tokens += int32_t(v % 3);
+    ix.rebuild(w.tree, w.query_nodes);
+    expect_fresh(ix, w, "tokens grown");
+    w.query_nodes.push_back(w.query_nodes.front());
+    ix.rebuild(w.tree, w.query_nodes);
+    expect_fresh(ix, w, "a query more");
+    const auto child = std::find_if(w.tree.nodes.begin(), w.tree.nodes.end(), [](const Node& n) { return n.parent >= 0; });
+    if (child == w.tree.nodes.end()) continue;
+    const int32_t c = int32_t(child - w.tree.nodes.begin()), p = child->parent, grandparent = w.tree.nodes[p].parent;
+    w.tree.nodes[size_t(c)].parent = -1;
+    ix.rebuild(w.tree, w.query_nodes);
+    expect_fresh(ix, w, "a parent changed");
+    w.tree.nodes[size_t(c)].parent = p;
+    w.tree.nodes[size_t(p)].parent = c;  // p and c on a cycle
+    EXPECT_THROW(ix.rebuild(w.tree, w.query_nodes), Error);
+    EXPECT_THROW(ix.rebuild(w.tree, w.query_nodes), Error);
+    w.tree.nodes[size_t(p)].parent = grandparent;
+    ix.rebuild(w.tree, w.query_nodes);
+    expect_fresh(ix, w, "after a cycle");
+  }
+}
