@@ -60,13 +60,22 @@ void add_common_options(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("--sms", o.num_sms, "SM count the planners target, 1.." + std::to_string(kMaxNumSms))
       ->capture_default_str()
       ->check(CLI::Range(1, kMaxNumSms));
+  // An empty path (an unset shell variable) would mean the default table: refused, not taken silently.
+  const CLI::Validator file_path(
+      [](std::string& text) -> std::string {
+        return text.empty() ? "an empty path (leave the option out for the default)" : std::string();
+      },
+      "FILE");
   cmd->add_option("--forge-table", o.forge_table,
-                  "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)");
+                  "forge's cost table (treeattn calibrate output; default: data/forge_cost_h100.json)")
+      ->check(file_path);
   cmd->add_option("--pat-rules", o.pat_rules,
-                  "pat's KV-tile rules (treeattn calibrate --pat-tiles output; default: data/pat_tile_rules.json)");
+                  "pat's KV-tile rules (treeattn calibrate --pat-tiles output; default: data/pat_tile_rules.json)")
+      ->check(file_path);
   cmd->add_option("--auto-cost", o.auto_cost,
                   "auto's cost model (treeattn calibrate --auto or scripts/fit_auto_cost.py output; default: the built-in copy of "
-                  "data/auto_cost_h100.json)");
+                  "data/auto_cost_h100.json)")
+      ->check(file_path);
   cmd->add_option("--plan-opt", o.plan_opts,
                   "planner option KEY=NUMBER, repeatable: ctas_per_sm, chunk_tokens, min_split_tokens, or a "
                   "planner's own knob (node: split_tokens, split_scale, split_sm_ctas, pack_tokens, flat_tokens, flat_rows, fold_tokens, reread_ratio, compact_stretch, "

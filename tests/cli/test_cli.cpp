@@ -82,6 +82,10 @@ TEST(Cli, HostileInputsGiveCleanErrors) {
   expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt ctas_per_sm=1000", "ctas_per_sm = 1000");
   expect_error("plan -w fasttree:N=1,4:C=64,16 --plan-opt q_tile0=1e12", "q_tile0 = 1000000000000 must be a number in [1, 128]");
   expect_error("plan -w json:no_such_file_anywhere.json", "looked in");
+  // An empty table path (an unset shell variable) was the default table, silently.
+  for (const char* table : {"--auto-cost", "--pat-rules", "--forge-table"})
+    expect_error(std::string("plan -w fasttree:N=1,4:C=64,16 ") + table + " ''",
+                 std::string(table) + ": an empty path (leave the option out for the default)");
   // A verify whose K/V pool alone is 65 TB stops before allocating, saying so
   // (a 200000-query tree was killed for memory at 24 GB before this check).
   expect_error("verify -w fewshot:prompt=1000000000:branches=1:len=1 --heads 64/64 --head-dim 256 --page-size 65536",
