@@ -145,8 +145,9 @@ class RadixCache {
   struct RadixNode {
     int32_t parent = -1;
     bool alive = false;
-    int32_t locks = 0;           // lock() calls on this node not yet unlocked
-    int32_t refs = 0;            // locks + the children's refs: locks in the subtree
+    // int64: an engine that locks without unlocking cannot wrap them (2^63 calls).
+    int64_t locks = 0;           // lock() calls on this node not yet unlocked
+    int64_t refs = 0;            // locks + the children's refs: locks in the subtree
     uint64_t last_access = 0;    // clock_ at the last match/insert through it
     std::vector<int32_t> tokens; // whole pages
     std::vector<int32_t> pages;  // tokens.size() / page_size ids

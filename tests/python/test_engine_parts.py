@@ -4,6 +4,7 @@ random operation sequences, sampling, the named random shapes and the CLI."""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -303,3 +304,51 @@ def test_forest_update_in_place_equals_rebuild(num_queries, monkeypatch):
         for s, row in zip(seqs, logits):
             s.tokens.append(int(row.argmax()))
     assert grown.count(True) >= 3   # the in-place path ran on several steps
+
+
+def test_py_radix_cache_refuses_what_the_cpp_cache_refuses_and_changes_nothing():
+    """PyRadixCache as the C++ RadixCache: a double free, a free of a cached page, an insert of
+    a free page or of a page cached elsewhere, an unlock of a node that is not locked itself,
+    a lock of an evicted node and alloc(-1) are ValueErrors, and an alloc that cannot be met
+    evicts nothing. Before: the double free put page 0 on the free list twice (alloc then
+    handed it to two requests), unlock dropped the parent's lock before raising, insert took
+    the free or cached page (two owners), and the failed alloc emptied the cache."""
+    ps = 2
+
+    def state(c):
+        return list(c._free), [(n.key, tuple(n.pages), n.ref) for n in c._nodes()]
+
+    c = PyRadixCache(6, ps)
+    p = [int(x) for x in c.alloc(3)]
+    leaf = c.insert([1, 2, 3, 4], p[:2])            # nodes [1, 2] -> [3, 4] once split
+    top, _, _ = c.match_prefix([1, 2])
+    c.lock(top)
+    held = p[2]                                      # handed out, not cached
+    before = state(c)
+    refused = [
+        (lambda: c.free([p[0]]), "is cached"),
+        (lambda: c.free([held, held]), "already free"),
+        (lambda: c.free([5]), "already free"),
+        (lambda: c.free([6]), "out of range"),
+        (lambda: c.unlock(leaf), "not locked"),
+        (lambda: c.insert([7, 7], [5]), "is free"),
+        (lambda: c.insert([7, 7, 8, 8], [held, p[1]]), "cached by another node"),
+        (lambda: c.insert([1, 2, 9, 9], [p[0], p[0]]), "listed twice"),
+        (lambda: c.alloc(-1), "must be >= 0"),
+        (lambda: c.alloc(6), "6 pages requested, 3 free \\+ 1 evictable"),
+    ]
+    for call, text in refused:
+        try:
+            call()
+        except ValueError as e:
+            assert re.search(text, str(e)), (text, str(e))
+        else:
+            pytest.fail(f"accepted, expected ValueError: {text}")
+        assert state(c) == before, text
+        c.check()
+    c.free([held])
+    assert sorted(int(x) for x in c.alloc(5)) == [1, 2, 3, 4, 5]   # each page once, leaf evicted
+    with pytest.raises(ValueError, match="not a live node"):  # leaf was evicted by that alloc
+        c.lock(leaf)
+    c.unlock(top)
+    c.check()
