@@ -37,8 +37,9 @@ void set_plan_option(PlanOptions& opt, const std::string& key, double value);
 inline constexpr int kMaxNumSms = 1024;
 // Throws Error naming the option and the value unless num_sms is in [1,
 // kMaxNumSms] and every other option (each key of `extra` too) is one
-// set_plan_option accepts: for options set on a PlanOptions directly, as a
-// C++ caller of TreeAttention does.
+// set_plan_option accepts (a key of `extra` must be a planner's knob, not
+// ctas_per_sm & co., which only the fields set): for options set on a
+// PlanOptions directly, as a C++ caller of TreeAttention does.
 void check_plan_options(const PlanOptions& opt);
 // The knobs planners read from PlanOptions::extra, sorted.
 const std::vector<std::string>& planner_knobs();
@@ -76,13 +77,20 @@ struct PlannerInfo {
 };
 
 // Plans w with `info` into `out`: by fn_reusing where the planner has one,
-// else by fn. ix: w's index.
+// else by fn. ix: w's index. opt's fields (num_sms, ctas_per_sm,
+// chunk_tokens, min_split_tokens) are checked first, as check_plan_options
+// does, without allocating (a planner given num_sms = 0 divided by zero);
+// the knobs of `extra` each planner checks as it reads them.
 void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
                   PlanScratch& scratch, Plan& out);
 
 // The built-in planners, in the order reports list them (src/plan/registry.cpp).
 const std::vector<PlannerInfo>& planners();
 const PlannerInfo& find_planner(const std::string& name);  // throws Error
+// w: a validated Workload (Workload::validate; planners trust its sizes).
+// opt's fields are checked as plan_reusing checks them, and w's heads, each
+// an Error naming the field and value (a planner given num_sms = 0 or no kv
+// heads divided by zero).
 Plan make_plan(const std::string& name, const Workload& w, const PlanOptions& opt = {});
 
 }  // namespace treeattn

@@ -112,7 +112,8 @@ struct Workload {
   KvLayout layout;
 
   int32_t num_queries() const { return static_cast<int32_t>(query_nodes.size()); }
-  // Nodes on the path root..node, root first.
+  // Nodes on the path root..node, root first. Error on a node out of range,
+  // and on a parent out of range or a cycle on the way (an unvalidated tree).
   std::vector<int32_t> path(int32_t node) const;
   int64_t total_tokens() const;  // tokens stored in the tree (each once)
   // Bytes of one token's K and V over all kv heads.

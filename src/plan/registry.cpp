@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 #include "plan/planners/planners.hpp"
 
@@ -71,43 +72,76 @@ const std::vector<std::string>& planner_knobs() {
   return knobs;
 }
 
-void set_plan_option(PlanOptions& opt, const std::string& key, double value) {
-  const auto number = [&] { return key + " = " + format_number(value); };
-  const auto check = [&](bool integer, double lo, double hi) {
-    if (!std::isfinite(value) || (integer && value != std::floor(value)) || value < lo || value > hi)
-      throw Error("plan option " + number() + " must be " + (integer ? "an integer" : "a number") + " in [" +
-                  format_number(lo) + ", " + format_number(hi) + "]");
-  };
+namespace {
+// The range of option `key` (an integer one where `integer`), or Error naming
+// the key and the known keys; `knob` the planner's knob, null for the three
+// options of PlanOptions' own. No allocation unless it throws.
+void option_range(std::string_view key, bool& integer, double& lo, double& hi, const Knob*& knob) {
+  knob = nullptr;
+  integer = true;
   if (key == "ctas_per_sm") {
-    check(true, 1, 64);
-    opt.ctas_per_sm = int(value);
-  } else if (key == "chunk_tokens") {
-    check(true, 1, 1 << 30);
-    opt.chunk_tokens = int(value);
-  } else if (key == "min_split_tokens") {
-    check(true, 1, 1 << 30);
-    opt.min_split_tokens = int(value);
-  } else if (const auto* knob = std::find_if(std::begin(kKnobs), std::end(kKnobs),
-                                             [&](const Knob& k) { return key == k.name; });
-             knob != std::end(kKnobs)) {
-    check(knob->integer, knob->lo, knob->hi);
-    opt.extra[key] = value;
+    lo = 1, hi = 64;
+  } else if (key == "chunk_tokens" || key == "min_split_tokens") {
+    lo = 1, hi = 1 << 30;
+  } else if (const auto* k =
+                 std::find_if(std::begin(kKnobs), std::end(kKnobs), [&](const Knob& x) { return key == x.name; });
+             k != std::end(kKnobs)) {
+    knob = k;
+    integer = k->integer, lo = k->lo, hi = k->hi;
   } else {
     std::string known = "ctas_per_sm, chunk_tokens, min_split_tokens";
-    for (const std::string& k : planner_knobs()) known += ", " + k;
-    throw Error("plan option: unknown key '" + key + "' (known: " + known + ")");
+    for (const std::string& n : planner_knobs()) known += ", " + n;
+    throw Error("plan option: unknown key '" + std::string(key) + "' (known: " + known + ")");
   }
 }
 
-void check_plan_options(const PlanOptions& opt) {
+// Throws Error naming the key, the value and the range unless option `key`
+// accepts value; its knob (null: not a knob of `extra`). No allocation
+// unless it throws.
+const Knob* check_option(std::string_view key, double value) {
+  bool integer = true;
+  double lo = 0, hi = 0;
+  const Knob* knob = nullptr;
+  option_range(key, integer, lo, hi, knob);
+  if (!std::isfinite(value) || (integer && value != std::floor(value)) || value < lo || value > hi)
+    throw Error("plan option " + std::string(key) + " = " + format_number(value) + " must be " +
+                (integer ? "an integer" : "a number") + " in [" + format_number(lo) + ", " + format_number(hi) + "]");
+  return knob;
+}
+}  // namespace
+
+void set_plan_option(PlanOptions& opt, const std::string& key, double value) {
+  if (check_option(key, value)) {
+    opt.extra[key] = value;
+  } else if (key == "ctas_per_sm") {
+    opt.ctas_per_sm = int(value);
+  } else if (key == "chunk_tokens") {
+    opt.chunk_tokens = int(value);
+  } else {
+    opt.min_split_tokens = int(value);
+  }
+}
+
+namespace {
+// The fields of PlanOptions that planners divide by or size lists by (each
+// planner checks the knobs of `extra` it reads, naming itself). No allocation
+// unless it throws: plan_reusing calls it every decode step.
+void check_plan_fields(const PlanOptions& opt) {
   if (opt.num_sms < 1 || opt.num_sms > kMaxNumSms)
     throw Error("plan option num_sms = " + std::to_string(opt.num_sms) + " must be an integer in [1, " +
                 std::to_string(kMaxNumSms) + "]");
-  PlanOptions checked;  // set_plan_option checks each value as it sets it
-  set_plan_option(checked, "ctas_per_sm", opt.ctas_per_sm);
-  set_plan_option(checked, "chunk_tokens", opt.chunk_tokens);
-  set_plan_option(checked, "min_split_tokens", opt.min_split_tokens);
-  for (const auto& [key, value] : opt.extra) set_plan_option(checked, key, value);
+  check_option("ctas_per_sm", opt.ctas_per_sm);
+  check_option("chunk_tokens", opt.chunk_tokens);
+  check_option("min_split_tokens", opt.min_split_tokens);
+}
+}  // namespace
+
+void check_plan_options(const PlanOptions& opt) {
+  check_plan_fields(opt);
+  for (const auto& [key, value] : opt.extra) {
+    if (!check_option(key, value))  // ctas_per_sm & co. are fields, not knobs: in `extra` no planner reads them
+      throw Error("plan option: '" + key + "' is a field of PlanOptions, not a knob of PlanOptions::extra");
+  }
 }
 
 const std::vector<PlannerInfo>& planners() {
@@ -150,6 +184,7 @@ Plan planning::plan_once(ReusingPlannerFn fn, const Workload& w, const PlanOptio
 
 void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& ix, const PlanOptions& opt,
                   PlanScratch& scratch, Plan& out) {
+  check_plan_fields(opt);  // planners divide by num_sms x ctas_per_sm, chunk_tokens, ...
   if (info.fn_reusing)
     info.fn_reusing(w, ix, opt, scratch, out);
   else
@@ -157,7 +192,10 @@ void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& i
 }
 
 Plan make_plan(const std::string& name, const Workload& w, const PlanOptions& opt) {
-  return find_planner(name).fn(w, opt);
+  const PlannerInfo& planner = find_planner(name);
+  check_plan_fields(opt);  // planners divide by num_sms x ctas_per_sm, chunk_tokens, ...
+  w.heads.validate();     // ... and by the group size
+  return planner.fn(w, opt);
 }
 
 }  // namespace treeattn

@@ -134,8 +134,18 @@ void TreeIndex::rebuild(const Tree& tree, const std::vector<int32_t>& query_node
 }
 
 std::vector<int32_t> Workload::path(int32_t node) const {
+  const int64_t n = int64_t(tree.nodes.size());
+  if (node < 0 || node >= n)
+    throw Error("path: node = " + std::to_string(node) + " is out of range [0, " + std::to_string(n) + ")");
   std::vector<int32_t> p;
-  for (int32_t v = node; v >= 0; v = tree.nodes[v].parent) p.push_back(v);
+  // Bounded by the node count and range-checked: an unvalidated tree's parent
+  // out of range or cycle is an Error, not a read past nodes or an endless walk.
+  for (int32_t v = node; v >= 0; v = tree.nodes[size_t(v)].parent) {
+    if (v >= n || int64_t(p.size()) == n)
+      throw Error("path: node " + std::to_string(p.back()) + ": parent = " + std::to_string(v) +
+                  (v >= n ? " is out of range [-1, " + std::to_string(n) + ")" : " closes a cycle"));
+    p.push_back(v);
+  }
   std::reverse(p.begin(), p.end());
   return p;
 }
@@ -152,6 +162,9 @@ int64_t Workload::kv_bytes_per_token() const {
 
 void Workload::validate(ValidateScratch* scratch) const {
   heads.validate();
+  for (const auto& [t, field] : {std::pair{layout.dtype, "dtype"}, std::pair{layout.kv_type(), "kv_dtype"}})
+    if (uint8_t(t) > uint8_t(DType::fp8_e4m3))  // an enum cast from a number: no executor would read or write it
+      throw Error(std::string(field) + ": " + std::to_string(int(t)) + " is not a DType (fp16, bf16, fp32, fp8_e4m3)");
   if (layout.dtype == DType::fp8_e4m3)
     throw Error("dtype: fp8_e4m3 is a storage type of the K/V pools only (q and out are fp16, bf16 or fp32; set "
                 "kv_dtype)");
