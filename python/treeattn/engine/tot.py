@@ -19,14 +19,13 @@ is a policy's decision:
 run_tot() is the loop; it releases every sequence it holds when it ends or fails, so the
 cache's free count returns to its start value once the unreferenced cached pages are
 evicted (the cache evicts them itself when it needs pages)."""
-import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from .errors import InputError, check_program_size
+from .errors import InputError, check_program_size, read_json
 from .programs import COMMON, RunResult, _sync, parse_params
 from .recorded import is_int, load_tot_file, scaled
 from .sampling import SamplingParams, exponential_race, sample
@@ -253,11 +252,7 @@ def make_tot_program(spec, vocab_size, seed=0, max_kv_tokens=None):
 
 
 def _load_prompt_ids(path, vocab_size):
-    try:
-        with open(path) as f:
-            prompts = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:   # ValueError: JSON, UTF-8
-        raise InputError(f"{path}: cannot read prompt_ids ({e})") from e
+    prompts = read_json(path, "prompt_ids")
     if not isinstance(prompts, list) or not prompts:
         raise InputError(f"{path}: expected a non-empty JSON list of token id lists")
     for i, ids in enumerate(prompts):

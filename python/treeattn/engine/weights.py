@@ -1,13 +1,12 @@
 """load_model: a CausalLM from a Hugging Face folder (config.json + *.safetensors, sharded or
 not) or with random weights of a named shape ("random:tiny", "random:llama3-8b", ...),
 allocated directly on the target device in the target dtype."""
-import json
 import os
 
 import torch
 
 from .config import ModelConfig, named_config, read_config
-from .errors import InputError, allocating
+from .errors import InputError, allocating, read_json
 from .model import CausalLM, rope_inv_freq
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -53,11 +52,8 @@ def shard_map(folder: str) -> dict:
     """tensor name -> shard file, from model.safetensors.index.json or the lone shard."""
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
-        try:
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (ValueError, RecursionError, KeyError, TypeError) as e:   # ValueError: JSON, UTF-8
-            raise InputError(f"{index}: malformed index ({e})") from e
+        data = read_json(index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise InputError(f"{index}: malformed index (weight_map must map tensor names to "
                              f"file names, got {weight_map!r:.80})")
