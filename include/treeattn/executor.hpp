@@ -93,8 +93,9 @@ void store_element(void* data, DType t, int64_t i, float value);
 // Throws Error naming the field unless a's tensors are non-null (out only
 // where `writes`; k and v may be null with a pool of no pages) and its
 // strides keep the rows they step between apart (AttentionArgs' comment) and
-// addressable; run_cpu and reference_attention call it on every run.
-void check_tensors(const Workload& w, const AttentionArgs& a, bool writes);
+// addressable; run_cpu and reference_attention call it on every run. Returns
+// the strides it checked (resolve_strides).
+Strides check_tensors(const Workload& w, const AttentionArgs& a, bool writes);
 
 // Runs a validated plan on host tensors; threads = 0: hardware concurrency.
 void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threads = 0);

@@ -180,7 +180,7 @@ void check_strides(const Workload& w, const Strides& s) {
 
 }  // namespace
 
-void check_tensors(const Workload& w, const AttentionArgs& a, bool writes) {
+Strides check_tensors(const Workload& w, const AttentionArgs& a, bool writes) {
   const auto null = [](const char* name) { throw Error(std::string(name) + ": null tensor pointer in AttentionArgs"); };
   // (A pool of no pages may be null, as an empty vector's data() is.)
   const bool rows = w.num_queries() > 0, pool = w.layout.num_pages > 0;
@@ -188,18 +188,19 @@ void check_tensors(const Workload& w, const AttentionArgs& a, bool writes) {
   if (pool && !a.k) null("k");
   if (pool && !a.v) null("v");
   if (rows && writes && !a.out) null("out");
-  check_strides(w, resolve_strides(w, a));
+  const Strides s = resolve_strides(w, a);
+  check_strides(w, s);
+  return s;
 }
 
 void run_cpu(const Workload& w, const Plan& p, const AttentionArgs& a, int threads) {
   check_scales(a);
-  check_tensors(w, a, /*writes=*/true);
+  const Strides str = check_tensors(w, a, /*writes=*/true);
   const int H = w.heads.num_qo_heads, Hkv = w.heads.num_kv_heads;
   Partials part;
   part.o.assign(size_t(p.num_slots) * H * w.heads.head_dim, 0.f);
   part.lse.assign(size_t(p.num_slots) * H, -INFINITY);
   const float scale = effective_scale(w, a.scale);
-  const Strides str = resolve_strides(w, a);
   parallel_for(int64_t(p.num_units()) * Hkv, threads,
                [&](int64_t i) { run_unit(w, p, a, str, scale, int32_t(i / Hkv), int(i % Hkv), part); });
   std::vector<int32_t> merged;

@@ -9,8 +9,7 @@ namespace treeattn {
 
 std::vector<double> reference_attention(const Workload& w, const AttentionArgs& a) {
   const int H = w.heads.num_qo_heads, D = w.heads.head_dim;
-  check_tensors(w, a, /*writes=*/false);  // reads q, k and v (out is not its)
-  const Strides str = resolve_strides(w, a);
+  const Strides str = check_tensors(w, a, /*writes=*/false);  // reads q, k and v (out is not its)
   const int g = w.heads.group_size(), ps = w.layout.page_size;
   const DType t = w.layout.dtype, kt = w.layout.kv_type();
   const double scale = effective_scale(w, a.scale);
