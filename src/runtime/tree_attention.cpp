@@ -500,32 +500,42 @@ struct TreeAttention::Impl {
   // only the nodes whose ids differ are copied: compared in runs of nodes
   // with as many pages in both (their pages then lie at offsets moved by the
   // same amount), one memcmp a run, as check_pages_against_last compares.
+  // scratch_table keeps its leading nodes that equal t's (same page counts,
+  // so same offsets, and same ids) and takes the rest from t.
   void load_pages(const TreeArrays& t) {
     const size_t n = t.parents.size();
-    const std::vector<int32_t>&had_at = scratch_table.offsets, &had_ids = scratch_table.ids;
+    std::vector<int32_t>&had_at = scratch_table.offsets, &had_ids = scratch_table.ids;
     const size_t listed = had_at.empty() ? 0 : std::min(n, had_at.size() - 1);
     const auto copy = [&](size_t v) {
       const auto ids = t.page_ids.begin();
       scratch.tree.nodes[v].pages.assign(ids + t.page_offsets[v], ids + t.page_offsets[v + 1]);
     };
-    size_t run = 0;  // the open run's first node
+    size_t run = 0;       // the open run's first node
+    size_t kept = listed;  // nodes [0, kept) of scratch_table equal t's
     const auto close_run = [&](size_t end) {  // nodes [run, end)
       const size_t len = size_t(had_at[end] - had_at[run]);
       if (len != 0 && std::memcmp(had_ids.data() + had_at[run], t.page_ids.data() + t.page_offsets[run],
-                                  sizeof(int32_t) * len) != 0)
+                                  sizeof(int32_t) * len) != 0) {
+        kept = std::min(kept, run);
         for (size_t v = run; v < end; ++v) copy(v);
+      }
     };
     try {
       for (size_t v = 0; v < listed; ++v)
         if (had_at[v + 1] - had_at[v] != t.page_offsets[v + 1] - t.page_offsets[v]) {
           close_run(v);
           copy(v);
+          kept = std::min(kept, v);
           run = v + 1;
         }
       if (listed > 0) close_run(listed);
       for (size_t v = listed; v < n; ++v) copy(v);
-      scratch_table.ids.assign(t.page_ids.begin(), t.page_ids.end());
-      scratch_table.offsets.assign(t.page_offsets.begin(), t.page_offsets.end());
+      // Offsets start at 0 in both, so nodes [0, kept) lie at the same offsets.
+      const int32_t kept_ids = kept > 0 ? had_at[kept] : 0;
+      had_ids.resize(size_t(kept_ids));
+      had_ids.insert(had_ids.end(), t.page_ids.begin() + kept_ids, t.page_ids.end());
+      had_at.resize(kept);
+      had_at.insert(had_at.end(), t.page_offsets.begin() + kept, t.page_offsets.end());
     } catch (...) {
       scratch_table.offsets.clear();  // it lists none of scratch's pages now
       throw;

@@ -513,8 +513,13 @@ AutoCostFeatures take_cheaper_node_shape(const Workload& w, const TreeIndex& ix,
   const auto deeper = [&] {
     if (shape.flat_tokens <= 0 || opt.extra.count("flat_tokens") != 0) return;
     const int64_t own = shape.flat_tokens;
+    int64_t shorter = -1, deeper_from = 0;  // shortest_deeper_compact_paths at `shorter`, the taken shape's
     for (const int64_t longer : {2 * own, 4 * own, 8 * own}) {
-      if (!planning::deeper_compact_subtrees(w, ix, m.down, shape.flat_tokens, longer, kMaxTileRows)) continue;
+      if (shape.flat_tokens != shorter) {
+        shorter = shape.flat_tokens;
+        deeper_from = planning::shortest_deeper_compact_paths(w, ix, m.down, shorter, kMaxTileRows);
+      }
+      if (deeper_from > longer) continue;
       if (longer == 8 * own) {
         // The longest length holds whole trees of sparse queries (the
         // planning benchmark's random tree): priced only for a whole tree

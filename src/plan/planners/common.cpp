@@ -1,6 +1,7 @@
 // Helpers shared by planners: KV splitting and query grouping.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "plan/planners/planners.hpp"
 #include "plan/planners/tree_walk.hpp"
@@ -292,16 +293,18 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   }
 }
 
-bool deeper_compact_subtrees(const Workload& w, const TreeIndex& ix, const DownPaths& down, int64_t shorter,
-                             int64_t flat_tokens, int64_t rows) {
-  // A subtree's leaves lie on its paths: within the longer length, within
-  // its leaf limit.
+int64_t shortest_deeper_compact_paths(const Workload& w, const TreeIndex& ix, const DownPaths& down, int64_t shorter,
+                                      int64_t rows) {
+  // A subtree's leaves lie on its paths: its limit is the longer of the two.
   const int64_t G = w.heads.group_size();
-  for (size_t v = 0; v < down.tokens.size(); ++v)
-    if (ix.subtree_queries[v] * G > rows && down.tokens[v] > shorter &&
-        compact_subtree_root(ix, down, v, flat_tokens, flat_tokens))
-      return true;
-  return false;
+  int64_t least = std::numeric_limits<int64_t>::max();
+  for (size_t v = 0; v < down.tokens.size(); ++v) {
+    const int64_t needs = std::max(down.tokens[v], down.leaf[v]);
+    if (ix.subtree_queries[v] * G > rows && down.tokens[v] > shorter && needs < least &&
+        compact_subtree_root(ix, down, v, needs, needs))
+      least = needs;
+  }
+  return least;
 }
 
 void compact_subtree_units(const Workload& w, const TreeIndex& ix, const SubtreeQueries& sub, const DownPaths& down,
@@ -316,11 +319,22 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   summary.max_tokens = max_tokens;
   summary.max_leaf_tokens = max_leaf_tokens;
   if (max_tokens <= 0) return;
-  // is_compact[v]: v's subtree qualifies (its parent's may too).
+  // is_compact[v]: v's subtree qualifies (its parent's may too). `roots`:
+  // the highest compact subtrees (whose parent's is not), in BFS order,
+  // found in the same pass (a parent comes before its children).
   std::vector<char>& is_compact = scratch.is_compact;
   is_compact.resize(size_t(n));
-  for (int32_t v = 0; v < n; ++v)
-    is_compact[v] = char(compact_subtree_root(ix, down, size_t(v), max_tokens, max_leaf_tokens));
+  std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
+  roots.resize(size_t(n));
+  size_t highest = 0;
+  for (const int32_t v : ix.bfs_order) {
+    const int32_t p = ix.parent[v];
+    const bool compact = compact_subtree_root(ix, down, size_t(v), max_tokens, max_leaf_tokens);
+    is_compact[v] = char(compact);
+    roots[highest] = v;
+    highest += compact && !(p >= 0 && is_compact[p]);
+  }
+  roots.resize(highest);
 
   // Consecutive queries of each subtree in `roots`, `cap` rows per unit.
   // Node x is in the open unit when opened_in[x] is the open unit's number
@@ -430,16 +444,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   // small to fill the GPU into its compact children, for more CTAs). `out`
   // holds the best cut's units: copied where they were made, else made once
   // the cut is chosen.
-  std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
   best_roots.clear();
-  roots.resize(size_t(n));
-  size_t highest = 0;  // compact subtrees whose parent's is not, in BFS order
-  for (const int32_t v : ix.bfs_order) {
-    const int32_t p = ix.parent[v];
-    roots[highest] = v;
-    highest += is_compact[v] && !(p >= 0 && is_compact[p]);
-  }
-  roots.resize(highest);
   size_t best_units = 0;
   int64_t best_cap = 0;
   bool taken = false, best_made = false;

@@ -221,12 +221,14 @@ inline bool compact_subtree_root(const TreeIndex& ix, const DownPaths& down, siz
          (down.segments[v] <= kMaxSegmentsPerUnit) & (down.leaf[v] <= max_leaf_tokens);
 }
 
-// Whether compact subtrees of paths of up to `flat_tokens` tokens would hold
-// a subtree that paths of up to `shorter` tokens leave out (its paths are
-// all longer than `shorter`) with more than `rows` Q rows of queries. `down`
-// of the tree.
-bool deeper_compact_subtrees(const Workload& w, const TreeIndex& ix, const DownPaths& down, int64_t shorter,
-                             int64_t flat_tokens, int64_t rows);
+// The least `flat_tokens` at which compact subtrees of paths (and leaves)
+// of up to `flat_tokens` tokens hold a subtree that paths of up to `shorter`
+// tokens leave out (its paths are all longer than `shorter`) with more than
+// `rows` Q rows of queries; INT64_MAX where none does at any length. A
+// subtree qualifies at every length from the longer of its longest path and
+// its longest leaf on. `down` of the tree.
+int64_t shortest_deeper_compact_paths(const Workload& w, const TreeIndex& ix, const DownPaths& down, int64_t shorter,
+                                      int64_t rows);
 
 // Packs short units (at most `max_tokens` tokens) of at most 2 Q rows (a
 // tree's leaves at GQA ratio 1 or 2) into shared 16-row units, each query
