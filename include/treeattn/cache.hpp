@@ -34,11 +34,16 @@ class KvPagePool {
 
   int64_t num_pages() const { return static_cast<int64_t>(is_free_.size()); }
   int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
-  bool is_free(int32_t id) const { return is_free_[static_cast<size_t>(id)] != 0; }  // id in range
+  // Whether page `id` is free; Error naming the id when it is out of range.
+  bool is_free(int32_t id) const {
+    if (id < 0 || id >= num_pages()) throw_out_of_range(id);
+    return is_free_[static_cast<size_t>(id)] != 0;
+  }
   // Throws Error unless the free stack and the free flags agree.
   void check() const;
 
  private:
+  [[noreturn]] void throw_out_of_range(int32_t id) const;
   std::vector<int32_t> free_;     // stack of free ids; capacity num_pages
   std::vector<uint8_t> is_free_;  // per id; 1 iff the id is on free_
 };

@@ -428,6 +428,14 @@ class TreeAttention:
             raise RuntimeError("run_op: needs PyTorch >= 2.4 (torch.library.custom_op); use run()")
         if out is None:
             raise ValueError("out: run_op writes into out (an op cannot return a new tensor here): pass one")
+        # The op's dispatcher would refuse these without naming the argument.
+        for name, x in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("out", out), ("lse", lse)):
+            if x is None and name == "lse":
+                continue
+            if not isinstance(x, torch_ops.torch.Tensor):
+                raise TypeError(f"{name}: run_op takes PyTorch tensors, got {type(x).__name__} (run() takes any DLPack array)")
+            if x.is_nested or x.layout != torch_ops.torch.strided:
+                raise ValueError(f"{name}: expected a dense tensor, got a {'nested' if x.is_nested else x.layout} one")
         torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale),
                       1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale))
         return out if lse is None else (out, lse)

@@ -22,6 +22,10 @@ KvPagePool::KvPagePool(int64_t num_pages) {
   is_free_.assign(static_cast<size_t>(num_pages), 1);
 }
 
+void KvPagePool::throw_out_of_range(int32_t id) const {
+  throw Error("kv cache: page id " + str(id) + " is out of range [0, " + str(num_pages()) + ")");
+}
+
 std::vector<int32_t> KvPagePool::alloc(int64_t n) {
   std::vector<int32_t> out;
   alloc(n, out);

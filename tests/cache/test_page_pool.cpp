@@ -62,6 +62,8 @@ TEST(CachePagePool, FreeErrorsNameTheIdAndChangeNothing) {
   // Nothing was freed by the failed calls.
   EXPECT_EQ(pool.num_free(), 4);
   for (int32_t id : a) EXPECT_FALSE(pool.is_free(id));
+  EXPECT_ERROR_HAS(pool.is_free(8), "page id 8 is out of range [0, 8)");
+  EXPECT_ERROR_HAS(pool.is_free(-1), "page id -1 is out of range [0, 8)");
   pool.check();
   pool.free(a);
   EXPECT_EQ(pool.num_free(), 8);

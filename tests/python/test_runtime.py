@@ -4,6 +4,7 @@ strided pools, lse, every bad argument's error, and CUDA-graph replays that
 survive re-planning."""
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -1402,6 +1403,17 @@ def test_run_op_checks_its_arguments_and_handle():
         torch.ops.treeattn.run(-1, q, k, v, torch.zeros_like(q), None, 0.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="out: run_op writes into out"):  # it returned None, the result discarded
         attn.run_op(q, k, v, None)
+    # The op's dispatcher refused these with a NotImplementedError (a nested tensor: "Could not run
+    # 'treeattn::run' with arguments from the 'NestedTensorCPU' backend") or a schema error, naming no argument.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors warn that they are a prototype
+        nested = torch.nested.nested_tensor([q[i] for i in range(q.shape[0])])
+    with pytest.raises(ValueError, match=re.escape("q: expected a dense tensor, got a nested one")):
+        attn.run_op(nested, k, v, torch.zeros_like(q))
+    with pytest.raises(ValueError, match=re.escape("out: expected a dense tensor, got a nested one")):
+        attn.run_op(q, k, v, nested)
+    with pytest.raises(TypeError, match=re.escape("k_pool: run_op takes PyTorch tensors, got ndarray")):
+        attn.run_op(q, k.numpy(), v, torch.zeros_like(q))
 
 
 @pytest.mark.gpu
