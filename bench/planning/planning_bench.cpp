@@ -31,11 +31,14 @@ using namespace treeattn;
 
 namespace {
 
+// The planner alone, as a pure function (it builds the tree's index) of a
+// workload validated once: make_plan would validate it every call.
 void plan_once(benchmark::State& state, const std::string& planner, int nodes) {
   const Workload w = bench::planning_bench_tree(nodes, 256, 42);
   const PlanOptions opt;
+  const PlannerFn plan = find_planner(planner).fn;
   for (auto _ : state) {
-    Plan p = make_plan(planner, w, opt);
+    Plan p = plan(w, opt);
     benchmark::DoNotOptimize(p.unit_tile.data());
   }
   state.counters["units"] = double(make_plan(planner, w, opt).num_units());
@@ -50,8 +53,9 @@ void plan_suite_tree(benchmark::State& state, const std::string& planner, const 
   std::sscanf(heads.c_str(), "%d/%d", &p.heads.num_qo_heads, &p.heads.num_kv_heads);
   const Workload w = make_workload(spec, p);
   const PlanOptions opt;
+  const PlannerFn fn = find_planner(planner).fn;
   for (auto _ : state) {
-    Plan plan = make_plan(planner, w, opt);
+    Plan plan = fn(w, opt);
     benchmark::DoNotOptimize(plan.unit_tile.data());
   }
   state.counters["nodes"] = double(w.tree.nodes.size());

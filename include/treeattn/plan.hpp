@@ -149,6 +149,7 @@ struct PlanSummary {
   // is the compute floor of bench (GpuTiming::compute_floor_us).
   int64_t flops = 0;
 };
+// p: a plan of w that passed validate_plan (its offsets are read unchecked).
 PlanSummary summarize(const Workload& w, const Plan& p);
 
 // Reusable memory of validate_plan. Per query its entries and slots, the

@@ -87,10 +87,11 @@ void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& i
 // The built-in planners, in the order reports list them (src/plan/registry.cpp).
 const std::vector<PlannerInfo>& planners();
 const PlannerInfo& find_planner(const std::string& name);  // throws Error
-// w: a validated Workload (Workload::validate; planners trust its sizes).
-// opt's fields are checked as plan_reusing checks them, and w's heads, each
-// an Error naming the field and value (a planner given num_sms = 0 or no kv
-// heads divided by zero).
+// w is validated first (Workload::validate: planners trust its sizes) and
+// opt's fields are checked as plan_reusing checks them, each an Error naming
+// the field and value (a planner given num_sms = 0 or no kv heads divided by
+// zero; one given an unchecked token count ran out of memory). A caller that
+// plans every decode step validates once and calls plan_reusing.
 Plan make_plan(const std::string& name, const Workload& w, const PlanOptions& opt = {});
 
 }  // namespace treeattn

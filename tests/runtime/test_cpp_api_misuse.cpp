@@ -86,6 +86,20 @@ TEST(CppApiMisuse, MakePlanRefusesHeadsItWouldDivideBy) {
   EXPECT_TRUE(has(error_text([&] { make_plan("node", w); }), "num_qo_heads: 3 is not a multiple of num_kv_heads 2"));
 }
 
+// A hand-built workload never validated: a token count its pages cannot
+// hold made fasttree plan millions of units, and flatten and node-chunk
+// allocate until memory ran out (every planner is called here).
+TEST(CppApiMisuse, MakePlanValidatesTheWorkload) {
+  Workload w = small_workload();
+  w.tree.nodes[0].num_tokens = 2000000000;
+  for (const PlannerInfo& info : planners())
+    EXPECT_TRUE(has(error_text([&] { make_plan(info.name, w); }), "node 0: pages: ")) << info.name;
+  w = small_workload();
+  w.query_nodes.push_back(int32_t(w.tree.nodes.size()));
+  const std::string text = error_text([&] { make_plan("fasttree", w); });
+  EXPECT_TRUE(has(text, "is out of range")) << text;
+}
+
 // Workload::path walked parents unchecked: a node out of range read past
 // the nodes, and a cycle (an unvalidated tree) pushed nodes until memory ran out.
 TEST(CppApiMisuse, PathRefusesNodesOutOfRangeAndCycles) {
