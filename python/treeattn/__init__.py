@@ -75,6 +75,12 @@ def _first_slots(first_slots: Any, parents: np.ndarray) -> Optional[np.ndarray]:
     return fs
 
 
+def _require_dense(name: str, x: Any) -> None:
+    """ValueError naming ``name`` unless PyTorch tensor x is dense (not nested, sparse, ...)."""
+    if getattr(x, "is_nested", False) or str(x.layout) != "torch.strided":
+        raise ValueError(f"{name}: expected a dense tensor, got a {'nested' if x.is_nested else x.layout} one")
+
+
 def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
     """A contiguous host integer array from a list, NumPy array or CPU tensor."""
     if type(x) is np.ndarray and x.dtype == dtype and x.ndim == ndim and x.flags.c_contiguous:
@@ -86,8 +92,7 @@ def _index(name: str, x: Any, dtype=np.int32, ndim: int = 1) -> np.ndarray:
             raise TypeError(f"{name}: expected integers, got {x.dtype}")
         if getattr(x, "is_meta", False):
             raise ValueError(f"{name}: a meta tensor holds no values")
-        if getattr(x, "is_nested", False) or str(x.layout) != "torch.strided":
-            raise ValueError(f"{name}: expected a dense tensor, got a {'nested' if x.is_nested else x.layout} one")
+        _require_dense(name, x)
         try:  # a negated view (its neg bit set) is read as its values
             x = x.detach().cpu().resolve_neg().numpy()
         except (RuntimeError, TypeError) as e:  # a quantized dtype, ...
@@ -434,8 +439,7 @@ class TreeAttention:
                 continue
             if not isinstance(x, torch_ops.torch.Tensor):
                 raise TypeError(f"{name}: run_op takes PyTorch tensors, got {type(x).__name__} (run() takes any DLPack array)")
-            if x.is_nested or x.layout != torch_ops.torch.strided:
-                raise ValueError(f"{name}: expected a dense tensor, got a {'nested' if x.is_nested else x.layout} one")
+            _require_dense(name, x)
         torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale),
                       1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale))
         return out if lse is None else (out, lse)

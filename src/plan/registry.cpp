@@ -194,8 +194,7 @@ void plan_reusing(const PlannerInfo& info, const Workload& w, const TreeIndex& i
 Plan make_plan(const std::string& name, const Workload& w, const PlanOptions& opt) {
   const PlannerInfo& planner = find_planner(name);
   check_plan_fields(opt);  // planners divide by num_sms x ctas_per_sm, chunk_tokens, ...
-  w.validate();           // ... and by the group size, and trust the tree: a token count its pages cannot
-                          // hold (2e9 in one page) made millions of units, or ran out of memory
+  w.validate();           // ... and by the group size, and size their units by its token counts
   return planner.fn(w, opt);
 }
 
