@@ -8,7 +8,9 @@
 #   SET=medusa: Medusa 128/32 drafts on 8192 + the DeFT suite's 9 medusa configs, 32/8 and 32/32
 #   SET=other:  a few configs of the other suites whose time is in 64/128-row tiles
 #   SET=small:  issue 21 goal 3's small trees (short 16- and 32-row CTAs), at 16/1 and 32/8
-#   HEADS="16/1 32/8" overrides the head configs (default: 32/8 32/32; small: 16/1 32/8)
+#   SET=masked: trees whose plans run long masked units (compact subtrees of deep or random
+#               trees, 64- and 128-row ones at 16/1), at 16/1 and 32/8
+#   HEADS="16/1 32/8" overrides the head configs (default: 32/8 32/32; small, masked: 16/1 32/8)
 set -uo pipefail
 ROUNDS=${ROUNDS:-2}
 SET=${SET:-medusa}
@@ -22,11 +24,16 @@ SMALL=(-w fasttree:N=1,256:C=256,32 -w fasttree:N=1,2,64:C=8,256,32 -w fasttree:
        -w fasttree:N=1,10:C=4000,400 -w fasttree:N=1,16,64:C=1024,256,32 -w fasttree:N=1,4,8,256:C=8,256,256,32
        -w fasttree:N=1,2,4,8,16,32,64,128,1024:C=16,16,16,16,16,16,16,16,16 -w pat:B=256:L=1024
        -w tot:docmergeToT.json:task=all:iter=1000 -w tot:sorting128ToT.json:task=all:iter=300)
-if [ "$SET" = small ]; then HEADS=${HEADS:-"16/1 32/8"}; else HEADS=${HEADS:-"32/8 32/32"}; fi
+MASKED=(-w random:seed=211:nodes=2048:tokens=200 -w random:seed=214:nodes=512:tokens=100 -w pat:B=1,1024:L=2048,32
+        -w fasttree:N=1,8,16,32,64,128,1024:C=256,128,64,16,16,16,16 -w fasttree:N=1,16,32,64,128,1024:C=256,128,64,16,16,16
+        -w pat:B=1,8,16,32,64,128,1024:L=256,128,64,32,32,32,32 -w fasttree:N=1,4,8,256:C=8,256,256,32
+        -w pat:B=1,4,8,256:L=32,256,256,32 -w kary:arity=8:depth=2:total=100000:leftmost=1
+        -w tot:sorting128ToT.json:task=all:iter=6000)
+case "$SET" in small | masked) HEADS=${HEADS:-"16/1 32/8"} ;; *) HEADS=${HEADS:-"32/8 32/32"} ;; esac
 for r in $(seq 1 "$ROUNDS"); do
   for d in "$@"; do
     for h in $HEADS; do
-      case "$SET" in medusa) WS=("${MED[@]}") ;; small) WS=("${SMALL[@]}") ;; *) WS=("${OTH[@]}") ;; esac
+      case "$SET" in medusa) WS=("${MED[@]}") ;; small) WS=("${SMALL[@]}") ;; masked) WS=("${MASKED[@]}") ;; *) WS=("${OTH[@]}") ;; esac
       echo "### round $r bin $(basename "$d") heads $h"
       "$d/treeattn" bench "${WS[@]}" --heads "$h" -p auto --verify 2 --no-graph 2>&1 |
         grep -E "^[a-z]|^  auto|error|Error|FAIL" | sed 's/^  auto/    auto/'

@@ -572,15 +572,19 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
 #pragma unroll
       for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
       if (flag) {
+        // Selects, not branches: a thread's two positions of an n-block are
+        // adjacent bytes (one 16-bit load), and a position past the end
+        // (segment 255) shifts every mask bit out (shr.b64 clamps the shift).
 #pragma unroll
-        for (int j = 0; j < WT / 8; ++j)
+        for (int j = 0; j < WT / 8; ++j) {
+          const uint32_t segs = *reinterpret_cast<const uint16_t*>(&misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1)]);
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int sg = misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1) + c];
-            const bool ok = sg != 255;
-            if (!(ok && ((rmask[0] >> (sg & 63)) & 1))) s[j][c] = kNegInf;
-            if (!(ok && ((rmask[1] >> (sg & 63)) & 1))) s[j][2 + c] = kNegInf;
+            const uint32_t sg = (segs >> (8 * c)) & 0xffu;
+            s[j][c] = (shr_u64(rmask[0], sg) & 1) ? s[j][c] : kNegInf;
+            s[j][2 + c] = (shr_u64(rmask[1], sg) & 1) ? s[j][2 + c] : kNegInf;
           }
+        }
       }
 
       // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that

@@ -30,6 +30,14 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// x >> n for any n: PTX clamps shift amounts past 63, so n >= 64 gives 0
+// (C++'s >> leaves them undefined).
+__device__ __forceinline__ uint64_t shr_u64(uint64_t x, uint32_t n) {
+  uint64_t y;
+  asm("shr.b64 %0, %1, %2;\n" : "=l"(y) : "l"(x), "r"(n));
+  return y;
+}
+
 __device__ __forceinline__ uint64_t warp_or(uint64_t x) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x |= __shfl_xor_sync(0xffffffffu, x, o);
