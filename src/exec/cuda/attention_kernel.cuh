@@ -122,12 +122,12 @@ struct AttnTraits {
   // launches of both overlap instead of queueing. The 32-token m = 16 variant
   // (2 warps, for units of at most 32 tokens) at 8 CTAs/SM keeps the same cap.
   // The 128-row wgmma tile at d <= 128 is capped at 128 registers too, for 2
-  // CTAs/SM: it spills 44 bytes, and two CTAs per SM outrun one at 162
+  // CTAs/SM: it spills 16 bytes, and two CTAs per SM outrun one at 162
   // registers on the shared trees (docs/cuda.md, "Kernel").
   // Persistent launches (AttnParams::work) only for decode tiles at d <= 128,
   // whose launches have thousands of short items; the other tiles are at
   // their register caps (the item loop's state made the 128-row tile spill
-  // 208 instead of 44 bytes, and m = 32 at d = 256 48 instead of 0).
+  // 208 bytes, and m = 32 at d = 256 48 instead of 0).
   static constexpr bool kPersistent = M <= 32 && D <= 128;
   static constexpr int kMinBlocksPerSm =
       (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : (kWgmma && M == 128 && D <= 128) ? 2 : 1;
