@@ -2,8 +2,8 @@
 """Does a floor on a masked unit's time fix auto's worst picks off the suites?
 
 Issue 21 goal 1. auto's worst offsuite pick, random:seed=211 at 16/1 (1.41x on the H100, 1.44x on the H200), is
-node's shape with compact units of up to 2192 masked tokens against per-query (auto_cost_forms_results.txt: a
-masked unit's tiles run at ~35-40 us per 1000 tokens, slower than any linear price of it). Tested here: the shipped
+node's shape with compact units of up to 2192 masked tokens against per-query (docs/planners.md, "Other model forms":
+its longest unit costs ~35-40 us per 1000 masked tokens, more than any linear price of it). Tested here: the shipped
 table's prediction raised to a floor, max(linear, b x K), K one of
   masked_unit_kt  the longest masked unit's tokens (auto's masked_kt feature), thousands;
   masked_tile_kt  the most tokens any unit runs in K/V tiles that apply masks (masked_tiles_dump.cpp), thousands:
