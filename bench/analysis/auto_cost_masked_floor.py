@@ -6,19 +6,19 @@ node's shape with compact units of up to 2192 masked tokens against per-query (d
 its longest unit costs ~35-40 us per 1000 masked tokens, more than any linear price of it). Tested here: the shipped
 table's prediction raised to a floor, max(linear, b x K), K one of
   masked_unit_kt  the longest masked unit's tokens (auto's masked_kt feature), thousands;
-  masked_tile_kt  the most tokens any unit runs in K/V tiles that apply masks (masked_tiles_dump.cpp), thousands:
+  masked_tile_kt  the most tokens any unit runs in K/V tiles that apply masks (plan_units_dump.cpp), thousands:
                   a compact unit whose shared root all its entries see runs its root's tiles unmasked;
 for b in B_US_PER_KT. Scored as auto_cost_forms.py scores forms (the predicted-fastest timed plan of auto, node
 and per-query within 1.03x of the fastest): the H100 suites (train, in sample: b is the only parameter) and the
 offsuite runs on the H100 and the H200 (held out).
 
-Needs numpy, build/cpu/treeattn and build/cpu/libtreeattn.a (a c++20 compiler builds the dumper once, into /tmp).
+Needs numpy, scipy (auto_cost_makespan), build/cpu/treeattn and build/cpu/libtreeattn.a (a c++20 compiler builds
+plan_units_dump.cpp once, into /tmp).
 Run from the repository root:
   python3 bench/analysis/auto_cost_masked_floor.py [--out bench/analysis/auto_cost_masked_floor_results.txt]
 """
 import argparse
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -26,30 +26,24 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys_argv, sys.argv = sys.argv, sys.argv[:1]  # auto_cost_forms parses no arguments at import, but keep them apart
 import auto_cost_forms as F  # noqa: E402
-sys.argv = sys_argv
+import auto_cost_makespan as MS  # noqa: E402  (its plan dumper, plan_units_dump.cpp)
+
 D = F.D
 ROOT = D.ROOT
-SRC = os.path.join(ROOT, "bench/analysis/masked_tiles_dump.cpp")
-LIB = os.path.join(ROOT, "build/cpu/libtreeattn.a")
-TOOL = "/tmp/treeattn_masked_tiles_dump"
 KEEPNODE = "/tmp/auto_cost_keepnode.json"  # written by auto_cost_data.cli_plans (auto at margin 0.99)
 B_US_PER_KT = [30, 40, 45, 50, 55, 60, 70, 80]
 
 
 def masked_features(recs):
-    """Each record's plan (the variant it was matched as) through the dumper: adds f['masked_tile_kt'], f['masked_unit_kt']."""
-    if not (os.path.exists(TOOL) and os.path.getmtime(TOOL) > max(os.path.getmtime(SRC), os.path.getmtime(LIB))):
-        subprocess.run(["c++", "-O2", "-std=c++20", "-Iinclude", "-Isrc", SRC, LIB, "-o", TOOL], check=True, cwd=ROOT)
+    """Each record's plan (the variant it was matched as) through plan_units_dump.cpp: adds f['masked_tile_kt'] and
+    f['masked_unit_kt']. Returns (plans dumped, records whose dumped plan differs from the matched one)."""
     variant = lambda r: r["matched_as"].replace("auto@keepnode", "auto@" + KEEPNODE)
-    req = sorted({(r["heads"], variant(r), r["config"][0]) for r in recs})
-    out = subprocess.run([TOOL], input="".join("\t".join(q) + "\n" for q in req), capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout.splitlines()
-    got = {q: json.loads(line) for q, line in zip(req, out)}
+    req = {(r["heads"], variant(r), "-", r["config"][0]) for r in recs}
+    got = MS.dump(req)
     mismatched = 0
     for r in recs:
-        j = got[(r["heads"], variant(r), r["config"][0])]
+        j = got[(r["heads"], variant(r), "-", r["config"][0])]
         mismatched += tuple(j[k] for k in D.KEYS) != r["sig"]
         r["f"]["masked_tile_kt"], r["f"]["masked_unit_kt"] = j["masked_tile_kt"], j["masked_unit_kt"]
     return len(req), mismatched

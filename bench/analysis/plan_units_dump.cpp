@@ -11,7 +11,11 @@
 // working directory). head_dim 128, page 16, fp16, seed 1, 132 SMs: `treeattn
 // plan`'s defaults. stdout: one JSON object a line: the plan's summary
 // (units, segments, kv_bytes, partial_bytes: to match a timed record), its
-// auto_cost_features, and its attention launches as the CUDA executor makes
+// auto_cost_features, its masked tokens (masked_tile_kt: the most tokens a
+// unit runs in 64-token K/V tiles that hold a position of a segment some entry
+// of the unit does not see, the tiles whose masks the kernel applies;
+// masked_unit_kt: the longest masked unit; thousands; for
+// auto_cost_masked_floor.py), and its attention launches as the CUDA executor makes
 // them (src/exec/cuda/executor.cpp, plan_upload.cpp: units grouped by tile,
 // m16n64 -> m16n32 where all such units have <= 32 tokens, longest first;
 // choose_stages' pipeline depth and CTAs per SM; persistent where items >
@@ -102,6 +106,25 @@ double makespan(const std::vector<std::pair<double, int>>& items, int64_t slots)
       m = std::max(m, start + d);
     }
   return m;
+}
+
+// Tokens of unit u in K/V tiles of kTile tokens that apply masks.
+int64_t masked_tile_tokens(const Plan& p, int32_t u) {
+  constexpr int64_t kTile = 64;
+  uint64_t seen_by_all = ~0ull;
+  for (int32_t e = p.unit_query_offset[u]; e < p.unit_query_offset[u + 1]; ++e) seen_by_all &= p.entry_mask[e];
+  int64_t at = 0, masked = 0, last_tile = -1;
+  for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) {
+    const int64_t len = p.segments[k].size();
+    if (len > 0 && !((seen_by_all >> (k - p.unit_segment_offset[u])) & 1)) {
+      // Tiles at / kTile .. (at + len - 1) / kTile, each counted once.
+      const int64_t first = std::max(at / kTile, last_tile + 1), last = (at + len - 1) / kTile;
+      masked += std::max<int64_t>(0, last - first + 1) * kTile;
+      last_tile = std::max(last_tile, last);
+    }
+    at += len;
+  }
+  return masked;
 }
 
 std::vector<double> parse_list(const char* s) {
@@ -226,6 +249,17 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kAutoCostFeatures; ++i)
         out += std::string(i ? "," : "") + "\"" + kAutoCostFeatureNames[i] + "\":" + std::to_string(f[i]);
       out += "}";
+      int64_t most_masked = 0, longest_masked = 0;
+      for (int32_t u = 0; u < p.num_units(); ++u) {
+        most_masked = std::max(most_masked, masked_tile_tokens(p, u));
+        if (p.unit_masked[u]) {
+          int64_t tokens = 0;
+          for (int32_t k = p.unit_segment_offset[u]; k < p.unit_segment_offset[u + 1]; ++k) tokens += p.segments[k].size();
+          longest_masked = std::max(longest_masked, tokens);
+        }
+      }
+      out += ",\"masked_tile_kt\":" + std::to_string(most_masked * 1e-3) +
+             ",\"masked_unit_kt\":" + std::to_string(longest_masked * 1e-3);
       // The executor's launches.
       std::vector<int> len(U), run_tile(p.unit_tile.begin(), p.unit_tile.end());
       for (int u = 0; u < U; ++u) {
