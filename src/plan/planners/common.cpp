@@ -268,7 +268,6 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
   segs.assign(n, 0);
   leaf.assign(n, 0);
   branches.assign(n, 0);
-  compactable.resize(n);
   with_tokens.assign(n, 0);
   path_nodes.assign(n, 0);
   // Children before parents: when v is reached, its entries hold the
@@ -282,7 +281,6 @@ void DownPaths::build(const Workload& w, const TreeIndex& ix) {
     segs[v] = here ? segs[v] + (own > 0 ? 1 : 0) : 0;
     leaf[v] = !here ? 0 : branches[v] ? leaf[v] : own;
     branches[v] = here ? branches[v] : 0;
-    compactable[v] = char((branches[v] != 0) & (segs[v] <= kMaxSegmentsPerUnit));
     with_tokens[v] = own > 0 ? ix.subtree_queries[v] : with_tokens[v];  // a path through v holds its tokens
     path_nodes[v] += int32_t(here & (own > 0));
     if (p < 0) continue;
@@ -303,7 +301,7 @@ int64_t shortest_deeper_compact_paths(const Workload& w, const TreeIndex& ix, co
   for (size_t v = 0; v < down.tokens.size(); ++v) {
     const int64_t needs = std::max(down.tokens[v], down.leaf[v]);
     if (ix.subtree_queries[v] * G > rows && down.tokens[v] > shorter && needs < least &&
-        compact_subtree_root(down, v, needs, needs))
+        compact_subtree_root(ix, down, v, needs, needs))
       least = needs;
   }
   return least;
@@ -331,7 +329,7 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   size_t highest = 0;
   for (const int32_t v : ix.bfs_order) {
     const int32_t p = ix.parent[v];
-    const bool compact = compact_subtree_root(down, size_t(v), max_tokens, max_leaf_tokens);
+    const bool compact = compact_subtree_root(ix, down, size_t(v), max_tokens, max_leaf_tokens);
     is_compact[v] = char(compact);
     roots[highest] = v;
     highest += compact && !(p >= 0 && is_compact[p]);

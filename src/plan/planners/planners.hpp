@@ -204,9 +204,6 @@ struct SubtreeQueries {
 struct DownPaths {
   std::vector<int64_t> tokens, segments, leaf;
   std::vector<char> branches;
-  // branches, and at most kMaxSegmentsPerUnit non-empty nodes on a path from
-  // v: the tests of compact_subtree_root that do not depend on its limits.
-  std::vector<char> compactable;
   // Of v's subtree: the queries whose path from v holds a token
   // (with_tokens), and the non-empty nodes with queries below (path_nodes):
   // what compact_subtree_units counts a cut's units by.
@@ -216,10 +213,12 @@ struct DownPaths {
 
 // Whether v's subtree qualifies as a compact subtree of paths of at most
 // `max_tokens` tokens and leaves of at most `max_leaf_tokens` (its parent's
-// may too): a child with queries (so queries below it), at most 64 non-empty
-// nodes on a path (both down.compactable).
-inline bool compact_subtree_root(const DownPaths& down, size_t v, int64_t max_tokens, int64_t max_leaf_tokens) {
-  return (down.compactable[v] != 0) & (down.tokens[v] <= max_tokens) & (down.leaf[v] <= max_leaf_tokens);
+// may too): queries below it, a child with queries, at most 64 non-empty
+// nodes on a path.
+inline bool compact_subtree_root(const TreeIndex& ix, const DownPaths& down, size_t v, int64_t max_tokens,
+                                 int64_t max_leaf_tokens) {
+  return (ix.subtree_queries[v] > 0) & (down.branches[v] != 0) & (down.tokens[v] <= max_tokens) &
+         (down.segments[v] <= kMaxSegmentsPerUnit) & (down.leaf[v] <= max_leaf_tokens);
 }
 
 // The least `flat_tokens` at which compact subtrees of paths (and leaves)
