@@ -1,6 +1,7 @@
 // GPU tests of the engine-facing runtime: TreeAttention / CudaStepExecutor
 // against the fp64 reference on random trees and the suites' families (every
-// planner, GQA 1-16 (7 and 5 too), fp16/bf16, page sizes 1, 5, 16 and 100, strided pools, lse);
+// planner, GQA 1-16 (7 and 5 too), fp16/bf16, page sizes 1, 5, 16 and 100, strided pools, pages
+// with NaN rows between them (the TMA tiles), lse);
 // draft token trees; and one CUDA graph of several runs captured once and
 // replayed after re-planning with other trees, each replay bit-equal to an
 // eager run (also with the plan kept in L2). Tests named Sanitize* run under
@@ -147,6 +148,57 @@ TEST(Runtime, SanitizeStridedTensorsAndLse) {
     check_cuda(cudaMemcpy(g.out.data(), dout.get(), dout.size(), cudaMemcpyDeviceToHost), "out");
     EXPECT_LE(relative_error(w, g.out.data(), ref), 2e-3) << planner;
     expect_lse_of_cpu_executor(w, ta.plan(), h, dlse, planner);
+  }
+}
+
+// K/V tiles by TMA (the wgmma tiles' whole-page tiles of one-segment units):
+// pools whose pages are rows_per_page = page_size + 8 rows apart, the 8 rows
+// between pages NaN, so that a box read from a wrong row or past its page
+// poisons the output; page sizes 16, 32 and 64 (boxes of 16 to 64 rows),
+// head_dim 64, 128 and 256, long shared nodes (64- and 128-row units) with
+// partial last tiles (copied by cp.async), node, auto and per-query.
+TEST(Runtime, SanitizeTmaTilesOfPagesWithGaps) {
+  for (const auto& [qo, kv, d, t, ps] : std::vector<std::tuple<int, int, int, DType, int>>{
+           {32, 8, 128, DType::fp16, 16}, {16, 4, 64, DType::bf16, 32}, {16, 8, 256, DType::fp16, 64}}) {
+    WorkloadParams p;
+    p.heads = {qo, kv, d};
+    p.dtype = t;
+    p.page_size = ps;
+    for (const char* spec : {"fasttree:N=1,32:C=1000,24", "pat:B=1,16,64:L=700,136,8"}) {
+      const Workload w = make_workload(spec, p);
+      const int64_t pages = w.layout.num_pages, tok = int64_t(kv) * d, rows_per_page = ps + 8;
+      HostTensors h = make_random_inputs(w, 9);
+      const std::vector<double> ref = reference_attention(w, h.args());
+      const uint16_t nan16 = t == DType::bf16 ? 0x7fc0 : 0x7e00;
+      std::vector<uint16_t> k(size_t(pages * rows_per_page * tok), nan16), v = k;
+      const auto* k16 = reinterpret_cast<const uint16_t*>(h.k.data());
+      const auto* v16 = reinterpret_cast<const uint16_t*>(h.v.data());
+      for (int64_t pg = 0; pg < pages; ++pg) {
+        std::copy(k16 + pg * ps * tok, k16 + (pg + 1) * ps * tok, k.begin() + pg * rows_per_page * tok);
+        std::copy(v16 + pg * ps * tok, v16 + (pg + 1) * ps * tok, v.begin() + pg * rows_per_page * tok);
+      }
+      DeviceTensors dev = DeviceTensors::upload(h);
+      DeviceBuffer dk(k.size() * 2), dv(v.size() * 2);
+      check_cuda(cudaMemcpy(dk.get(), k.data(), k.size() * 2, cudaMemcpyHostToDevice), "k");
+      check_cuda(cudaMemcpy(dv.get(), v.data(), v.size() * 2, cudaMemcpyHostToDevice), "v");
+      for (const char* planner : {"node", "auto", "per-query"}) {
+        TreeAttention ta(config_for(w, planner, pages));
+        const Arrays arr(w);
+        ta.plan_tree(arr.view(), nullptr);
+        AttentionArgs a = dev.args();
+        a.k = dk.get();
+        a.v = dv.get();
+        a.kv_token_stride = tok;
+        a.kv_page_stride = rows_per_page * tok;
+        dev.poison_out();
+        ta.run(a, nullptr);
+        check_cuda(cudaDeviceSynchronize(), "run");
+        HostTensors g = h;
+        dev.download_out(g);
+        EXPECT_LE(relative_error(w, g.out.data(), ref), tolerance(t))
+            << spec << " " << planner << " heads " << qo << "/" << kv << " d" << d << " page " << ps;
+      }
+    }
   }
 }
 
