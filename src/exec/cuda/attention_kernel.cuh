@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     };
     auto issue_tile = [&](int t, int st, int sl) {
       if (kTmaShape && tma_tile(t)) {
-        if (__shfl_sync(0xffffffffu, warp, 0) == 0 && elect_one()) issue_tma(st, sl);
+        if (__shfl_sync(0xffffffffu, warp, 0) == 1 && elect_one()) issue_tma(st, sl);  // not a filler warp
       } else {
         issue(st, sl);
       }
