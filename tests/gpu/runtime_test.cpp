@@ -1,7 +1,7 @@
 // GPU tests of the engine-facing runtime: TreeAttention / CudaStepExecutor
 // against the fp64 reference on random trees and the suites' families (every
 // planner, GQA 1-16 (7 and 5 too), fp16/bf16, page sizes 1, 5, 16 and 100, strided pools, pages
-// with NaN rows between them (the TMA tiles), lse);
+// with NaN rows between them, lse);
 // draft token trees; and one CUDA graph of several runs captured once and
 // replayed after re-planning with other trees, each replay bit-equal to an
 // eager run (also with the plan kept in L2). Tests named Sanitize* run under
@@ -151,13 +151,13 @@ TEST(Runtime, SanitizeStridedTensorsAndLse) {
   }
 }
 
-// K/V tiles by TMA (the wgmma tiles' whole-page tiles of one-segment units):
-// pools whose pages are rows_per_page = page_size + 8 rows apart, the 8 rows
-// between pages NaN, so that a box read from a wrong row or past its page
-// poisons the output; page sizes 16, 32 and 64 (boxes of 16 to 64 rows),
-// head_dim 64, 128 and 256, long shared nodes (64- and 128-row units) with
-// partial last tiles (copied by cp.async), node, auto and per-query.
-TEST(Runtime, SanitizeTmaTilesOfPagesWithGaps) {
+// Pools whose pages are rows_per_page = page_size + 8 rows apart, the 8 rows
+// between pages NaN, so that a K/V row read from a wrong row or past its page
+// poisons the output: page sizes 16, 32 and 64, head_dim 64, 128 and 256,
+// long shared nodes (64- and 128-row units, whole-page tiles and a partial
+// last one), node, auto and per-query. (A K/V copy by TMA boxes of a page's
+// rows was tried against these: docs/cuda.md, "Tried".)
+TEST(Runtime, SanitizePagesWithGapsBetweenThem) {
   for (const auto& [qo, kv, d, t, ps] : std::vector<std::tuple<int, int, int, DType, int>>{
            {32, 8, 128, DType::fp16, 16}, {16, 4, 64, DType::bf16, 32}, {16, 8, 256, DType::fp16, 64}}) {
     WorkloadParams p;

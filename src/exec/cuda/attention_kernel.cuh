@@ -39,7 +39,6 @@
 #include "exec/cuda/primitives/grid_dependency.cuh"
 #include "exec/cuda/primitives/math.cuh"
 #include "exec/cuda/primitives/mma.cuh"
-#include "exec/cuda/primitives/tma.cuh"
 #include "exec/cuda/primitives/wgmma.cuh"
 #include "treeattn/plan.hpp"
 
@@ -52,7 +51,6 @@ namespace treeattn::cuda {
 template <int kMaxSlots, int N, int M, int WN>
 struct SmemMisc {
   SegDesc seg[kMaxSegmentsPerUnit];          // the unit's segment records
-  uint64_t stage_full[kMaxSlots];            // TMA tiles: the barrier each stage's copies complete on
   uint64_t ent_mask[M];                      // the unit's entries (nent <= M rows)
   int32_t ent_query[M];
   int32_t ent_slot[M];
@@ -259,22 +257,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
                     : p.num_items;
   };
   const bool persistent = Tr::kPersistent && p.work != nullptr;
-  // K/V tiles by TMA (wgmma tiles, 16-bit pools, tiles of whole pages; the
-  // executor set the maps, AttnParams::tma): a tile of a one-segment unit
-  // that starts on a page boundary, all of whose positions are in the unit,
-  // is N / page_size boxes per 64-element region of K and of V, issued by one
-  // warp and completing on its stage's barrier; the unit's last partial tile
-  // (zero-filled past the end) and every other unit's tiles go by cp.async.
-  // The page lookups are the same for both: a box starts at the row of its
-  // page's first position.
-  constexpr bool kTmaShape = Tr::kWgmma && !Tr::kKvFp8;
-  static_assert(!kTmaShape || Tr::kMinStages >= 2, "TMA tiles are awaited in the pipelined loop");
-  const bool tma_launch = kTmaShape && p.tma && N % ps == 0;
-  uint32_t full_parity = 0;  // bit s: the parity of stage s's barrier's next phase
-  if (tma_launch && tid == 0) {
-    for (int s = 0; s < S; ++s) mbarrier_init(&misc.stage_full[s], 1);
-    mbarrier_init_fence();  // visible to the copies' async proxy; to the CTA after the first barrier below
-  }
   int item = blockIdx.x;
   UnitDesc u{};
   const bool has_items = item < num_items();  // a step executor's fixed grid may leave a CTA none
@@ -287,9 +269,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     const int rows = min(u.nent * G, M);  // the validator guarantees nent * G <= M
     const bool masked = u.any_missing != 0;
     const uint64_t any_missing = u.any_missing;
-    const bool tma_unit =
-        tma_launch && nseg == 1 && u.seg0.begin == int(p.page_divisor.divide(uint32_t(u.seg0.begin))) * ps;
-    const auto tma_tile = [&](int t) { return tma_unit && (t + 1) * N <= len; };
 
     // Resolving a tile's N positions (one filler thread each) to token rows of
     // the pool takes two steps, so that the page-table load is in flight for a
@@ -361,35 +340,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
           so = kCopyRows % 8 == 0 ? so0 + k * kCopyRows * kSwzRowBytes : swz<Tr, N>(r, copy_c);
         cp_async_16_zfill(dk + so, kcol + off, row >= 0);
         cp_async_16_zfill(dv + so, vcol + off, row >= 0);
-      }
-    };
-    // Tile of slot sl into stage st by TMA (tma_tile): one thread arms the
-    // stage's barrier with the tile's bytes and issues its boxes (the copy
-    // instruction takes its operands from uniform registers: boxes spread
-    // over lanes would be issued one lane after another anyway).
-    auto issue_tma = [&](int st, int sl) {
-      uint64_t* bar = &misc.stage_full[st];
-      mbarrier_arrive_expect_tx(bar, 2 * Tr::kStageBytes);
-      uint8_t* dk = sK + st * Tr::kStageBytes;
-      uint8_t* dv = sV + st * Tr::kStageBytes;
-#pragma unroll
-      for (int pg = 0; pg < N / 16; ++pg) {  // page_size >= 16 (executor)
-        if (pg * ps < N) {
-          const int row = misc.row[sl][pg * ps];
-#pragma unroll
-          for (int g = 0; g < D / 64; ++g) {
-            const uint32_t at = g * N * 128 + pg * ps * 128;
-            tma_load_2d(dk + at, &p.tma_k, kvh * D + g * 64, row, bar);
-            tma_load_2d(dv + at, &p.tma_v, kvh * D + g * 64, row, bar);
-          }
-        }
-      }
-    };
-    auto issue_tile = [&](int t, int st, int sl) {
-      if (kTmaShape && tma_tile(t)) {
-        if (__shfl_sync(0xffffffffu, warp, 0) == 1 && elect_one()) issue_tma(st, sl);  // not a filler warp
-      } else {
-        issue(st, sl);
       }
     };
     // fp8 on wgmma: stage st -> the converted K and V tiles (T, swizzled as a
@@ -476,7 +426,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     Lookup next = lookup(S);  // tile S, committed in iteration 0
     __syncthreads();
     for (int t = 0; t < S - 1; ++t) {
-      if (t < num_tiles) issue_tile(t, t, t);
+      if (t < num_tiles) issue(t, t);
       cp_async_commit();
     }
 
@@ -516,20 +466,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         // nothing is lost); the barrier before the issue frees the stage, and
         // makes the slot committed in iteration t - 1 visible.
         if (t > 0) __syncthreads();
-        issue_tile(t, 0, sl);
+        issue(0, sl);
         cp_async_commit();
         cp_async_wait<0>();
         if constexpr (Tr::kWgmma) fence_proxy_async();
         __syncthreads();
       } else {
         cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
-        if (kTmaShape && tma_tile(t)) {  // ... or for everyone, by TMA
-          mbarrier_wait(&misc.stage_full[st], (full_parity >> st) & 1);
-          full_parity ^= 1u << st;
-        }
         if constexpr (Tr::kWgmma) fence_proxy_async();  // ... visible to wgmma's reads
         __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
-        if (t + S - 1 < num_tiles) issue_tile(t + S - 1, st_issue, sl_issue);
+        if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
         cp_async_commit();
       }
       if constexpr (Tr::kKvFp8 && Tr::kWgmma) {
@@ -931,7 +877,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     }
     trace.mark(kTraceStored);
     if (next_item >= num_items()) break;
-    if constexpr (kTmaShape) fence_proxy_async();  // the epilogue's stores before the next item's TMA writes
     __syncthreads();  // the next item reuses the shared memory: every read of this one is done
     item = next_item;
     if constexpr (Tr::kPersistent)

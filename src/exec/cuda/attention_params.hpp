@@ -56,22 +56,7 @@ struct alignas(16) UnitDesc {
   SegDesc seg0;            // = segs[seg_off] when nseg > 0
 };
 
-// A TMA tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned), encoded
-// on the host by encode_kv_tensor_map (plan_upload.cpp) and read by the
-// kernel's box copies through its parameter address.
-struct alignas(64) TmaMap {
-  uint64_t opaque[16];
-};
-
 struct AttnParams {
-  // K/V tiles by TMA (sm_90a wgmma tiles, 16-bit pools): the pools as 2-D
-  // tensors [token rows][num_kv_heads x head_dim] with 128-byte swizzle and a
-  // box of 64 elements x page_size rows, so that one box is one 64-element
-  // region of one page of one kv head, landing where the tile's swizzle puts
-  // it. tma = 0: the maps are not set (the pools' layout or the page size
-  // does not allow them) and every tile is copied by cp.async.
-  TmaMap tma_k, tma_v;
-  int32_t tma;
   // Tensors of the run (AttentionArgs), element type of the instantiation.
   const void* q;    // [num_queries, num_qo_heads, head_dim], queries q_stride elements apart
   const void* k;    // [num_pages, page_size, num_kv_heads, head_dim], token rows kv_token_bytes apart,

@@ -3,12 +3,8 @@
 // checks of a run's tensors.
 #include "exec/cuda/plan_upload.hpp"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "treeattn/cuda_executor.hpp"
@@ -131,51 +127,6 @@ int64_t wave_ctas(const Launch& l, const DeviceLimits& dl) {
   return int64_t(std::max(per_sm, 1)) * dl.num_sms;
 }
 
-namespace {
-
-// cuTensorMapEncodeTiled from the driver the runtime loaded (no link against
-// libcuda); nullptr where the driver has none.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// The TMA map of a 16-bit pool (AttnParams::tma_k): `rows` token rows of
-// `cols` elements, `row_bytes` apart; a box is 64 elements (128 bytes, the
-// swizzle's span) x `page_size` rows. False where the layout does not allow
-// one (the caller then copies by cp.async).
-bool encode_kv_tensor_map(TmaMap& map, const void* base, uint64_t cols, uint64_t rows, uint64_t row_bytes,
-                          uint32_t page_size) {
-  static_assert(sizeof(TmaMap) == sizeof(CUtensorMap), "a TmaMap holds a CUtensorMap");
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (!encode || cols % 64 != 0 || rows == 0 || rows > (uint64_t(1) << 32) || row_bytes % 16 != 0 ||
-      row_bytes >= (uint64_t(1) << 40) || page_size == 0 || page_size > 256)
-    return false;
-  const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {row_bytes};
-  const cuuint32_t box[2] = {64, page_size};
-  const cuuint32_t element_strides[2] = {1, 1};
-  CUtensorMap encoded;
-  if (encode(&encoded, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return false;
-  std::memcpy(&map, &encoded, sizeof map);  // TmaMap is 64-byte aligned, as the copies need; CUtensorMap may ask more
-  return true;
-}
-
-}  // namespace
-
 void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams& a, MergeParams& mg) {
   const int D = t.heads.head_dim;
   check_scales(args);
@@ -220,17 +171,6 @@ void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams
   a.rows_per_page = int32_t(rows_per_page);
   a.scale_log2 = scale * args.k_scale * 1.4426950408889634f;
   a.v_scale = args.v_scale;
-  // TMA maps for 16-bit pools whose pages are whole boxes of a 64-token tile
-  // (the kernel uses them on its wgmma tiles only); the rows end with the
-  // last page's (the rest of its rows_per_page may belong to another layer).
-  a.tma = 0;
-  if (element_bytes == 2 && t.page_size >= 16 && 64 % t.page_size == 0 && t.num_pages > 0) {
-    const uint64_t cols = uint64_t(t.heads.num_kv_heads) * uint64_t(D);
-    const uint64_t rows = uint64_t(t.num_pages - 1) * uint64_t(rows_per_page) + uint64_t(t.page_size);
-    const uint64_t row_bytes = uint64_t(s.kv_token) * 2;
-    a.tma = encode_kv_tensor_map(a.tma_k, args.k, cols, rows, row_bytes, uint32_t(t.page_size)) &&
-            encode_kv_tensor_map(a.tma_v, args.v, cols, rows, row_bytes, uint32_t(t.page_size));
-  }
   mg.out = args.out;
   mg.o_stride = s.out;
   mg.lse_out = args.lse;
