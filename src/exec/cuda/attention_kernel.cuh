@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // mma.sync tiles are read by ldmatrix, swizzled (kv8_offset).
     const int64_t col_bytes = int64_t(kvh) * Tr::kKvRowBytes + copy_c * 16;
     const uint8_t* kcol = static_cast<const uint8_t*>(p.k) + col_bytes;
-    const int64_t v_minus_k = static_cast<const uint8_t*>(p.v) - static_cast<const uint8_t*>(p.k);
+    const uint8_t* vcol = static_cast<const uint8_t*>(p.v) + col_bytes;
     auto issue = [&](int st, int sl) {
       uint8_t* dk = sK + st * Tr::kStageBytes;
       uint8_t* dv = sV + st * Tr::kStageBytes;
@@ -330,6 +330,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       for (int k = 0; k < kCopyPasses; ++k) {
         const int r = copy_r0 + k * kCopyRows;
         const int row = misc.row[sl][r];
+        const uint64_t off = uint64_t(uint32_t(max(row, 0))) * token_bytes;
         uint32_t so;
         if constexpr (Tr::kFp8InRegisters)
           so = kv8_offset<Tr>(r, copy_c);
@@ -337,7 +338,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
           so = so0 + uint32_t(k * kCopyRows * Tr::kKvRowBytes);
         else
           so = kCopyRows % 8 == 0 ? so0 + k * kCopyRows * kSwzRowBytes : swz<Tr, N>(r, copy_c);
-        cp_async_16_kv_row(dk + so, dv + so, kcol, v_minus_k, row, token_bytes);
+        cp_async_16_zfill(dk + so, kcol + off, row >= 0);
+        cp_async_16_zfill(dv + so, vcol + off, row >= 0);
       }
     };
     // fp8 on wgmma: stage st -> the converted K and V tiles (T, swizzled as a

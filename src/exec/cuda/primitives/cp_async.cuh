@@ -26,25 +26,6 @@ __device__ __forceinline__ void cp_async_16_zfill(void* dst, const void* src, bo
       : "memory");
 }
 
-// The K and V copies of one 16-byte chunk of pool row `row`: from k_col (the
-// chunk's address in row 0 of the K pool) plus row x row_bytes, and from
-// that plus v_minus_k (the V pool's distance from the K pool), into k_dst
-// and v_dst; zero-filled where row < 0 (row 0's address is given then, and
-// not read). The predicate comes from the row's sign, the K address from one
-// wide multiply-add, the V address from one 64-bit add (the compiler made a
-// three-instruction sign test and two 64-bit adds after the multiply).
-__device__ __forceinline__ void cp_async_16_kv_row(void* k_dst, void* v_dst, const void* k_col, int64_t v_minus_k,
-                                                   int32_t row, uint32_t row_bytes) {
-  asm volatile(
-      "{\n.reg .pred ignore;\n.reg .s32 r;\n.reg .u64 ka, va;\n"
-      "setp.lt.s32 ignore, %4, 0;\nmax.s32 r, %4, 0;\n"
-      "mad.wide.u32 ka, r, %5, %2;\nadd.s64 va, ka, %3;\n"
-      "cp.async.cg.shared.global.L2::128B [%0], [ka], 16, ignore;\n"
-      "cp.async.cg.shared.global.L2::128B [%1], [va], 16, ignore;\n}\n" ::"r"(smem_addr(k_dst)),
-      "r"(smem_addr(v_dst)), "l"(k_col), "l"(v_minus_k), "r"(row), "r"(row_bytes)
-      : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most N of this thread's committed groups are still in flight.
