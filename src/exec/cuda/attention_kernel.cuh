@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -573,8 +574,11 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
       if (flag) {
         // Selects, not branches: a thread's two positions of an n-block are
-        // adjacent bytes (one 16-bit load), and a position past the end
-        // (segment 255) shifts every mask bit out (shr.b64 clamps the shift).
+        // adjacent bytes (one 16-bit load, at an even position of an
+        // even-aligned row), and a position past the end (segment 255)
+        // shifts every mask bit out (shr.b64 clamps the shift).
+        static_assert(offsetof(typename Tr::Misc, pos_seg) % 2 == 0 && N % 2 == 0 && WT % 2 == 0,
+                      "the 16-bit loads of pos_seg need even byte offsets");
 #pragma unroll
         for (int j = 0; j < WT / 8; ++j) {
           const uint32_t segs = *reinterpret_cast<const uint16_t*>(&misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1)]);
