@@ -329,8 +329,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     const bool kab_no_mask = Tr::kWgmma && (p.kab_variant & 8) != 0;
     const bool kab_no_qk = Tr::kWgmma && (p.kab_variant & 16) != 0;
     const bool kab_no_lookup = Tr::kWgmma && (p.kab_variant & 32) != 0;
-    const bool kab_no_loop = Tr::kWgmma && (p.kab_variant & 64) != 0;
-    const bool kab_no_store = Tr::kWgmma && (p.kab_variant & 128) != 0;
     auto issue = [&](int st, int sl) {
       if (kab_no_copy) return;
       uint8_t* dk = sK + st * Tr::kStageBytes;
@@ -469,7 +467,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     // Ring positions: stage/slot of the tile computed (t), issued (t + S - 1)
     // and filled (t + S), advanced with wrap-around instead of a modulo.
     int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
-    for (int t = 0; t < (kab_no_loop ? 0 : num_tiles); ++t) {
+    for (int t = 0; t < num_tiles; ++t) {
       if (persistent && tid == 0 && t == claim_at) claimed = atomicAdd(p.work, 1u);  // in flight during the wait
       if (Tr::kMinStages == 1 && S == 1) {
         // One stage: tile t is issued and awaited here (one-tile units only, so
@@ -786,9 +784,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         acc.y *= inv;
         acc.z *= inv;
         acc.w *= inv;
-        if (kab_no_store) {
-          if (acc.x == 12345.f) p.partial_o[0] = acc.y;  // keep the loads
-        } else if (off >= 0) {
+        if (off >= 0) {
           uint2 packed = make_uint2(MmaT::pack(acc.x, acc.y), MmaT::pack(acc.z, acc.w));
           *reinterpret_cast<uint2*>(static_cast<T*>(p.out) + off + c) = packed;
         } else {
