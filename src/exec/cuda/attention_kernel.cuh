@@ -495,9 +495,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         fence_proxy_async();
         __syncthreads();
       }
-      if (t + S < num_tiles) {
-        commit(next, sl_fill);  // kab_no_lookup: tile S's rows again, no new page-id load
-        if (!kab_no_lookup) next = lookup(t + S + 1);
+      if (t + S < num_tiles && !kab_no_lookup) {
+        commit(next, sl_fill);
+        next = lookup(t + S + 1);
       }
 
       if (t == 0 && first_item) trace.mark(kTraceFirstTile);
