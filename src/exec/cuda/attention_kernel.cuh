@@ -328,7 +328,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     const bool kab_no_softmax = Tr::kWgmma && (p.kab_variant & 4) != 0;
     const bool kab_no_mask = Tr::kWgmma && (p.kab_variant & 8) != 0;
     const bool kab_no_qk = Tr::kWgmma && (p.kab_variant & 16) != 0;
-    const bool kab_no_lookup = Tr::kWgmma && (p.kab_variant & 32) != 0;
     auto issue = [&](int st, int sl) {
       if (kab_no_copy) return;
       uint8_t* dk = sK + st * Tr::kStageBytes;
@@ -495,7 +494,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         fence_proxy_async();
         __syncthreads();
       }
-      if (t + S < num_tiles && !kab_no_lookup) {
+      if (t + S < num_tiles) {
         commit(next, sl_fill);
         next = lookup(t + S + 1);
       }
