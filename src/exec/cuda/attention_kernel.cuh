@@ -325,9 +325,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     const uint8_t* vcol = static_cast<const uint8_t*>(p.v) + col_bytes;
     const bool kab_no_copy = Tr::kWgmma && (p.kab_variant & 1) != 0;
     const bool kab_no_sync = Tr::kWgmma && (p.kab_variant & 2) != 0;
-    const bool kab_no_softmax = Tr::kWgmma && (p.kab_variant & 4) != 0;
-    const bool kab_no_mask = Tr::kWgmma && (p.kab_variant & 8) != 0;
-    const bool kab_no_qk = Tr::kWgmma && (p.kab_variant & 16) != 0;
     auto issue = [&](int st, int sl) {
       if (kab_no_copy) return;
       uint8_t* dk = sK + st * Tr::kStageBytes;
@@ -516,7 +513,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         // warp-uniform and builds the descriptors in uniform registers.
         const int warpgroup = __shfl_sync(0xffffffffu, warp / 4, 0);
         const WgmmaDescBase<16> q_desc(smem_addr(sQ) + warpgroup * 64 * 128), k_desc(smem_addr(Ks));
-        if (!kab_no_qk) {
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
@@ -525,7 +521,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         }
         wgmma_commit();
         wgmma_wait<0>();
-        }
       } else if constexpr (Tr::kFp8InRegisters) {
         // head_dim in a permuted order, the same for Q and K: k-step kk's
         // logical k = 2t + j (+ 8) of thread t = lane % 4 is element
@@ -582,7 +577,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       uint32_t flag = 0;
 #pragma unroll
       for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
-      if (flag && !kab_no_mask) {
+      if (flag) {
         // Selects, not branches: a thread's two positions of an n-block are
         // adjacent bytes (one 16-bit load, at an even position of an
         // even-aligned row), and a position past the end (segment 255)
@@ -611,9 +606,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       // and the fp32 sums. So O is rescaled on few tiles instead of on most
       // (a row's maximum over a random prefix keeps creeping up).
       constexpr float kRescaleSlack = 8.f;
-      float alphas[2] = {1.f, 1.f};
+      float alphas[2];
 #pragma unroll
-      for (int i = 0; i < 2 && !kab_no_softmax; ++i) {
+      for (int i = 0; i < 2; ++i) {
         float mx = kNegInf;
 #pragma unroll
         for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
