@@ -323,10 +323,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     const int64_t col_bytes = int64_t(kvh) * Tr::kKvRowBytes + copy_c * 16;
     const uint8_t* kcol = static_cast<const uint8_t*>(p.k) + col_bytes;
     const uint8_t* vcol = static_cast<const uint8_t*>(p.v) + col_bytes;
-    const bool kab_no_copy = Tr::kWgmma && (p.kab_variant & 1) != 0;
-    const bool kab_no_sync = Tr::kWgmma && (p.kab_variant & 2) != 0;
     auto issue = [&](int st, int sl) {
-      if (kab_no_copy) return;
       uint8_t* dk = sK + st * Tr::kStageBytes;
       uint8_t* dv = sV + st * Tr::kStageBytes;
       const uint32_t so0 = Tr::kKvFp8 ? uint32_t(copy_r0 * Tr::kKvRowBytes + copy_c * 16) : swz<Tr, N>(copy_r0, copy_c);
@@ -476,11 +473,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if constexpr (Tr::kWgmma) fence_proxy_async();
         __syncthreads();
       } else {
-        if (!kab_no_sync) {
         cp_async_wait_pending(S - 2);  // tile t (and Q) landed for this thread's copies
         if constexpr (Tr::kWgmma) fence_proxy_async();  // ... visible to wgmma's reads
         __syncthreads();               // ... and everyone's; stage (t-1)%S is free again
-        }
         if (t + S - 1 < num_tiles) issue(st_issue, sl_issue);
         cp_async_commit();
       }

@@ -116,9 +116,6 @@ struct AttnParams {
   // this launch's first CTA at trace[trace_first_cta]. nullptr: not traced.
   unsigned long long* trace;
   int64_t trace_first_cta;
-  // Throwaway experiment (bound of a warp-specialised loop): bit 0 skips the
-  // wgmma tiles' K/V copies, bit 1 their per-tile wait and CTA barrier.
-  int32_t kab_variant;
 };
 
 // A query with partials to merge: its slots are query_slots[first .. first +

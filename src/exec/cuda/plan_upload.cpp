@@ -3,7 +3,6 @@
 // checks of a run's tensors.
 #include "exec/cuda/plan_upload.hpp"
 
-#include <cstdlib>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -172,7 +171,6 @@ void set_run_tensors(const TensorShape& t, const AttentionArgs& args, AttnParams
   a.rows_per_page = int32_t(rows_per_page);
   a.scale_log2 = scale * args.k_scale * 1.4426950408889634f;
   a.v_scale = args.v_scale;
-  a.kab_variant = std::getenv("TREEATTN_KAB_VARIANT") ? std::atoi(std::getenv("TREEATTN_KAB_VARIANT")) : 0;
   mg.out = args.out;
   mg.o_stride = s.out;
   mg.lse_out = args.lse;
