@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Throwaway A/B of variants selected by an environment variable: one CLI, timed
-# with $ENVVAR set to each of VARIANTS, in alternating rounds on medusa_ab.sh's
-# sets (with its --verify 2).
+# A/B of kernel variants that one binary selects by an environment variable
+# (an experiment's throwaway commit reads it at launch): one device call builds
+# the CLI for sm_90a, times it with $ENVVAR set to each of VARIANTS in
+# alternating rounds on scripts/medusa_ab.sh's sets (its --verify 2 included),
+# and prints a per-config table of each variant's time against the first.
+# Usage: ENVVAR=TREEATTN_MERGE_VARIANT VARIANTS="0 1 2" ROUNDS=2 SETS="medusa other" scripts/env_ab.sh
 set -uo pipefail
 ENVVAR=${ENVVAR:?ENVVAR=<variable the variants set>}
 ROOT=$(cd "$(dirname "$0")/.." && pwd); cd "$ROOT"

@@ -12,7 +12,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -56,8 +55,8 @@ bool splits_slots(const MergeParams& p) {
          int64_t(p.num_merges) * p.num_qo_heads <= int64_t(kSplitMergeCtasPerSm) * p.num_sms;
 }
 
-template <class T, int D, int kBatch, bool kSplit, int kMinBlocks = merge_min_blocks<D, kBatch>()>
-__global__ void __launch_bounds__(kMergeWarps * 32, kMinBlocks) merge_kernel(const __grid_constant__ MergeParams p) {
+template <class T, int D, int kBatch, bool kSplit>
+__global__ void __launch_bounds__(kMergeWarps * 32, (merge_min_blocks<D, kBatch>())) merge_kernel(const __grid_constant__ MergeParams p) {
   constexpr int kPerLane = D / 32;  // 2, 4 or 8 floats
   constexpr int kVec = kPerLane >= 4 ? 4 : kPerLane;
   CtaTrace trace;
@@ -200,14 +199,8 @@ __global__ void __launch_bounds__(kMergeWarps * 32, kMinBlocks) merge_kernel(con
 template <class T, int D>
 void launch(const MergeParams& p, cudaStream_t stream, bool chained, const cudaAccessPolicyWindow* l2_window) {
   const LaunchConfig lc(dim3(unsigned(merge_ctas(p))), dim3(kMergeWarps * 32), 0, stream, chained, l2_window);
-  // Throwaway A/B: TREEATTN_MERGE_VARIANT 1 = 4-slot batches at 8 CTAs/SM, 2 = 8-slot batches at 8 CTAs/SM,
-  // 3 = 4-slot batches at 10 CTAs/SM (d <= 128; else as 0).
-  static const int mv = std::getenv("TREEATTN_MERGE_VARIANT") ? std::atoi(std::getenv("TREEATTN_MERGE_VARIANT")) : 0;
   const auto kernel = p.max_slots <= kSmallMergeSlots ? merge_kernel<T, D, 2, false>
                       : splits_slots(p)                ? merge_kernel<T, D, 8, true>
-                      : (D <= 128 && mv == 1)          ? merge_kernel<T, D, 4, false, 8>
-                      : (D <= 128 && mv == 2)          ? merge_kernel<T, D, 8, false, 8>
-                      : (D <= 128 && mv == 3)          ? merge_kernel<T, D, 4, false, 10>
                                                        : merge_kernel<T, D, 8, false>;
   check_cuda(cudaLaunchKernelEx(&lc.cfg, kernel, p), "cuda executor: merge launch");
 }
