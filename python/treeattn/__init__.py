@@ -123,6 +123,26 @@ def _int_arg(name: str, value: Any, lo: int = -(1 << 31), hi: int = (1 << 31) - 
     return int(value)
 
 
+def _text(name: str, value: str) -> str:
+    """A str argument the extension takes as UTF-8 text: no NUL (a C string
+    would end there) and no lone surrogate (not encodable)."""
+    if "\x00" in value:
+        raise ValueError(f"{name}: {value!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name}: {value!r} is not valid text (a lone surrogate)") from None
+    return value
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A bool argument: Python's or NumPy's, or 0 or 1 (a string or an array
+    would read as true by its length)."""
+    if isinstance(value, (bool, np.bool_)) or (type(value) is int and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name}: expected a bool, got {value!r}")
+
+
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
@@ -201,7 +221,7 @@ def set_auto_cost_model(path: Optional[str]) -> None:
     FILE`` (about 30 s on an H100; docs/planners.md). A missing or malformed
     file raises ValueError naming the path and the field.
     """
-    _treeattn._set_auto_cost_model(None if path is None else str(path))
+    _treeattn._set_auto_cost_model(None if path is None else _text("path", str(path)))
 
 
 def auto_cost_model() -> dict:
@@ -291,6 +311,7 @@ class TreeAttention:
             num_sms = _int_arg("num_sms", num_sms, 1, int32_max)
         if not isinstance(planner, str):
             raise TypeError(f"planner: expected a planner name (str), got {planner!r}")
+        _text("planner", planner)
         if plan_options is not None and not isinstance(plan_options, _Mapping):
             raise TypeError(f"plan_options: expected a mapping of option names to numbers, got "
                             f"{type(plan_options).__name__}")
@@ -298,6 +319,7 @@ class TreeAttention:
         for key, value in (plan_options or {}).items():
             if not isinstance(key, str):
                 raise TypeError(f"plan_options: keys are option names (str), got {key!r}")
+            _text("plan_options", key)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"plan_options[{key!r}]: expected a number, got {value!r}")
             options[key] = float(value)
@@ -330,7 +352,7 @@ class TreeAttention:
                                               self.dtype, kv_native,
                                               device, max_queries, max_nodes, max_page_refs, planner,
                                               num_sms or 0, cpu_threads, max_extension_tokens, device_index,
-                                              bool(l2_persistent_plan), options)
+                                              _flag("l2_persistent_plan", l2_persistent_plan), options)
         self.device_index = self._impl.device_index  # -1 on the cpu
         stream_fn, stream_arg = None, None  # None: the default stream unless stream= is given (CPU; no PyTorch)
         if device == "cuda" and torch_gpus > 0:
@@ -433,15 +455,29 @@ class TreeAttention:
             raise RuntimeError("run_op: needs PyTorch >= 2.4 (torch.library.custom_op); use run()")
         if out is None:
             raise ValueError("out: run_op writes into out (an op cannot return a new tensor here): pass one")
-        # The op's dispatcher would refuse these without naming the argument.
+        # The op's dispatcher would refuse these without naming the argument, or
+        # take a tensor elsewhere than the runtime's device (a meta one) to its
+        # fake kernel, which computes nothing; a negated view would reach run()
+        # as a temporary copy, out written through it lost. Checked in eager
+        # calls: Dynamo traces none of the checks below but the first two (a
+        # compiled call's tensors reach run() itself, which checks them).
+        eager = not torch_ops.torch.compiler.is_compiling()
         for name, x in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool), ("out", out), ("lse", lse)):
             if x is None and name == "lse":
                 continue
             if not isinstance(x, torch_ops.torch.Tensor):
                 raise TypeError(f"{name}: run_op takes PyTorch tensors, got {type(x).__name__} (run() takes any DLPack array)")
             _require_dense(name, x)
-        torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, 0.0 if scale is None else float(scale),
-                      1.0 if k_scale is None else float(k_scale), 1.0 if v_scale is None else float(v_scale))
+            if eager and x.device.type != self.device:
+                raise ValueError(f"{name}: expected a tensor on {self.device} (the TreeAttention's device), got one on "
+                                 f"{x.device}")
+            if eager and (x.is_neg() or x.is_conj()):
+                raise ValueError(f"{name}: a tensor with its negative or conjugate bit set (a lazy view: its memory "
+                                 f"holds other values); pass .resolve_neg() / .resolve_conj()")
+        # run()'s number check (a bool, a string, an array, an overflow named); traced: float().
+        number = _treeattn._number if eager else (lambda name, x, none: none if x is None else float(x))
+        torch_ops.run(self.op_handle, q, k_pool, v_pool, out, lse, number("scale", scale, 0.0),
+                      number("k_scale", k_scale, 1.0), number("v_scale", v_scale, 1.0))
         return out if lse is None else (out, lse)
 
     # -- inspection -------------------------------------------------------------
@@ -477,8 +513,9 @@ class TreeAttention:
 
     @graph_launches.setter
     def graph_launches(self, launches: int) -> None:
-        if isinstance(launches, bool) or not isinstance(launches, int):
+        if isinstance(launches, (bool, np.bool_)) or not isinstance(launches, numbers.Integral):
             raise TypeError(f"graph_launches: expected an int mask, got {type(launches).__name__}")
+        launches = int(launches)
         if not 0 <= launches < 1 << 32:
             raise ValueError(f"graph_launches: {launches} is not a mask over describe()'s launches (0 .. 2**32 - 1)")
         self._impl.graph_launches = launches

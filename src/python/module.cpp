@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -67,6 +68,9 @@ struct View {
   int32_t device_index = -1;  // CUDA tensors: the device's index, where read (-1: not read)
   nb::dlpack::dtype dl_dtype{};
   int32_t dl_device = 0;
+  // PyTorch tensors: the bytes their storage holds, [storage_begin, storage_end)
+  // (an empty range where the storage could not be read: the device check names those).
+  uintptr_t storage_begin = 0, storage_end = 0;
   Tensor nd;  // the DLPack import, kept while the view is used
   nb::ndarray<nb::ro> nd_read_only;  // that of a read-only input (q, k_pool, v_pool)
 };
@@ -147,12 +151,16 @@ std::string strides_str(const View& t) { return ints_str(t, t.strides); }
 struct Torch {
   PyObject *tensor = nullptr, *fp16 = nullptr, *bf16 = nullptr, *fp32 = nullptr;
   PyObject *fp8 = nullptr, *u8 = nullptr;  // fp8: nullptr in a PyTorch without float8_e4m3fn
-  PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu, *s_is_neg;
+  PyObject *s_data_ptr, *s_shape, *s_stride, *s_dtype, *s_is_cuda, *s_is_cpu, *s_is_neg, *s_untyped_storage, *s_nbytes;
   PyObject* empty_tuple;
   // TensorBase's descriptors (owned) and their C functions, when usable.
   PyObject *d_data_ptr = nullptr, *d_shape = nullptr, *d_stride = nullptr, *d_dtype = nullptr, *d_is_cuda = nullptr,
            *d_is_cpu = nullptr;
   PyCFunction f_data_ptr = nullptr;
+  // TensorBase.untyped_storage and StorageBase's nbytes / data_ptr (METH_NOARGS
+  // C functions), for storages of type `storage_type` (torch.UntypedStorage).
+  PyCFunction f_untyped_storage = nullptr, f_storage_nbytes = nullptr, f_storage_data_ptr = nullptr;
+  PyObject* storage_type = nullptr;
   PyCFunction f_is_neg = nullptr;  // TensorBase.is_neg's C function, of either calling convention
   PyCFunctionWithKeywords f_is_neg_kw = nullptr;
   PyCFunctionWithKeywords f_stride = nullptr;
@@ -170,6 +178,8 @@ struct Torch {
     s_is_cuda = PyUnicode_InternFromString("is_cuda");
     s_is_cpu = PyUnicode_InternFromString("is_cpu");
     s_is_neg = PyUnicode_InternFromString("is_neg");
+    s_untyped_storage = PyUnicode_InternFromString("untyped_storage");
+    s_nbytes = PyUnicode_InternFromString("nbytes");
     empty_tuple = PyTuple_New(0);
   }
 
@@ -222,7 +232,27 @@ struct Torch {
       else if (const PyMethodDef* n = method_of(neg, METH_VARARGS | METH_KEYWORDS))
         f_is_neg_kw = reinterpret_cast<PyCFunctionWithKeywords>(reinterpret_cast<void (*)(void)>(n->ml_meth));
       Py_XDECREF(neg);  // the class keeps the descriptor alive
+      PyObject* us = PyObject_GetAttr(base, s_untyped_storage);
+      if (!us) PyErr_Clear();
+      if (const PyMethodDef* m = method_of(us, METH_NOARGS)) f_untyped_storage = m->ml_meth;
+      Py_XDECREF(us);
       Py_DECREF(base);
+      // torch.UntypedStorage, whose nbytes / data_ptr are StorageBase's (not overridden).
+      PyObject* ut = PyObject_GetAttrString(torch, "UntypedStorage");
+      PyObject* nb_ = ut ? PyObject_GetAttr(ut, s_nbytes) : nullptr;
+      PyObject* dp_ = ut ? PyObject_GetAttr(ut, s_data_ptr) : nullptr;
+      if (!(ut && nb_ && dp_)) PyErr_Clear();
+      const PyMethodDef* mn = method_of(nb_, METH_NOARGS);
+      const PyMethodDef* md = method_of(dp_, METH_NOARGS);
+      if (ut && mn && md) {
+        storage_type = ut;  // kept (the module holds it anyway)
+        f_storage_nbytes = mn->ml_meth;
+        f_storage_data_ptr = md->ml_meth;
+      } else {
+        Py_XDECREF(ut);
+      }
+      Py_XDECREF(nb_);
+      Py_XDECREF(dp_);
       const PyMethodDef* dp = method_of(d_data_ptr, METH_NOARGS);
       const PyMethodDef* st = method_of(d_stride, METH_VARARGS | METH_KEYWORDS);
       g_shape = getset_of(d_shape), g_dtype = getset_of(d_dtype), g_is_cuda = getset_of(d_is_cuda);
@@ -361,6 +391,26 @@ void read_torch(const char* name, PyObject* o, View& v, const Where& where, bool
   if (neg.is_valid() && neg.ptr() == Py_True)
     value_error(std::string(name) + ": a tensor with its negative bit set (a lazy negation: its memory holds the "
                 "negated values); pass .resolve_neg()");
+  // The storage's bytes: a view may reach past them where the storage was
+  // shrunk after the view was made (untyped_storage().resize_(n)), which
+  // PyTorch itself does not check. Unreadable (a meta or fake tensor): left
+  // empty, and the device or null-pointer check names the tensor.
+  // (Direct types: the C functions, ~0.1 us a tensor; others: the methods.)
+  nb::object storage = nb::steal(dir && T.f_untyped_storage ? T.f_untyped_storage(o, nullptr)
+                                                             : PyObject_CallMethodNoArgs(o, T.s_untyped_storage));
+  const bool plain_storage = storage.is_valid() && T.storage_type &&
+                             reinterpret_cast<PyObject*>(Py_TYPE(storage.ptr())) == T.storage_type;
+  nb::object sptr = !storage.is_valid() ? nb::object()
+                    : plain_storage     ? nb::steal(T.f_storage_data_ptr(storage.ptr(), nullptr))
+                                        : nb::steal(PyObject_CallMethodNoArgs(storage.ptr(), T.s_data_ptr));
+  nb::object sbytes = !sptr.is_valid() ? nb::object()
+                      : plain_storage  ? nb::steal(T.f_storage_nbytes(storage.ptr(), nullptr))
+                                       : nb::steal(PyObject_CallMethodNoArgs(storage.ptr(), T.s_nbytes));
+  if (sbytes.is_valid()) {
+    const unsigned long long b = PyLong_AsUnsignedLongLongMask(sptr.ptr()), n = PyLong_AsUnsignedLongLong(sbytes.ptr());
+    if (!PyErr_Occurred()) v.storage_begin = uintptr_t(b), v.storage_end = uintptr_t(b + n);
+  }
+  PyErr_Clear();
   if (want_cuda && v.on_device && where.torch_index) {
     nb::object i = nb::steal(PyObject_CallMethod(o, "get_device", nullptr));
     if (!i.is_valid()) torch_read_error(name, "get_device()");
@@ -561,6 +611,17 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
     if (t && t->ptr == 0)
       value_error(std::string(name) + ": its data pointer is null (a tensor without memory: a fake, meta or "
                   "efficient-zero tensor, or one whose storage was freed)");
+  // A PyTorch view must lie within its storage (see read_torch): else the run
+  // reads, or writes, memory the tensor does not own.
+  for (const auto& [name, t] : {std::pair{"q", &q}, {"k_pool", &k}, {"v_pool", &v}, {"out", &out}, {"lse", lse}}) {
+    if (!t || !t->torch || t->storage_end == t->storage_begin) continue;
+    const auto [b0, b1] = byte_span(*t);
+    if (b0 < t->storage_begin || b1 > t->storage_end)
+      value_error(std::string(name) + ": the view's elements span bytes [" + std::to_string(int64_t(b0 - t->storage_begin)) +
+                  ", " + std::to_string(int64_t(b1 - t->storage_begin)) + ") of its storage, which holds " +
+                  std::to_string(t->storage_end - t->storage_begin) +
+                  " (a storage resized after the view was made?)");
+  }
   // What run() writes must not share memory with what it reads (nor lse with
   // out): CTAs would read values other CTAs already overwrote.
   check_disjoint("out", out, "q", q);
@@ -572,15 +633,37 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   return a;
 }
 
+// A boolean: Python's, or a NumPy / PyTorch one (np.True_, torch.tensor(True)),
+// which would convert to the number 1 where a number or a handle belongs.
+bool bool_like(PyObject* o) {
+  if (PyBool_Check(o)) return true;
+  if (PyLong_CheckExact(o) || PyFloat_CheckExact(o)) return false;
+  nb::object dtype = nb::steal(PyObject_GetAttrString(o, "dtype"));
+  if (!dtype.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  const std::string d = str_of(dtype.ptr());
+  return d == "bool" || d == "torch.bool";
+}
+
 // A float argument; None: `none`.
 float float_of(const char* name, nb::handle x, float none) {
   if (x.is_none()) return none;
-  if (PyBool_Check(x.ptr()))  // True would be 1.0: a flag passed where a number belongs
-    throw nb::type_error((std::string(name) + ": expected a number, got " + str_of(x.ptr())).c_str());
+  if (bool_like(x.ptr()))  // True would be 1.0: a flag passed where a number belongs
+    throw nb::type_error((std::string(name) + ": expected a number, got " + str_of(x.ptr(), /*repr=*/true)).c_str());
   const double s = PyFloat_AsDouble(x.ptr());
   if (s == -1.0 && PyErr_Occurred()) {
+    // An int beyond a double (2**2000) overflows; anything else (a string, an
+    // array of several elements, a __float__ that raises) is not a number.
+    const bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
     PyErr_Clear();
-    throw nb::type_error((std::string(name) + ": expected a number, got " + str_of(x.ptr())).c_str());
+    if (overflow) {
+      const std::string v = str_of(x.ptr());
+      value_error(std::string(name) + " = " + (v.size() > 24 ? v.substr(0, 20) + "..." : v) +
+                  " is not representable as a float32 (it overflows)");
+    }
+    throw nb::type_error((std::string(name) + ": expected a number, got " + str_of(x.ptr(), /*repr=*/true)).c_str());
   }
   // The runtime takes float32: a value that rounds to 0 (which means the
   // default for scale) or overflows would silently become another one.
@@ -608,12 +691,30 @@ AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle 
 // A stream argument as the handle (cudaStream_t) it names: an int, or an
 // object with __int__ (a PyTorch or CuPy stream). run() and plan_*() alike.
 uintptr_t stream_handle(nb::handle s) {
-  if (PyBool_Check(s.ptr()) || PyFloat_Check(s.ptr()))  // int(1.5) and int(True) would name streams 1
+  const auto refuse = [&] {
     throw nb::type_error(("stream: expected a stream handle (an int), got " + str_of(s.ptr(), /*repr=*/true)).c_str());
-  nb::object i = nb::steal(PyNumber_Long(s.ptr()));  // int(stream)
-  if (!i.is_valid()) {
-    PyErr_Clear();
-    throw nb::type_error(("stream: expected a stream handle (an int), got " + str_of(s.ptr(), /*repr=*/true)).c_str());
+  };
+  // int(1.5), int(True) and int('7') would name streams 1 and 7: an integer
+  // (operator.index), or else an object whose int() is its handle but that is
+  // no number or text.
+  nb::object i;
+  if (PyLong_CheckExact(s.ptr())) {
+    i = nb::borrow(s);
+  } else {
+    if (bool_like(s.ptr())) refuse();
+    i = nb::steal(PyNumber_Index(s.ptr()));
+    if (!i.is_valid()) {
+      PyErr_Clear();
+      PyNumberMethods* nm = Py_TYPE(s.ptr())->tp_as_number;
+      if (PyUnicode_Check(s.ptr()) || PyBytes_Check(s.ptr()) || PyByteArray_Check(s.ptr()) || !nm || !nm->nb_int ||
+          nm->nb_float)
+        refuse();
+      i = nb::steal(PyNumber_Long(s.ptr()));  // int(stream)
+      if (!i.is_valid()) {
+        PyErr_Clear();
+        refuse();
+      }
+    }
   }
   const unsigned long long h = PyLong_AsUnsignedLongLong(i.ptr());
   if (h == (unsigned long long)-1 && PyErr_Occurred()) {
@@ -671,8 +772,12 @@ struct Runner {
   // allocated where not given; returns out, or (out, lse) when there is an lse.
   nb::object call(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle return_lse, nb::handle lse,
                   nb::handle scale, nb::handle k_scale, nb::handle v_scale, nb::handle stream) const {
-    const int truth = PyObject_IsTrue(return_lse.ptr());
-    if (truth < 0) {  // an array of several elements: NumPy's message would not name the argument
+    // A bool (Python's, NumPy's or a one-element PyTorch one), 0 or 1, or
+    // None: a string or an array would read as true by its length.
+    const bool flag = return_lse.is_none() || bool_like(return_lse.ptr()) ||
+                      (PyLong_CheckExact(return_lse.ptr()) && PyLong_AsLong(return_lse.ptr()) >> 1 == 0);
+    const int truth = flag ? PyObject_IsTrue(return_lse.ptr()) : -1;
+    if (truth < 0) {
       PyErr_Clear();
       throw nb::type_error(("return_lse: expected a bool, got " + str_of(return_lse.ptr(), /*repr=*/true)).c_str());
     }
@@ -699,6 +804,10 @@ TreeArrays tree_of(const Index& parents, const Index& num_tokens, const Index& p
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
+  // run()'s number check for the other entries that take scales (run_op).
+  m.def(
+      "_number", [](const std::string& name, nb::handle x, float none) { return float_of(name.c_str(), x, none); },
+      nb::arg("name"), nb::arg("x").none(), nb::arg("none"));
   nb::class_<BoundRun>(m, "_BoundRun")
       .def("__call__", &BoundRun::operator(), nb::arg("stream") = nb::none(),
            "Launches the bound run on `stream` (None: the runner's stream source).");
@@ -839,7 +948,12 @@ NB_MODULE(_treeattn, m) {
     try {
       std::rethrow_exception(p);
     } catch (const treeattn::Error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
+      // Messages may quote a file's bytes (a malformed cost model): decoded
+      // leniently, so the ValueError is not replaced by a UnicodeDecodeError.
+      PyObject* msg = PyUnicode_DecodeUTF8(e.what(), Py_ssize_t(std::strlen(e.what())), "backslashreplace");
+      if (!msg) return;  // the decoder's error stands
+      PyErr_SetObject(PyExc_ValueError, msg);
+      Py_DECREF(msg);
     }
   });
 #if defined(TREEATTN_HAVE_CUDA)
@@ -854,6 +968,8 @@ NB_MODULE(_treeattn, m) {
   m.def(
       "_set_auto_cost_model",
       [](std::optional<std::string> path) {
+        if (path && path->find('\0') != std::string::npos)  // the file opened would be the path's prefix
+          throw nb::value_error("path: a file name with a NUL character");
         treeattn::set_default_auto_cost_model(
             path ? std::make_shared<const treeattn::AutoCostModel>(treeattn::load_auto_cost_model(*path)) : nullptr);
       },

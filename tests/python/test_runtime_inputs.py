@@ -3,6 +3,7 @@ each is a ValueError or TypeError naming the argument and the value, never
 another exception, a traceback inside the message, or a silently wrong answer.
 Each case here failed before its fix."""
 
+import json
 import re
 import warnings
 
@@ -173,3 +174,105 @@ def test_an_empty_pool_is_named_by_its_shape_not_its_strides():
     with pytest.raises(ValueError, match=re.escape("q: 0 queries, the plan has 2")):
         attn.run(np.zeros((0, H, D), np.float16), np.zeros((PAGES, PAGE, HKV, D), np.float16),
                  np.zeros((PAGES, PAGE, HKV, D), np.float16), out=q)
+
+
+def test_a_view_past_its_shrunk_storage_is_refused_not_read_or_written():
+    # untyped_storage().resize_(n) after the view was made (PyTorch checks nothing there): out and lse were
+    # written past their storage (a bus error or a corrupted heap), q and the pools read past theirs.
+    attn, q, k, v = planned()
+    ref = attn.run(q, k, v)
+    for name in ("q", "k_pool", "v_pool", "out", "lse"):
+        a = dict(q=q.clone(), k_pool=k.clone(), v_pool=v.clone(), out=torch.zeros_like(q),
+                 lse=torch.zeros(2, H, dtype=torch.float32))
+        a[name].untyped_storage().resize_(16)
+        for call in (lambda: attn.run(a["q"], a["k_pool"], a["v_pool"], a["out"], lse=a["lse"]),
+                     lambda: attn.bind(a["q"], a["k_pool"], a["v_pool"], a["out"], lse=a["lse"])):
+            with pytest.raises(ValueError, match=rf"^{name}: the view's elements span bytes \[0, \d+\) of its "
+                                                 r"storage, which holds 16 \(a storage resized"):
+                call()
+    # A view inside a larger storage (a slice of a layer-major cache) is still taken.
+    big = torch.zeros(3, *q.shape, dtype=q.dtype)
+    assert torch.equal(attn.run(q, k, v, big[1]), ref)
+
+
+def test_numpy_and_torch_bools_are_not_numbers_streams_or_flags_strings_are_not_streams():
+    from fractions import Fraction
+
+    attn, q, k, v = planned()
+    ref = attn.run(q, k, v)
+    # np.True_ / torch.tensor(True) ran with scale 1.0 (Python's True was refused).
+    for name in ("scale", "k_scale", "v_scale"):
+        for b in (np.True_, torch.tensor(True)):
+            with pytest.raises(TypeError, match=re.escape(f"{name}: expected a number, got {b!r}")):
+                attn.run(q, k, v, **{name: b})
+    with pytest.raises(ValueError, match=re.escape("scale = 11481306952742545242... is not representable as a "
+                                                   "float32 (it overflows)")):
+        attn.run(q, k, v, scale=2 ** 2000)
+    # '7', b'7', 1.5 as a NumPy or PyTorch number, a Fraction: taken as stream handles 7 and 1.
+    for stream in ("7", b"7", np.float32(1.5), np.True_, Fraction(3, 2), torch.tensor(1.5), torch.tensor(True)):
+        with pytest.raises(TypeError, match=re.escape(f"stream: expected a stream handle (an int), got {stream!r}")):
+            attn.run(q, k, v, stream=stream)
+        with pytest.raises(TypeError, match=re.escape("stream: expected a stream handle (an int)")):
+            attn.plan_tree(**TREE, stream=stream)
+    assert torch.equal(attn.run(q, k, v, stream=np.int64(0)), ref)
+    assert torch.equal(attn.run(q, k, v, stream=torch.tensor(0)), ref)
+    # return_lse='no' / [] read as true / false by their length.
+    for flag in ("no", [], 2):
+        with pytest.raises(TypeError, match=re.escape(f"return_lse: expected a bool, got {flag!r}")):
+            attn.run(q, k, v, return_lse=flag)
+    assert isinstance(attn.run(q, k, v, return_lse=np.True_), tuple)
+    for flag in ("no", np.array([1, 2])):
+        with pytest.raises(TypeError, match=re.escape("l2_persistent_plan: expected a bool, got ")):
+            make(l2_persistent_plan=flag)
+    attn.graph_launches = np.int64(0)  # NumPy ints as elsewhere (CPU: only 0)
+    assert attn.graph_launches == 0
+
+
+def test_text_arguments_with_nul_or_lone_surrogates_and_cost_models_of_bad_bytes_name_themselves(tmp_path):
+    # A path with a NUL opened the file named by its prefix; a lone surrogate was nanobind's
+    # "incompatible function arguments"; a cost-model file with a non-UTF-8 byte a UnicodeDecodeError.
+    good = tmp_path / "model.json"
+    good.write_text(json.dumps(treeattn.auto_cost_model()))
+    treeattn.set_auto_cost_model(str(good))  # the file itself is fine
+    for path in (str(good) + "\x00junk", "/tmp/\udcff.json"):
+        with pytest.raises(ValueError, match=r"^path: "):
+            treeattn.set_auto_cost_model(path)
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b'{"device": "x", "coefficients": \xff}')
+    with pytest.raises(ValueError, match=re.escape(str(bad))):
+        treeattn.set_auto_cost_model(str(bad))
+    treeattn.set_auto_cost_model(None)
+    with pytest.raises(ValueError, match=re.escape("planner: 'node\\x00x' contains a NUL character")):
+        make(planner="node\x00x")
+    with pytest.raises(ValueError, match=re.escape("planner: '\\udcff' is not valid text (a lone surrogate)")):
+        make(planner="\udcff")
+    with pytest.raises(ValueError, match=re.escape("plan_options: '\\udcff' is not valid text")):
+        make(plan_options={"\udcff": 1})
+
+
+def test_run_op_checks_what_run_checks():
+    from treeattn import torch_ops
+
+    if not torch_ops.available:
+        pytest.skip("torch.library.custom_op needs PyTorch >= 2.4")
+    attn, q, k, v = planned()
+    ref = attn.run(q, k, v)
+    out = torch.zeros_like(q)
+    # A meta tensor took the op to its fake kernel: nothing computed, no error.
+    for name, a in (("q", (q.to("meta"), k, v, out)), ("k_pool", (q, k.to("meta"), v, out)),
+                    ("out", (q, k, v, out.to("meta")))):
+        with pytest.raises(ValueError, match=re.escape(f"{name}: expected a tensor on cpu (the TreeAttention's "
+                                                       "device), got one on meta")):
+            attn.run_op(*a)
+    # A negated out was written through a temporary, then PyTorch's "Expected Tensor but got None".
+    with pytest.raises(ValueError, match=re.escape("out: a tensor with its negative or conjugate bit set")):
+        attn.run_op(q, k, v, torch.zeros_like(q)._neg_view())
+    # Scales through a bare float(): True accepted as 1.0, 'abc' / arrays / 2**2000 not naming the argument.
+    for value, err, text in ((True, TypeError, "scale: expected a number, got True"),
+                             ("abc", TypeError, "scale: expected a number, got 'abc'"),
+                             (np.array([1.0, 2.0]), TypeError, "scale: expected a number, got array([1., 2.])"),
+                             (2 ** 2000, ValueError, "scale = 11481306952742545242... is not representable")):
+        with pytest.raises(err, match=re.escape(text)):
+            attn.run_op(q, k, v, out, scale=value)
+    assert not out.any()
+    assert torch.equal(attn.run_op(q, k, v, out), ref)
