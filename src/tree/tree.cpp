@@ -196,6 +196,9 @@ void Workload::validate(ValidateScratch* scratch) const {
   // it starts inside one) are sorted by (page, first slot) to find overlaps
   // when two share a page. Otherwise every use is sorted: memory follows the
   // pages the tree uses, not num_pages (which may be up to 2^46 / row size).
+  // A kept scratch (the runtime's) has the bits whatever the tree, up to
+  // num_pages = 2^30: num_pages / 4 bytes (256 MiB at 2^30), against a K pool
+  // of num_pages x page_size x kv heads x head_dim elements that run() requires.
   using PageUse = ValidateScratch::PageUse;
   const bool pages_checked = scratch && scratch->pages_checked;
   int64_t refs = 0;
