@@ -55,26 +55,4 @@ for b in base new; do
     "$KAB/$b/treeattn" bench --suite $s --quick -p auto --out "$KAB/$b-$s" >"$OUT/quick_${b}_$s.log" 2>&1
   done
 done
-python3 - "$OUT/ab.txt" <<'PY'
-import os, re, sys, collections, statistics
-t = collections.defaultdict(list)
-cur = None
-for line in open(sys.argv[1]):
-    m = re.match(r"### round \d+ bin (\S+) heads (\S+)", line)
-    if m: b, h = m.groups(); continue
-    m = re.match(r"([a-z]+:\S+) ", line)
-    if m: cur = m.group(1).replace(os.environ["TREEATTN_DATA_DIR"] + "/workloads/", ""); continue
-    # "  auto  <units> <slots> <us> ...": the time is the third number.
-    m = re.match(r"\s+auto\s+\d+\s+\d+\s+([0-9.]+)", line)
-    if m and cur: t[(cur, h, b)].append(float(m.group(1)))
-keys = sorted({(w, h) for (w, h, b) in t})
-ratios = []
-print(f"{'config':70s} {'heads':6s} {'base us':>9s} {'new us':>9s} {'new/base':>8s}")
-for w, h in keys:
-    a, n = t.get((w, h, 'base')), t.get((w, h, 'new'))
-    if not a or not n: continue
-    a, n = min(a), min(n)
-    ratios.append(n / a)
-    print(f"{w[:70]:70s} {h:6s} {a:9.1f} {n:9.1f} {n/a:8.3f}")
-if ratios: print(f"geomean new/base over {len(ratios)}: {statistics.geometric_mean(ratios):.3f}")
-PY
+python3 "$ROOT/scripts/ab_table.py" "$OUT/ab.txt" base new
