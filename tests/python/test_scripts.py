@@ -207,3 +207,27 @@ def test_fit_auto_cost_reads_ab_pairs(tmp_path):
     favour_b[fac.FEATURES.index("launches")] = 1.0  # B's one launch priced faster: B taken, 1.2x slower
     assert fb @ favour_b < 0.95 * (fa @ favour_b)
     assert fac.pair_score(pairs, favour_b) == 0
+
+
+def test_ab_table_takes_each_binarys_fastest_round_and_ratios_to_the_first(tmp_path):
+    """scripts/ab_table.py on a made-up medusa_ab.sh log: two rounds, three binaries, a config one
+    binary lacks, a workload path under TREEATTN_DATA_DIR shortened."""
+    data = tmp_path / "data"
+    lines = []
+    for rnd, times in ((1, {"v0": (10.0, 40.0), "v1": (9.0, 44.0), "v2": (12.0, None)}),
+                       (2, {"v0": (11.0, 38.0), "v1": (8.0, 45.0), "v2": (11.0, None)})):
+        for b, (a, m) in times.items():
+            lines.append(f"### round {rnd} bin {b} heads 32/8")
+            lines.append("fasttree:N=1,10:C=4000,400  (10 queries, ...)")
+            lines.append(f"    auto        12   2 {a:10.1f}        0.0   1.00 MB")
+            if m is not None:
+                lines.append(f"medusa:{data}/workloads/APPS_tree_size32.json:record=0  (33 queries, ...)")
+                lines.append(f"    auto        30   3 {m:10.1f}        0.0   9.00 MB")
+    log = tmp_path / "ab.txt"
+    log.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "ab_table.py"), str(log), "v0", "v1", "v2"],
+                         capture_output=True, text=True, check=True, env={"TREEATTN_DATA_DIR": str(data)}).stdout
+    rows = {l.split()[0]: l.split() for l in out.splitlines() if l.startswith(("fasttree", "medusa"))}
+    assert rows["fasttree:N=1,10:C=4000,400"][2:] == ["10.0", "8.0", "11.0", "0.800", "1.100"], out
+    assert rows["medusa:APPS_tree_size32.json:record=0"][2:] == ["38.0", "44.0", "nan", "1.158", "nan"], out
+    assert "geomean v1/v0 over 2: 0.962" in out and "geomean v2/v0 over 1: 1.100" in out, out
