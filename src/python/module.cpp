@@ -688,8 +688,9 @@ AttentionArgs read_args(const TreeAttention& ta, const Where& where, nb::handle 
                       float_of("k_scale", k_scale, 1.f), float_of("v_scale", v_scale, 1.f));
 }
 
-// A stream argument as the handle (cudaStream_t) it names: an int, or an
-// object with __int__ (a PyTorch or CuPy stream). run() and plan_*() alike.
+// A stream argument as the handle (cudaStream_t) it names: an integer, or an
+// object whose int() is the handle (a stream wrapper that defines __int__;
+// torch.cuda.Stream does not: pass its .cuda_stream). run() and plan_*() alike.
 uintptr_t stream_handle(nb::handle s) {
   const auto refuse = [&] {
     throw nb::type_error(("stream: expected a stream handle (an int), got " + str_of(s.ptr(), /*repr=*/true)).c_str());
