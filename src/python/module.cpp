@@ -633,20 +633,6 @@ AttentionArgs checked_args(const TreeAttention& ta, const View& q, const View& k
   return a;
 }
 
-// A boolean: Python's, or a NumPy / PyTorch one (np.True_, torch.tensor(True)),
-// which would convert to the number 1 where a number or a handle belongs.
-bool bool_like(PyObject* o) {
-  if (PyBool_Check(o)) return true;
-  if (PyLong_CheckExact(o) || PyFloat_CheckExact(o)) return false;
-  nb::object dtype = nb::steal(PyObject_GetAttrString(o, "dtype"));
-  if (!dtype.is_valid()) {
-    PyErr_Clear();
-    return false;
-  }
-  const std::string d = str_of(dtype.ptr());
-  return d == "bool" || d == "torch.bool";
-}
-
 // A float argument; None: `none`.
 float float_of(const char* name, nb::handle x, float none) {
   if (x.is_none()) return none;

@@ -507,3 +507,59 @@ def test_cli_program_kind_alone_takes_its_defaults_and_an_unknown_kind_lists_eve
     err = capsys.readouterr().err
     assert e.value.code == 2 and "unknown kind 'bogus'" in err, err
     assert all(f"'{kind}'" in err for kind in ("shared", "spec", "tot", "tot-live")), err
+
+
+def test_hostile_arguments_are_named_before_anything_changes():
+    """Found by a bad-input sweep: fork(seq, 10**9) looped without end (a page-aligned sequence
+    copies nothing), add(range(10**11)) built the whole list first, float and bool tokens were
+    staged as ints, non-sequences, a list of ids and bad seeds escaped as AttributeError,
+    IndexError or RuntimeError, a one-shot iterator with a bad id as StopIteration."""
+    import numpy as np
+    from treeattn.engine import SamplingParams, run_program, sample
+
+    engine = build_engine(load_model("random:tiny", dtype="fp32"), "torch-ref", "cpp", page_size=4, num_pages=32,
+                          max_batch=8)
+    free = engine.cache.num_free_pages()
+    aligned, _ = engine.add([1, 2, 3, 4])
+    with pytest.raises(InputError, match=re.escape("n = 1000000000: more children than the KV cache's 31 pages")):
+        engine.fork(aligned, 10 ** 9)
+    with pytest.raises(InputError, match=re.escape("prompt: 100000000000 tokens need 25000000000 pages of 4")):
+        engine.add(range(10 ** 11))
+    with pytest.raises(InputError, match=re.escape("prompt: more than 124 tokens need more than 31 pages of 4")):
+        engine.add(iter(range(10 ** 11)))
+    for tokens, text in (([True, 2, 3], "tokens: token ids are ints, got True"),
+                         (iter([1, "x"]), "tokens: token ids are ints, got 'x'"),
+                         ({1: 2}, "tokens: expected a sequence of token ids (ints), got dict"),
+                         (torch.ones(3, dtype=torch.bool), "tokens: expected a sequence of token ids (ints), got Tensor")):
+        with pytest.raises(TypeError, match=re.escape(text)):
+            engine.add(tokens)
+    seq, logits = engine.add([5, 6, 7])
+    for pending in (7.9, True, np.float64(7.9)):
+        seq.tokens.append(pending)
+        with pytest.raises(TypeError, match=re.escape(f"seqs[0]: pending token {pending!r} is not a token id")):
+            engine.decode([seq])
+        seq.tokens.pop()
+    for call, err, text in ((lambda: engine.decode([1]), TypeError, "seqs[0]: expected a Sequence"),
+                            (lambda: engine.forest([1]), TypeError, "seqs[0]: expected a Sequence"),
+                            (lambda: engine.release(None), TypeError, "seq: expected a Sequence"),
+                            (lambda: engine.decode([seq], ids=[7]), TypeError, "ids: expected an int64 tensor [1]"),
+                            (lambda: sample(torch.zeros(5), SamplingParams(0.0, 1.0, 0)), ValueError,
+                             "logits: expected a tensor [batch, vocab] with vocab >= 1, got (5,)"),
+                            (lambda: make_program(None, 100), TypeError, "spec: expected a program spec (str)"),
+                            (lambda: make_program("sample:n=99999999999", 100), InputError,
+                             "token ids, more than this host's memory"),
+                            (lambda: make_program("independent:seqs=1,prompt=4", 2 ** 80), ValueError,
+                             "vocab_size = 1208925819614629174706176: expected an int in [1, 2**31)"),
+                            (lambda: run_program(engine, None), TypeError, "program: expected a Program"),
+                            (lambda: run_program(engine, make_program("independent:seqs=1,prompt=4,gen=2", 100),
+                                                 seed="x"), TypeError, "seed: expected an int, got 'x'"),
+                            (lambda: build_engine(None), TypeError, "model: expected a CausalLM")):
+        with pytest.raises(err, match=re.escape(text)):
+            call()
+    assert engine.prepare([1]) is False
+    seq.tokens.append(np.int64(9))     # NumPy ints are ids
+    engine.decode([seq])
+    assert len(engine.fork(aligned, np.int64(2))) == 2
+    assert make_program("independent:seqs=1,prompt=4", np.int64(512)).kind == "independent"
+    engine.cache.check()
+    assert engine.cache.num_free_pages() < free    # the sequences above still hold theirs

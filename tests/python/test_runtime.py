@@ -1487,3 +1487,48 @@ def test_set_auto_cost_model_changes_autos_choice_and_names_bad_files(tmp_path):
     with pytest.raises(ValueError, match="no_such_table.json"):
         treeattn.set_auto_cost_model(tmp_path / "no_such_table.json")
     assert treeattn.auto_cost_model() == builtin, "a refused table leaves the one in use"
+
+
+def test_radix_cache_refuses_bool_arrays_bytes_huge_sequences_and_names_raising_indexes():
+    """Found by a bad-input sweep: torch.tensor(True) locked node 1, a bool tensor or a
+    memoryview / bytearray were read as token ids, an ndim that is not an int was a
+    RuntimeError (std::bad_cast), an __index__ that raises escaped as its own exception, a
+    huge range was copied whole (gigabytes) before any check, NumPy ints were refused by the
+    constructor, alloc(-1) / evict(-5) did not name their argument."""
+    c = treeattn.RadixCache(16, 4)
+    node = c.insert(list(range(8)), c.alloc(2))
+    free, cached = c.num_free_pages(), c.num_cached_pages()
+
+    class NDim:
+        ndim = "x"
+
+        def __iter__(self):
+            return iter([1, 2, 3, 4])
+
+    class RaisingIndex:
+        def __index__(self):
+            return 1 // 0
+
+    for call, err, text in [
+            (lambda: c.lock(torch.tensor(True)), TypeError, "node: expected an int, got torch.Tensor"),
+            (lambda: c.match_prefix(torch.ones(4, dtype=torch.bool)), TypeError,
+             "tokens: expected a sequence of ints or a 1-D int array, got torch.Tensor"),
+            (lambda: c.match_prefix(memoryview(b"abcd")), TypeError, "got memoryview"),
+            (lambda: c.match_prefix(bytearray(b"abcd")), TypeError, "got bytearray"),
+            (lambda: c.match_prefix([np.True_, 1, 2, 3]), TypeError, "tokens[0]: expected an int, got bool"),
+            (lambda: c.match_prefix(NDim()), ValueError, "tokens: expected a 1-D array, got ndim 'x'"),
+            (lambda: c.lock(RaisingIndex()), TypeError, "node: expected an int, got "),
+            (lambda: c.insert(range(2 ** 31), [0]), ValueError,
+             "tokens: 2147483648 elements, more than the 64 the cache can hold"),
+            (lambda: c.free(range(17)), ValueError, "pages: 17 elements, more than the 16 the cache can hold"),
+            (lambda: c.alloc(-1), ValueError, "n = -1 is out of range [0, "),
+            (lambda: c.evict(-5), ValueError, "num_pages = -5 is out of range [0, ")]:
+        with pytest.raises(err, match=re.escape(text)):
+            call()
+    assert (c.num_free_pages(), c.num_cached_pages()) == (free, cached)
+    c.check()
+    # A match reads at most what the cache can hold: range(10**9) is not copied whole.
+    assert c.match_prefix(range(10 ** 9))[:2] == (node, 8)
+    assert c.match_prefix(iter(range(10 ** 9)))[:2] == (node, 8)
+    assert treeattn.RadixCache(np.int64(16), np.int32(4)).num_pages == 16
+    assert len(c.alloc(np.array(2))) == 2   # a 0-d integer array is an int

@@ -18,6 +18,8 @@ def build_engine(model, attention="torch-ref", cache="auto", page_size=16, num_p
     """An Engine with a pool of num_pages pages (the last one is scratch), its cache and its
     attention backend sized for max_batch queries plus max_drafts speculative draft tokens
     per step (each one more query, node and page reference)."""
+    if not isinstance(model, CausalLM):
+        raise TypeError(f"model: expected a CausalLM (load_model()), got {type(model).__name__}")
     check_sizes(page_size=(page_size, 1), num_pages=(num_pages, 2), max_batch=(max_batch, 1),
                  max_drafts=(max_drafts, 0))
     w = model.model.embed_tokens.weight

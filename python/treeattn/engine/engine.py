@@ -3,8 +3,10 @@ Sequences enter with add() (longest cached prefix reused, the rest prefilled, wh
 published to the cache), split with fork() (parallel samples), and advance together with
 decode(): one forest (cached radix paths + each sequence's tail node), one plan, one run()
 per layer."""
+import itertools
 import numbers
 import operator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,17 +27,28 @@ def check_sizes(**sizes):
             raise ValueError(f"{name} = {value}: expected >= {least}")
 
 
-def _token_ids(name, tokens, vocab):
-    """tokens as a list of ints in [0, vocab): ValueError / TypeError naming the first bad one."""
-    try:
-        ids = [operator.index(t) for t in tokens]
-    except TypeError:
-        bad = next(t for t in tokens if not _is_index(t))
-        raise TypeError(f"{name}: token ids are ints, got {bad!r}") from None
+def _token_ids(name, tokens, vocab, max_len):
+    """tokens as a list of ints in [0, vocab): ValueError / TypeError naming the first bad one.
+    At most max_len + 1 of them are read (a longer prompt is refused by its length, not
+    copied whole first); an iterator is read once."""
+    if (isinstance(tokens, (str, bytes, bytearray, memoryview, Mapping)) or not hasattr(tokens, "__iter__")
+            or _is_bool(tokens)):
+        raise TypeError(f"{name}: expected a sequence of token ids (ints), got {type(tokens).__name__}")
+    items = list(itertools.islice(tokens, max_len + 1))
+    if not set(map(type, items)) <= {int}:   # else every id is a Python int (the common case)
+        bad = next((t for t in items if _is_bool(t) or not _is_index(t)), None)
+        if bad is not None:
+            raise TypeError(f"{name}: token ids are ints, got {bad!r}")
+    ids = [operator.index(t) for t in items]
     bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
     if bad is not None:
         raise ValueError(f"{name}[{bad}] = {ids[bad]} is outside the vocabulary [0, {vocab})")
     return ids
+
+
+def _is_bool(t):
+    """A bool, NumPy's or PyTorch's too (or an array of them), which operator.index takes as 0 or 1."""
+    return isinstance(t, (bool, np.bool_)) or str(getattr(t, "dtype", "")) in ("bool", "torch.bool")
 
 
 def _is_index(t):
@@ -46,12 +59,16 @@ def _is_index(t):
         return False
 
 
-def _check_live(seqs):
-    """ValueError naming the first sequence release() (or fork(), which releases its
-    parent) already ended: its pages are back in the pool, possibly another sequence's."""
-    if any(s.node is None for s in seqs):
-        i = next(i for i, s in enumerate(seqs) if s.node is None)
-        raise ValueError(f"seqs[{i}]: a released sequence (release() or fork() ended it; its pages "
+def _check_live(seqs, name="seqs"):
+    """TypeError naming the first item that is not a Sequence; ValueError naming the first
+    sequence release() (or fork(), which releases its parent) already ended: its pages are
+    back in the pool, possibly another sequence's."""
+    if any(not isinstance(s, Sequence) or s.node is None for s in seqs):
+        i = next(i for i, s in enumerate(seqs) if not isinstance(s, Sequence) or s.node is None)
+        where = f"seqs[{i}]" if name == "seqs" else name
+        if not isinstance(seqs[i], Sequence):
+            raise TypeError(f"{where}: expected a Sequence (from add() or fork()), got {seqs[i]!r}")
+        raise ValueError(f"{where}: a released sequence (release() or fork() ended it; its pages "
                          "may hold another sequence's KV now)")
 
 
@@ -152,13 +169,15 @@ class Engine:
     # -- sequences ----------------------------------------------------------------------
     def add(self, tokens):
         """Prefill a prompt onto its longest cached prefix. Returns (seq, logits [vocab])."""
-        tokens = _token_ids("tokens", tokens, self.model.cfg.vocab_size)
+        given = len(tokens) if hasattr(tokens, "__len__") else None
+        tokens = _token_ids("tokens", tokens, self.model.cfg.vocab_size, self.capacity * self.page_size)
         n = len(tokens)
         if n == 0:
             raise InputError("tokens: empty prompt")
-        if _ceil_div(n, self.page_size) > self.capacity:
-            raise InputError(f"prompt: {n} tokens need {_ceil_div(n, self.page_size)} pages of "
-                             f"{self.page_size}, the KV cache holds {self.capacity} pages")
+        if _ceil_div(n, self.page_size) > self.capacity:   # n: at most one past the capacity (read so far)
+            count = f"{given} tokens need {_ceil_div(given, self.page_size)} pages" if given is not None else \
+                f"more than {self.capacity * self.page_size} tokens need more than {self.capacity} pages"
+            raise InputError(f"prompt: {count} of {self.page_size}, the KV cache holds {self.capacity} pages")
         window = self.model.cfg.sliding_window
         if window and n > window:
             raise InputError(f"prompt: {n} tokens exceed the model's sliding_window {window}")
@@ -191,7 +210,7 @@ class Engine:
 
     def publish(self, seq):
         """Hand seq's whole computed pages to the radix cache so later prompts share them."""
-        _check_live([seq])
+        _check_live([seq], "seq")
         self._invalidate()
         full = seq.kv_len // self.page_size * self.page_size
         if full <= seq.cached_len:
@@ -211,9 +230,12 @@ class Engine:
         """n sequences continuing seq (which is consumed). They share its cached pages;
         its leftover rows past the last whole page are copied into each child's tail (one
         copy for all children)."""
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"n: expected a number of children >= 1, got {n!r} (release(seq) ends a sequence)")
-        _check_live([seq])
+        if n > self.capacity:   # each child needs a page of its own to decode a token
+            raise InputError(f"n = {n}: more children than the KV cache's {self.capacity} pages (each needs "
+                             "one to decode)")
+        _check_live([seq], "seq")
         self.publish(seq)
         left = seq.kv_len - seq.cached_len       # < page_size after publish
         children = []
@@ -241,7 +263,7 @@ class Engine:
 
     def release(self, seq, publish=True):
         """Finish seq: optionally keep its whole pages cached, free its tail, unlock."""
-        _check_live([seq])
+        _check_live([seq], "seq")
         self._invalidate()
         if publish:
             self.publish(seq)
@@ -270,6 +292,7 @@ class Engine:
         (holding tokens [cached_len, kv_len] incl. the pending one), then, when padding to
         num_queries, a scratch node for the padded queries. (Fresh copies: the engine's own
         planning uses the cached arrays in place.)"""
+        _check_live(seqs)
         return tuple(a.copy() for a in self._forest(seqs, num_queries))
 
     def _forest(self, seqs, num_queries=None):
@@ -314,7 +337,8 @@ class Engine:
         seqs changed in between. Returns False (nothing prepared) where decode(seqs) would
         raise: decode() then raises."""
         self._ahead = None
-        if not 0 < len(seqs) <= self.max_batch or _repeated(seqs) is not None or any(s.node is None for s in seqs):
+        if (not 0 < len(seqs) <= self.max_batch or any(not isinstance(s, Sequence) or s.node is None for s in seqs)
+                or _repeated(seqs) is not None):
             return False
         try:
             for s in seqs:
@@ -350,6 +374,8 @@ class Engine:
             raise ValueError(f"seqs: expected 1..max_batch={self.max_batch} sequences, "
                              f"got {len(seqs)}")
         n = len(seqs)
+        if ids is not None and not isinstance(ids, torch.Tensor):
+            raise TypeError(f"ids: expected an int64 tensor [{n}] on {self.device}, got {type(ids).__name__}")
         if ids is not None and (ids.shape != (n,) or ids.dtype != torch.long or ids.device != self.device):
             raise ValueError(f"ids: expected an int64 tensor [{n}] on {self.device}, got "
                              f"{ids.dtype} {tuple(ids.shape)} on {ids.device}")
@@ -358,11 +384,19 @@ class Engine:
             # Each sequence's pending token, checked before any state changes.
             try:
                 pending = [s.tokens[s.kv_len] for s in seqs]
+            except AttributeError:   # not a Sequence
+                _check_live(seqs)
+                raise
             except IndexError:
                 _check_live(seqs)
                 i = next(i for i, s in enumerate(seqs) if len(s.tokens) <= s.kv_len)
                 raise ValueError(f"seqs[{i}]: no pending token (kv_len {seqs[i].kv_len}, {len(seqs[i].tokens)} "
                                  "tokens): append the next token to seq.tokens before decode(), or pass ids") from None
+            if not set(map(type, pending)) <= {int}:   # else every one is a Python int (the common case)
+                for i, t in enumerate(pending):
+                    if _is_bool(t) or not _is_index(t):
+                        raise TypeError(f"seqs[{i}]: pending token {t!r} is not a token id (an int)")
+                pending = [operator.index(t) for t in pending]
             vocab = self.model.cfg.vocab_size
             if not 0 <= min(pending) <= max(pending) < vocab:
                 i = next(i for i, t in enumerate(pending) if not 0 <= t < vocab)

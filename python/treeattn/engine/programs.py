@@ -1,6 +1,7 @@
 """Tree programs: the batches whose prefixes are shared, parsed from a spec such as
 "shared:prompt=4000,branches=64,gen=256", and run_program(), the prefill + decode loop that
 runs one on an Engine and records what the CLI reports (and the logits tests compare)."""
+import numbers
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -87,10 +88,16 @@ def make_program(spec: str, vocab_size: int, seed: int = 0, max_kv_tokens: int =
     """Random token ids (seeded); distinct segments so only the intended prefixes match.
     The sizes are checked first (errors.check_program_size; max_kv_tokens: the most KV
     tokens the device holds, kv.max_kv_tokens)."""
+    if not isinstance(spec, str):
+        raise TypeError(f"spec: expected a program spec (str), got {type(spec).__name__}")
     kind, p = parse_spec(spec)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-        raise ValueError(f"vocab_size = {vocab_size!r}: expected an int >= 1")
+    # token ids are int32 in the radix cache
+    if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(vocab_size, numbers.Integral) or not 1 <= vocab_size < 2**31:
+        raise ValueError(f"vocab_size = {vocab_size!r}: expected an int in [1, 2**31)")
+    _check_seed(seed)
     check_program_size(f"program {spec!r}", *prompt_sizes(kind, p), max_kv_tokens)
+    if kind == "sample":   # fork() copies the prompt's token list into each of the n samples
+        check_program_size(f"program {spec!r}", p["n"] * (p["prompt"] + 1), 0)
     rng = np.random.default_rng(seed)
     rand = lambda n: rng.integers(0, vocab_size, n).tolist()
     samples = 1
@@ -143,6 +150,14 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def _check_seed(seed):
+    """A generator seed: an int in [0, 2**63)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed: expected an int, got {seed!r}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed = {seed}: expected an int in [0, 2**63)")
+
+
 def release_all(engine, seqs):
     """Release every sequence (without publishing), going on past one that fails: what a
     run does with its sequences when it stops on an error."""
@@ -157,7 +172,10 @@ def run_program(engine, program, seed=0, steps=None, record_logits=False,
                 time_attention=False, on_step=None) -> RunResult:
     """Prefill every prompt (forking samples), then decode all sequences together for
     min(gen - 1, steps) steps: each step samples one token per sequence."""
-    gen = torch.Generator(device=engine.device).manual_seed(seed)
+    if not isinstance(program, Program):
+        raise TypeError(f"program: expected a Program (make_program()), got {type(program).__name__}")
+    _check_seed(seed)
+    gen = torch.Generator(device=engine.device).manual_seed(int(seed))
     seqs, logits_rows = [], []
     try:  # on an error the sequences made so far are released: their pages are not lost
         _sync(engine.device)

@@ -47,6 +47,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator=None,
            race=exponential_race) -> torch.Tensor:
     """logits [B, V] -> token ids [B] (int64, same device). race: exponential_race or its
     compiled version (ops.Ops.race)."""
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"logits: expected a tensor [batch, vocab] with vocab >= 1, got "
+                         f"{tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__}")
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
     if params.temperature == 0:
         return logits.argmax(dim=-1)
     inv_temperature = 1.0 / params.temperature
