@@ -45,23 +45,36 @@
 
 namespace treeattn::cuda {
 
+// The shared memory of the skip of unseen masked tiles (AttnTraits::
+// kSkipUnseen): per segment, the warps whose real rows see it (bit w: warp
+// w), per warp the segments its real rows see (bit k: segment k), both for
+// masked units only; per row, the segments it sees (every unit: the other
+// tiles keep their rows' in registers). None (an empty base) elsewhere.
+template <bool kSkipUnseen, int M, int kWarps>
+struct SmemSkip {
+  uint32_t seg_warps[kMaxSegmentsPerUnit];
+  uint64_t warp_sees[kWarps];
+  uint64_t row_mask[M];
+};
+template <int M, int kWarps>
+struct SmemSkip<false, M, kWarps> {};
+
 // Bookkeeping shared memory of one CTA. Slot i of the ring describes the tile
 // loaded into stage i % stages (the ring has one slot more than stages, so the
 // slot for tile t + S can be filled while tile t is computed and tile t + S - 1
 // is being issued).
-template <int kMaxSlots, int N, int M, int WN>
-struct SmemMisc {
+template <int kMaxSlots, int N, int M, int WN, bool kSkipUnseen>
+struct SmemMisc : SmemSkip<kSkipUnseen, M, M / 16 * WN> {
   SegDesc seg[kMaxSegmentsPerUnit];          // the unit's segment records
   uint64_t ent_mask[M];                      // the unit's entries (nent <= M rows)
   int32_t ent_query[M];
   int32_t ent_slot[M];
   int32_t row[kMaxSlots][N];                 // token row (page * page_size + slot), -1: past the end
-  uint8_t pos_seg[kMaxSlots][N];             // segment of each position, 255: past the end
-  uint32_t tile_flag[kMaxSlots][N / 32];     // ballot: positions that need the mask
-  // Masked units only: per 32 positions of a slot's tile, the segments they
-  // lie in (bit k: segment k); per warp, the segments its real rows see.
-  uint64_t tile_segs[kMaxSlots][N / 32];
-  uint64_t warp_sees[M / 16 * WN];
+  uint8_t pos_seg[kMaxSlots][N];             // segment of each position, 255: past the end (after row: 4-byte aligned)
+  // Per 32 positions of a slot's tile: [0] the ballot of the positions that
+  // need the mask; [1] (masked units of tiles that skip unseen tiles,
+  // kSkipUnseen) the warps whose real rows see one of them (bit w: warp w).
+  uint32_t tile_flag[kMaxSlots][N / 32][kSkipUnseen ? 2 : 1];
   float row_m[WN][M];                        // per-slice softmax state, log2 units
   float row_d[WN][M];
   int32_t next_item;                         // persistent launches: the item after this one
@@ -136,7 +149,13 @@ struct AttnTraits {
   static constexpr bool kPersistent = M <= 32 && D <= 128;
   static constexpr int kMinBlocksPerSm =
       (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : (kWgmma && M == 128 && D <= 128) ? 2 : 1;
-  using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
+  // Masked tiles that no row of a warp (mma.sync) or warpgroup (wgmma) sees
+  // are skipped by it (the K/V loop): only where a tile has several such
+  // groups of rows (one group's rows are all of the unit's, and each segment
+  // is seen by some entry), and not on the fp8 128-row tile, whose K/V loop
+  // would spill at its 128-register cap.
+  static constexpr bool kSkipUnseen = kWgmmaShape ? M / 64 > 1 && !kKvFp8 : kWarpsM > 1;
+  using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN, kSkipUnseen>;
   // Layout: [misc][Q][converted K, V (fp8 only)][K stages][V stages]; every
   // tile starts 1024-byte aligned (the 128-byte swizzle repeats every 8 rows
   // of 128 bytes, and wgmma applies it to absolute shared addresses).
@@ -236,12 +255,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   constexpr int kFillStride = Tr::kWarps / (N / 32);
   static_assert(kFillStride >= 1 && Tr::kWarps % (N / 32) == 0, "whole filler warps");
   const int fill_pos = warp % kFillStride == (warp / kFillStride) % kFillStride ? (warp / kFillStride) * 32 + lane : -1;
-  // Masked tiles that no row of a warp (mma.sync) or warpgroup (wgmma) sees
-  // are skipped by it (the K/V loop): only where a tile has several such
-  // groups of rows (one group's rows are all of the unit's, and each segment
-  // is seen by some entry), and not on the fp8 128-row tile, whose K/V loop
-  // would spill at its 128-register cap.
-  constexpr bool kSkipUnseen = Tr::kWgmma ? M / 64 > 1 && !Tr::kKvFp8 : WM > 1;
+  constexpr bool kSkipUnseen = Tr::kSkipUnseen;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
   // Row r of a tile is head r % G of entry r / G (GQA packing).
   const auto entry_of_row = [&](int r) { return int(p.group_divisor.divide(uint32_t(r))); };
@@ -309,17 +323,22 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
       return l;
     };
-    auto commit = [&](const Lookup& l, int sl) {
+    // busy: the busy warps of masked units (kSkipUnseen) from seg_warps;
+    // else every warp is marked busy (the prologue's tiles: seg_warps is not
+    // there yet).
+    auto commit = [&](const Lookup& l, int sl, bool busy) {
       if (fill_pos >= 0) {
         const bool valid = l.seg != 255;
         misc.row[sl][fill_pos] = valid ? l.page * p.rows_per_page + l.slot : -1;
         misc.pos_seg[sl][fill_pos] = uint8_t(l.seg);
         const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
         const uint32_t b = __ballot_sync(0xffffffffu, need);
-        if (lane == 0) misc.tile_flag[sl][fill_pos / 32] = b;
-        if (kSkipUnseen && any_missing != 0) {
-          const uint64_t segs = warp_or(valid ? uint64_t(1) << (l.seg & 63) : 0);
-          if (lane == 0) misc.tile_segs[sl][fill_pos / 32] = segs;
+        if constexpr (kSkipUnseen) {
+          const uint32_t warps = !busy || any_missing == 0 ? ~0u
+                                 : __reduce_or_sync(0xffffffffu, valid ? misc.seg_warps[l.seg & 63] : 0u);
+          if (lane == 0) *reinterpret_cast<uint2*>(misc.tile_flag[sl][fill_pos / 32]) = make_uint2(b, warps);
+        } else {
+          if (lane == 0) misc.tile_flag[sl][fill_pos / 32][0] = b;
         }
       }
     };
@@ -413,6 +432,21 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if (t < S && t < num_tiles) first[t] = lookup(t, true);
     }
     __syncthreads();
+    // The segments this warp's real rows see (padded rows see none): after
+    // the next barrier, seg_warps is made from them.
+    if constexpr (kSkipUnseen) {
+      if (masked) {
+        uint64_t sees = 0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = wm * 16 + (lane >> 2) + 8 * i;
+          if (r < rows) sees |= misc.ent_mask[entry_of_row(r)];
+        }
+        sees = warp_or(sees);
+        if (lane == 0) misc.warp_sees[warp] = sees;
+      }
+      for (int r = tid; r < M; r += kThreads) misc.row_mask[r] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
+    }
 
     // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
     {
@@ -437,31 +471,35 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     }
 #pragma unroll
     for (int t = 0; t < Tr::kMaxStages; ++t)
-      if (t < S && t < num_tiles) commit(first[t], t);
+      if (t < S && t < num_tiles) commit(first[t], t, false);
     Lookup next = lookup(S);  // tile S, committed in iteration 0
     __syncthreads();
+    // Segment k's warps, for the tiles committed in the loop (after its
+    // first barrier).
+    if constexpr (kSkipUnseen) {
+      if (masked && tid < nseg) {
+        uint32_t warps = 0;
+#pragma unroll
+        for (int w = 0; w < Tr::kWarps; ++w) warps |= uint32_t((misc.warp_sees[w] >> tid) & 1) << w;
+        misc.seg_warps[tid] = warps;
+      }
+    }
     for (int t = 0; t < S - 1; ++t) {
       if (t < num_tiles) issue(t, t);
       cp_async_commit();
     }
 
-    // Rows of this thread in the mma accumulators: r0 = lane / 4 and r0 + 8 of
-    // the warp's row block.
-    uint64_t rmask[2];
+    // The segments seen by the rows of this thread in the mma accumulators:
+    // r0 = lane / 4 and r0 + 8 of the warp's row block (kSkipUnseen: read
+    // from row_mask where a tile needs them, which leaves the K/V loop the
+    // registers its skip test takes).
+    uint64_t rmask[2] = {~0ull, ~0ull};
+    if constexpr (!kSkipUnseen) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = wm * 16 + (lane >> 2) + 8 * i;
-      rmask[i] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
-    }
-    // The segments this warp's real rows see (padded rows see none), for the
-    // skip of masked tiles in the loop; visible after its first barrier.
-    if (kSkipUnseen && masked) {
-      uint64_t sees = 0;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        if (wm * 16 + (lane >> 2) + 8 * i < rows) sees |= rmask[i];
-      sees = warp_or(sees);
-      if (lane == 0) misc.warp_sees[warp] = sees;
+      for (int i = 0; i < 2; ++i) {
+        const int r = wm * 16 + (lane >> 2) + 8 * i;
+        rmask[i] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
+      }
     }
 
     float o[D / 8][4];
@@ -511,7 +549,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         __syncthreads();
       }
       if (t + S < num_tiles) {
-        commit(next, sl_fill);
+        commit(next, sl_fill, true);
         next = lookup(t + S + 1);
       }
 
@@ -519,26 +557,26 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const uint8_t* Ks = Tr::kKvFp8 && Tr::kWgmma ? sKc : sK + st * Tr::kStageBytes;
       const uint8_t* Vs = Tr::kKvFp8 && Tr::kWgmma ? sVc : sV + st * Tr::kStageBytes;
 
-      // A masked tile whose segments none of the rows of this warp (mma.sync)
-      // or warpgroup (wgmma) see leaves their softmax state as it is (every
+      // A masked tile that none of the rows of this warp (mma.sync) or
+      // warpgroup (wgmma) see leaves their softmax state as it is (every
       // score -inf: P = 0, no rescale): they skip it. The test is uniform
       // over the warp or warpgroup (shared memory, read by all), as wgmma
-      // needs; the segments are gathered per 32 positions, so a warp's slice
-      // of 16 tokens may be tested against a superset (it then computes).
+      // needs; the busy warps are gathered per 32 positions, so a warp's
+      // slice of 16 tokens may count as seen for its neighbour's (it then
+      // computes).
       bool idle = false;
-      if (kSkipUnseen && any_missing != 0) {
-        uint64_t segs = 0, sees = 0;
-        if constexpr (Tr::kWgmma) {
+      if constexpr (kSkipUnseen) {
+        if (any_missing != 0) {
+          uint32_t busy = 0;
+          if constexpr (Tr::kWgmma) {
 #pragma unroll
-          for (int w = 0; w < N / 32; ++w) segs |= misc.tile_segs[sl][w];
-#pragma unroll
-          for (int w = 0; w < 4; ++w) sees |= misc.warp_sees[(warp & ~3) + w];
-        } else {
-#pragma unroll
-          for (int w = wn * WT / 32; w <= (wn * WT + WT - 1) / 32; ++w) segs |= misc.tile_segs[sl][w];
-          sees = misc.warp_sees[warp];
+            for (int w = 0; w < N / 32; ++w) busy |= misc.tile_flag[sl][w][1];
+            idle = ((busy >> (warp & ~3)) & 0xfu) == 0;
+          } else {
+            for (int w = wn * WT / 32; w <= (wn * WT + WT - 1) / 32; ++w) busy |= misc.tile_flag[sl][w][1];
+            idle = ((busy >> warp) & 1u) == 0;
+          }
         }
-        idle = (segs & sees) == 0;
       }
       if (!idle) {
         // S = Q K^T over this warp's WT tokens.
@@ -617,14 +655,18 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         // entry of the unit does not see.
         uint32_t flag = 0;
 #pragma unroll
-        for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
+        for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w][0];
         if (flag) {
           // Selects, not branches: a thread's two positions of an n-block are
           // adjacent bytes (one 16-bit load, at an even position of an
           // even-aligned row), and a position past the end (segment 255)
           // shifts every mask bit out (shr.b64 clamps the shift).
-          static_assert(offsetof(typename Tr::Misc, pos_seg) % 2 == 0 && N % 2 == 0 && WT % 2 == 0,
-                        "the 16-bit loads of pos_seg need even byte offsets");
+          // (pos_seg follows the int32 rows in SmemMisc: it is 4-byte aligned.)
+          static_assert(N % 2 == 0 && WT % 2 == 0, "the 16-bit loads of pos_seg need even byte offsets");
+          if constexpr (kSkipUnseen) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) rmask[i] = misc.row_mask[wm * 16 + (lane >> 2) + 8 * i];
+          }
 #pragma unroll
           for (int j = 0; j < WT / 8; ++j) {
             const uint32_t segs = *reinterpret_cast<const uint16_t*>(&misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1)]);
