@@ -334,8 +334,10 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
         const uint32_t b = __ballot_sync(0xffffffffu, need);
         if constexpr (kSkipUnseen) {
-          const uint32_t warps = !busy || any_missing == 0 ? ~0u
-                                 : __reduce_or_sync(0xffffffffu, valid ? misc.seg_warps[l.seg & 63] : 0u);
+          // (b == 0: every real row sees these positions; b is warp-uniform.)
+          const uint32_t warps = !busy || b == 0 || any_missing == 0
+                                     ? ~0u
+                                     : __reduce_or_sync(0xffffffffu, valid ? misc.seg_warps[l.seg & 63] : 0u);
           if (lane == 0) *reinterpret_cast<uint2*>(misc.tile_flag[sl][fill_pos / 32]) = make_uint2(b, warps);
         } else {
           if (lane == 0) misc.tile_flag[sl][fill_pos / 32][0] = b;
@@ -524,6 +526,29 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
     for (int t = 0; t < num_tiles; ++t) {
       if (persistent && tid == 0 && t == claim_at) claimed = atomicAdd(p.work, 1u);  // in flight during the wait
+      // A masked tile that none of the rows of this warp (mma.sync) or
+      // warpgroup (wgmma) see leaves their softmax state as it is (every
+      // score -inf: P = 0, no rescale): they skip it. The test is uniform
+      // over the warp or warpgroup (shared memory, read by all), as wgmma
+      // needs; the busy warps are gathered per 32 positions, so a warp's
+      // slice of 16 tokens may count as seen for its neighbour's (it then
+      // computes). Read before this tile's barrier: tile t's slot was
+      // committed before the barrier of tile t - 1 (of the prologue for the
+      // first S), and is committed again only after the next one.
+      bool idle = false;
+      if constexpr (kSkipUnseen) {
+        if (any_missing != 0) {
+          uint32_t busy = 0;
+          if constexpr (Tr::kWgmma) {
+#pragma unroll
+            for (int w = 0; w < N / 32; ++w) busy |= misc.tile_flag[sl][w][1];
+            idle = ((busy >> (warp & ~3)) & 0xfu) == 0;
+          } else {
+            for (int w = wn * WT / 32; w <= (wn * WT + WT - 1) / 32; ++w) busy |= misc.tile_flag[sl][w][1];
+            idle = ((busy >> warp) & 1u) == 0;
+          }
+        }
+      }
       if (Tr::kMinStages == 1 && S == 1) {
         // One stage: tile t is issued and awaited here (one-tile units only, so
         // nothing is lost); the barrier before the issue frees the stage, and
@@ -557,27 +582,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const uint8_t* Ks = Tr::kKvFp8 && Tr::kWgmma ? sKc : sK + st * Tr::kStageBytes;
       const uint8_t* Vs = Tr::kKvFp8 && Tr::kWgmma ? sVc : sV + st * Tr::kStageBytes;
 
-      // A masked tile that none of the rows of this warp (mma.sync) or
-      // warpgroup (wgmma) see leaves their softmax state as it is (every
-      // score -inf: P = 0, no rescale): they skip it. The test is uniform
-      // over the warp or warpgroup (shared memory, read by all), as wgmma
-      // needs; the busy warps are gathered per 32 positions, so a warp's
-      // slice of 16 tokens may count as seen for its neighbour's (it then
-      // computes).
-      bool idle = false;
-      if constexpr (kSkipUnseen) {
-        if (any_missing != 0) {
-          uint32_t busy = 0;
-          if constexpr (Tr::kWgmma) {
-#pragma unroll
-            for (int w = 0; w < N / 32; ++w) busy |= misc.tile_flag[sl][w][1];
-            idle = ((busy >> (warp & ~3)) & 0xfu) == 0;
-          } else {
-            for (int w = wn * WT / 32; w <= (wn * WT + WT - 1) / 32; ++w) busy |= misc.tile_flag[sl][w][1];
-            idle = ((busy >> warp) & 1u) == 0;
-          }
-        }
-      }
       if (!idle) {
         // S = Q K^T over this warp's WT tokens.
         float s[WT / 8][4];
