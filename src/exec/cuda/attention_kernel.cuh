@@ -434,21 +434,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         if (t < S && t < num_tiles) first[t] = lookup(t, true);
     }
     __syncthreads();
-    // The segments this warp's real rows see (padded rows see none): after
-    // the next barrier, seg_warps is made from them.
-    if constexpr (kSkipUnseen) {
-      if (masked) {
-        uint64_t sees = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int r = wm * 16 + (lane >> 2) + 8 * i;
-          if (r < rows) sees |= misc.ent_mask[entry_of_row(r)];
-        }
-        sees = warp_or(sees);
-        if (lane == 0) misc.warp_sees[warp] = sees;
-      }
-      for (int r = tid; r < M; r += kThreads) misc.row_mask[r] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
-    }
 
     // ---- Q rows -> shared memory (cp.async group 0); padded rows are zeros.
     {
@@ -464,6 +449,22 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
       cp_async_commit();
     }
+    // The segments this warp's real rows see (padded rows see none): after
+    // the next barrier, seg_warps is made from them (here, once Q's copies
+    // are out).
+    if constexpr (kSkipUnseen) {
+      if (masked) {
+        uint64_t sees = 0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = wm * 16 + (lane >> 2) + 8 * i;
+          if (r < rows) sees |= misc.ent_mask[entry_of_row(r)];
+        }
+        sees = warp_or(sees);
+        if (lane == 0) misc.warp_sees[warp] = sees;
+      }
+      for (int r = tid; r < M; r += kThreads) misc.row_mask[r] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
+    }
 
     // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
     if (!early) {  // all loads first, then all commits
@@ -476,8 +477,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       if (t < S && t < num_tiles) commit(first[t], t, false);
     Lookup next = lookup(S);  // tile S, committed in iteration 0
     __syncthreads();
+    for (int t = 0; t < S - 1; ++t) {
+      if (t < num_tiles) issue(t, t);
+      cp_async_commit();
+    }
     // Segment k's warps, for the tiles committed in the loop (after its
-    // first barrier).
+    // first barrier; here, once the first K/V copies are out).
     if constexpr (kSkipUnseen) {
       if (masked && tid < nseg) {
         uint32_t warps = 0;
@@ -485,10 +490,6 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         for (int w = 0; w < Tr::kWarps; ++w) warps |= uint32_t((misc.warp_sees[w] >> tid) & 1) << w;
         misc.seg_warps[tid] = warps;
       }
-    }
-    for (int t = 0; t < S - 1; ++t) {
-      if (t < num_tiles) issue(t, t);
-      cp_async_commit();
     }
 
     // The segments seen by the rows of this thread in the mma accumulators:
