@@ -84,6 +84,14 @@ def find_loop(insts, labels):
     return loop
 
 
+def loop_counts(body):
+    """(instructions, MMAs, local-memory loads and stores) of the loop's parsed
+    instructions. Spills inside the loop are what the kernels' register caps are
+    about: always counted, not left to the opcode list's top 20."""
+    return (len(body), sum(op.startswith(("HGMMA", "HMMA")) for _, op, _, _ in body),
+            sum(op.startswith(("LDL", "STL")) for _, op, _, _ in body))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kernel", help="instantiation file name without .cu, e.g. attn_fp16_d128_m128")
@@ -98,8 +106,8 @@ def main():
     loop = find_loop(insts, labels)
     body = [i for i in insts if loop[0] <= i[0] <= loop[1]]
     print(f"{a.kernel}: {'; '.join(usage)}")
-    print(f"K/V loop {loop[0]:#x}..{loop[1]:#x}: {len(body)} instructions "
-          f"({sum(op.startswith(('HGMMA', 'HMMA')) for _, op, _, _ in body)} MMA)")
+    n, mma, local = loop_counts(body)
+    print(f"K/V loop {loop[0]:#x}..{loop[1]:#x}: {n} instructions ({mma} MMA, {local} local-memory loads/stores)")
     per_line = collections.Counter(s for _, _, s, _ in body)
     print("instructions per source line:")
     for s, c in per_line.most_common(a.top):

@@ -231,3 +231,32 @@ def test_ab_table_takes_each_binarys_fastest_round_and_ratios_to_the_first(tmp_p
     assert rows["fasttree:N=1,10:C=4000,400"][2:] == ["10.0", "8.0", "11.0", "0.800", "1.100"], out
     assert rows["medusa:APPS_tree_size32.json:record=0"][2:] == ["38.0", "44.0", "nan", "1.158", "nan"], out
     assert "geomean v1/v0 over 2: 0.962" in out and "geomean v2/v0 over 1: 1.100" in out, out
+
+
+def test_sass_loop_finds_the_kv_loop_and_counts_its_spills():
+    """scripts/sass_loop.py on a made-up nvdisasm listing: the K/V loop is the shortest backward
+    branch spanning every HGMMA; its local-memory loads and stores are counted (an LDL before
+    the loop and one after it are not)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import sass_loop
+
+    listing = """
+        /*0000*/                   LDL R4, [R1+0x4] ;
+.L_x_1:
+	//## File "attention_kernel.cuh", line 10
+        /*0010*/                   LDS R2, [R0] ;
+        /*0020*/                   HGMMA.64x64x16.F32 R24, gdesc[UR4], RZ ;
+        /*0030*/                   LDL R8, [R1+0x8] ;
+.L_x_2:
+        /*0040*/                   HGMMA.64x128x16.F32 R40, R8, gdesc[UR8], R40 ;
+        /*0050*/                   STL [R1], R9 ;
+        /*0060*/              @P0 BRA `(.L_x_2) ;
+        /*0070*/              @P1 BRA `(.L_x_1) ;
+        /*0080*/                   LDL R5, [R1+0xc] ;
+"""
+    insts, labels = sass_loop.parse(listing.splitlines())
+    loop = sass_loop.find_loop(insts, labels)
+    assert loop == (0x10, 0x70)
+    body = [i for i in insts if loop[0] <= i[0] <= loop[1]]
+    assert sass_loop.loop_counts(body) == (7, 2, 2)
+    assert body[0][2] == ("attention_kernel.cuh", 10)
