@@ -513,7 +513,7 @@ class TreeAttention:
 
     @graph_launches.setter
     def graph_launches(self, launches: int) -> None:
-        if isinstance(launches, (bool, np.bool_)) or not isinstance(launches, numbers.Integral):
+        if isinstance(launches, bool) or not isinstance(launches, numbers.Integral):  # (NumPy's bool is not Integral)
             raise TypeError(f"graph_launches: expected an int mask, got {type(launches).__name__}")
         launches = int(launches)
         if not 0 <= launches < 1 << 32:

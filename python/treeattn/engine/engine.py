@@ -17,11 +17,17 @@ from .errors import InputError
 from .kv import KVPool
 
 
+def is_int(x):
+    """An integer, Python's or NumPy's, but not a bool (bools are Integral; NumPy's and
+    PyTorch's are not)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def check_sizes(**sizes):
     """Each name=(value, least): an int >= least, else TypeError / ValueError naming it
     (num_pages counts the scratch page: a pool needs 2)."""
     for name, (value, least) in sizes.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not is_int(value):
             raise TypeError(f"{name}: expected an int, got {value!r}")
         if value < least:
             raise ValueError(f"{name} = {value}: expected >= {least}")
@@ -59,15 +65,20 @@ def _is_index(t):
         return False
 
 
+def _live(s):
+    """s is a Sequence that release() (or fork(), which releases its parent) has not ended."""
+    return isinstance(s, Sequence) and s.node is not None
+
+
 def _check_live(seqs, name="seqs"):
     """TypeError naming the first item that is not a Sequence; ValueError naming the first
-    sequence release() (or fork(), which releases its parent) already ended: its pages are
-    back in the pool, possibly another sequence's."""
-    if any(not isinstance(s, Sequence) or s.node is None for s in seqs):
-        i = next(i for i, s in enumerate(seqs) if not isinstance(s, Sequence) or s.node is None)
+    sequence already ended: its pages are back in the pool, possibly another sequence's."""
+    for i, s in enumerate(seqs):
+        if _live(s):
+            continue
         where = f"seqs[{i}]" if name == "seqs" else name
-        if not isinstance(seqs[i], Sequence):
-            raise TypeError(f"{where}: expected a Sequence (from add() or fork()), got {seqs[i]!r}")
+        if not isinstance(s, Sequence):
+            raise TypeError(f"{where}: expected a Sequence (from add() or fork()), got {s!r}")
         raise ValueError(f"{where}: a released sequence (release() or fork() ended it; its pages "
                          "may hold another sequence's KV now)")
 
@@ -230,7 +241,7 @@ class Engine:
         """n sequences continuing seq (which is consumed). They share its cached pages;
         its leftover rows past the last whole page are copied into each child's tail (one
         copy for all children)."""
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, numbers.Integral) or n < 1:
+        if not is_int(n) or n < 1:
             raise ValueError(f"n: expected a number of children >= 1, got {n!r} (release(seq) ends a sequence)")
         if n > self.capacity:   # each child needs a page of its own to decode a token
             raise InputError(f"n = {n}: more children than the KV cache's {self.capacity} pages (each needs "
@@ -337,8 +348,7 @@ class Engine:
         seqs changed in between. Returns False (nothing prepared) where decode(seqs) would
         raise: decode() then raises."""
         self._ahead = None
-        if (not 0 < len(seqs) <= self.max_batch or any(not isinstance(s, Sequence) or s.node is None for s in seqs)
-                or _repeated(seqs) is not None):
+        if not 0 < len(seqs) <= self.max_batch or not all(map(_live, seqs)) or _repeated(seqs) is not None:
             return False
         try:
             for s in seqs:

@@ -1,7 +1,6 @@
 """Tree programs: the batches whose prefixes are shared, parsed from a spec such as
 "shared:prompt=4000,branches=64,gen=256", and run_program(), the prefill + decode loop that
 runs one on an Engine and records what the CLI reports (and the logits tests compare)."""
-import numbers
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -9,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .engine import is_int
 from .errors import InputError, check_program_size
 from .sampling import SamplingParams, sample
 
@@ -92,7 +92,7 @@ def make_program(spec: str, vocab_size: int, seed: int = 0, max_kv_tokens: int =
         raise TypeError(f"spec: expected a program spec (str), got {type(spec).__name__}")
     kind, p = parse_spec(spec)
     # token ids are int32 in the radix cache
-    if isinstance(vocab_size, (bool, np.bool_)) or not isinstance(vocab_size, numbers.Integral) or not 1 <= vocab_size < 2**31:
+    if not is_int(vocab_size) or not 1 <= vocab_size < 2**31:
         raise ValueError(f"vocab_size = {vocab_size!r}: expected an int in [1, 2**31)")
     _check_seed(seed)
     check_program_size(f"program {spec!r}", *prompt_sizes(kind, p), max_kv_tokens)
@@ -152,7 +152,7 @@ def _sync(device):
 
 def _check_seed(seed):
     """A generator seed: an int in [0, 2**63)."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+    if not is_int(seed):
         raise TypeError(f"seed: expected an int, got {seed!r}")
     if not 0 <= seed < 2**63:
         raise ValueError(f"seed = {seed}: expected an int in [0, 2**63)")
