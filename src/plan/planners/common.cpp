@@ -162,17 +162,6 @@ void ProtoUnits::clear() {
   query_end_.clear();
 }
 
-int64_t ProtoUnits::tokens(size_t i) const {
-  int64_t n = 0;
-  for (const Segment& s : segs(i)) n += s.size();
-  return n;
-}
-
-void ProtoUnits::close() {
-  seg_end_.push_back(int32_t(segs_.size()));
-  query_end_.push_back(int32_t(queries_.size()));
-}
-
 void ProtoUnits::emit(PlanBuilder& b) const {
   const size_t segs = seg_end_.empty() ? 0 : size_t(seg_end_.back());
   const size_t queries = query_end_.empty() ? 0 : size_t(query_end_.back());
@@ -319,20 +308,20 @@ void compact_subtree_units(const Workload& w, const TreeIndex& ix, const Subtree
   summary.max_tokens = max_tokens;
   summary.max_leaf_tokens = max_leaf_tokens;
   if (max_tokens <= 0) return;
-  // is_compact[v]: v's subtree qualifies (its parent's may too). `roots`:
-  // the highest compact subtrees (whose parent's is not), in BFS order,
-  // found in the same pass (a parent comes before its children).
+  // is_compact[v]: v's subtree qualifies (its parent's may too), found in
+  // node order (each node on its own: one sequential pass). `roots`: the
+  // highest compact subtrees (whose parent's is not), in BFS order.
   std::vector<char>& is_compact = scratch.is_compact;
   is_compact.resize(size_t(n));
+  for (int32_t v = 0; v < n; ++v)
+    is_compact[v] = char(compact_subtree_root(ix, down, size_t(v), max_tokens, max_leaf_tokens));
   std::vector<int32_t>&roots = scratch.roots, &best_roots = scratch.best_roots, &next = scratch.next;
   roots.resize(size_t(n));
   size_t highest = 0;
   for (const int32_t v : ix.bfs_order) {
     const int32_t p = ix.parent[v];
-    const bool compact = compact_subtree_root(ix, down, size_t(v), max_tokens, max_leaf_tokens);
-    is_compact[v] = char(compact);
     roots[highest] = v;
-    highest += compact && !(p >= 0 && is_compact[p]);
+    highest += is_compact[v] && !(p >= 0 && is_compact[p]);
   }
   roots.resize(highest);
 

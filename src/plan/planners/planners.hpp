@@ -149,7 +149,11 @@ class ProtoUnits {
   std::span<const uint64_t> masks(size_t i) const {
     return {masks_.data() + first(query_end_, i), masks_.data() + query_end_[i]};
   }
-  int64_t tokens(size_t i) const;
+  int64_t tokens(size_t i) const {
+    int64_t n = 0;
+    for (const Segment& s : segs(i)) n += s.size();
+    return n;
+  }
 
   // The open unit.
   std::span<const Segment> open_segs() const {
@@ -165,7 +169,10 @@ class ProtoUnits {
     queries_.insert(queries_.end(), qs.begin(), qs.end());
     masks_.resize(queries_.size(), mask);
   }
-  void close();
+  void close() {
+    seg_end_.push_back(int32_t(segs_.size()));
+    query_end_.push_back(int32_t(queries_.size()));
+  }
   void discard_open();
   // Appends unit i of `from` as a closed unit.
   void append(const ProtoUnits& from, size_t i);
