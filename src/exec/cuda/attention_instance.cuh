@@ -22,21 +22,22 @@ struct WithMinBlocksPerSm : Base {
 // d = 128. Its shared memory (4 KB of Q + 64 KB per K/V stage at d = 128)
 // holds it to at most 3 CTAs per SM anyway, so it is capped at 3 (168
 // registers) instead.
-template <class T, class KV, int D, int M, int N>
+template <class T, class KV, int D, int M, int N, bool kSkip>
 struct TileTraits {
-  using type = AttnTraits<T, D, M, N, KV>;
+  using type = AttnTraits<T, D, M, N, KV, kSkip>;
 };
 template <class T, class KV, int D>
   requires(D <= 128)
-struct TileTraits<T, KV, D, 16, 128> {
+struct TileTraits<T, KV, D, 16, 128, false> {
   using type = WithMinBlocksPerSm<AttnTraits<T, D, 16, 128, KV>, 3>;
 };
 
-template <int kDType, bool kKvFp8, int D, int M, int N>
+template <int kDType, bool kKvFp8, int D, int M, int N, bool kSkip>
 KernelEntry attention_entry() {
   using T = std::conditional_t<kDType == 0, __half, __nv_bfloat16>;
   using KV = std::conditional_t<kKvFp8, __nv_fp8_e4m3, T>;
-  using Tr = typename TileTraits<T, KV, D, M, N>::type;
+  using Tr = typename TileTraits<T, KV, D, M, N, kSkip>::type;
+  static_assert(!kSkip || Tr::kSkipUnseen, "a skip variant that would not skip");
   KernelEntry e;
   e.kernel = reinterpret_cast<const void*>(&attention_kernel<Tr>);
   e.threads = Tr::kThreads;
@@ -45,6 +46,7 @@ KernelEntry attention_entry() {
   e.min_stages = Tr::kMinStages;
   e.max_stages = Tr::kMaxStages;
   e.persistent = Tr::kPersistent;
+  e.skips_unseen = Tr::kSkipUnseen;
   e.smem_base = Tr::kQOffset + Tr::kQBytes + Tr::kConvBytes;
   e.smem_per_stage = 2 * Tr::kStageBytes;
   return e;
@@ -61,3 +63,8 @@ KernelEntry attention_entry() {
 
 #define TREEATTN_ATTENTION_INSTANCE(DTYPE_ID, KV_FP8, D, M) \
   TREEATTN_ATTENTION_INSTANCE_MN(DTYPE_ID, KV_FP8, D, M, ::treeattn::kDefaultKvTile)
+
+// The skip variant of the 128-row tile (AttnTraits::kSkipUnseen), K/V of the dtype.
+#define TREEATTN_ATTENTION_SKIP_INSTANCE(DTYPE_ID, D) \
+  template ::treeattn::cuda::KernelEntry                \
+  treeattn::cuda::attention_entry<DTYPE_ID, false, D, 128, ::treeattn::kDefaultKvTile, true>();

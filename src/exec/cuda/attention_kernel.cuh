@@ -45,25 +45,45 @@
 
 namespace treeattn::cuda {
 
+// The shared memory of the skip of unseen masked tiles (AttnTraits::
+// kSkipUnseen): per segment, the warps whose real rows see it (bit w: warp
+// w), per warp the segments its real rows see (bit k: segment k), both for
+// masked units only; per row, the segments it sees (every unit: the other
+// tiles keep their rows' in registers). None (an empty base) elsewhere.
+template <bool kSkipUnseen, int M, int kWarps>
+struct SmemSkip {
+  uint32_t seg_warps[kMaxSegmentsPerUnit];
+  uint64_t warp_sees[kWarps];
+  uint64_t row_mask[M];
+};
+template <int M, int kWarps>
+struct SmemSkip<false, M, kWarps> {};
+
 // Bookkeeping shared memory of one CTA. Slot i of the ring describes the tile
 // loaded into stage i % stages (the ring has one slot more than stages, so the
 // slot for tile t + S can be filled while tile t is computed and tile t + S - 1
 // is being issued).
-template <int kMaxSlots, int N, int M, int WN>
-struct SmemMisc {
+template <int kMaxSlots, int N, int M, int WN, bool kSkipUnseen>
+struct SmemMisc : SmemSkip<kSkipUnseen, M, M / 16 * WN> {
   SegDesc seg[kMaxSegmentsPerUnit];          // the unit's segment records
   uint64_t ent_mask[M];                      // the unit's entries (nent <= M rows)
   int32_t ent_query[M];
   int32_t ent_slot[M];
   int32_t row[kMaxSlots][N];                 // token row (page * page_size + slot), -1: past the end
-  uint8_t pos_seg[kMaxSlots][N];             // segment of each position, 255: past the end
-  uint32_t tile_flag[kMaxSlots][N / 32];     // ballot: positions that need the mask
+  uint8_t pos_seg[kMaxSlots][N];             // segment of each position, 255: past the end (after row: 4-byte aligned)
+  // Per 32 positions of a slot's tile: [0] the ballot of the positions that
+  // need the mask; [1] (masked units of tiles that skip unseen tiles,
+  // kSkipUnseen) the warps whose real rows see one of them (bit w: warp w).
+  uint32_t tile_flag[kMaxSlots][N / 32][kSkipUnseen ? 2 : 1];
   float row_m[WN][M];                        // per-slice softmax state, log2 units
   float row_d[WN][M];
   int32_t next_item;                         // persistent launches: the item after this one
 };
 
-template <class T_, int D_, int M_, int N_, class KV_ = T_>
+// kSkip_: the variant whose warpgroups skip masked tiles none of their rows
+// see (kSkipUnseen below), compiled beside the plain one for the 128-row
+// wgmma tile (CudaExecutor runs it for masked units only).
+template <class T_, int D_, int M_, int N_, class KV_ = T_, bool kSkip_ = false>
 struct AttnTraits {
   using T = T_;
   using KV = KV_;  // K/V pool element: T, or __nv_fp8_e4m3 converted to T per tile
@@ -132,7 +152,14 @@ struct AttnTraits {
   static constexpr bool kPersistent = M <= 32 && D <= 128;
   static constexpr int kMinBlocksPerSm =
       (M <= 16 && D <= 128) ? (N == 32 ? 8 : 4) : (kWgmma && M == 128 && D <= 128) ? 2 : 1;
-  using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN>;
+  // Masked tiles that no row of a warpgroup sees are skipped by it (the K/V
+  // loop): in the skip variant (kSkip_) of the 128-row wgmma tile only (one
+  // warpgroup's rows are all of a smaller unit's, and each segment is seen by
+  // some entry), and not with fp8 K/V, whose K/V loop would spill at its
+  // 128-register cap. A variant of its own: the test, in the one loop, slows
+  // the unmasked units' tiles too (ptxas schedules the loop differently).
+  static constexpr bool kSkipUnseen = kSkip_ && kWgmmaShape && M == 128 && !kKvFp8;
+  using Misc = SmemMisc<kMaxStages + 1, N, M, kWarpsN, kSkipUnseen>;
   // Layout: [misc][Q][converted K, V (fp8 only)][K stages][V stages]; every
   // tile starts 1024-byte aligned (the 128-byte swizzle repeats every 8 rows
   // of 128 bytes, and wgmma applies it to absolute shared addresses).
@@ -232,6 +259,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
   constexpr int kFillStride = Tr::kWarps / (N / 32);
   static_assert(kFillStride >= 1 && Tr::kWarps % (N / 32) == 0, "whole filler warps");
   const int fill_pos = warp % kFillStride == (warp / kFillStride) % kFillStride ? (warp / kFillStride) * 32 + lane : -1;
+  constexpr bool kSkipUnseen = Tr::kSkipUnseen;
   const int Hkv = p.num_kv_heads, G = p.group, Hqo = p.num_qo_heads, ps = p.page_size;
   // Row r of a tile is head r % G of entry r / G (GQA packing).
   const auto entry_of_row = [&](int r) { return int(p.group_divisor.divide(uint32_t(r))); };
@@ -299,14 +327,25 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
       return l;
     };
-    auto commit = [&](const Lookup& l, int sl) {
+    // busy: the busy warps of masked units (kSkipUnseen) from seg_warps;
+    // else every warp is marked busy (the prologue's tiles: seg_warps is not
+    // there yet).
+    auto commit = [&](const Lookup& l, int sl, bool busy) {
       if (fill_pos >= 0) {
         const bool valid = l.seg != 255;
         misc.row[sl][fill_pos] = valid ? l.page * p.rows_per_page + l.slot : -1;
         misc.pos_seg[sl][fill_pos] = uint8_t(l.seg);
         const bool need = !valid || ((any_missing >> (l.seg & 63)) & 1);
         const uint32_t b = __ballot_sync(0xffffffffu, need);
-        if (lane == 0) misc.tile_flag[sl][fill_pos / 32] = b;
+        if constexpr (kSkipUnseen) {
+          // (b == 0: every real row sees these positions; b is warp-uniform.)
+          const uint32_t warps = !busy || b == 0 || any_missing == 0
+                                     ? ~0u
+                                     : __reduce_or_sync(0xffffffffu, valid ? misc.seg_warps[l.seg & 63] : 0u);
+          if (lane == 0) *reinterpret_cast<uint2*>(misc.tile_flag[sl][fill_pos / 32]) = make_uint2(b, warps);
+        } else {
+          if (lane == 0) misc.tile_flag[sl][fill_pos / 32][0] = b;
+        }
       }
     };
 
@@ -414,6 +453,22 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       }
       cp_async_commit();
     }
+    // The segments this warp's real rows see (padded rows see none): after
+    // the next barrier, seg_warps is made from them (here, once Q's copies
+    // are out).
+    if constexpr (kSkipUnseen) {
+      if (masked) {
+        uint64_t sees = 0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = wm * 16 + (lane >> 2) + 8 * i;
+          if (r < rows) sees |= misc.ent_mask[entry_of_row(r)];
+        }
+        sees = warp_or(sees);
+        if (lane == 0) misc.warp_sees[warp] = sees;
+      }
+      for (int r = tid; r < M; r += kThreads) misc.row_mask[r] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
+    }
 
     // ---- prologue: slots for tiles 0..S-1, copies for tiles 0..S-2.
     if (!early) {  // all loads first, then all commits
@@ -423,21 +478,35 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     }
 #pragma unroll
     for (int t = 0; t < Tr::kMaxStages; ++t)
-      if (t < S && t < num_tiles) commit(first[t], t);
+      if (t < S && t < num_tiles) commit(first[t], t, false);
     Lookup next = lookup(S);  // tile S, committed in iteration 0
     __syncthreads();
     for (int t = 0; t < S - 1; ++t) {
       if (t < num_tiles) issue(t, t);
       cp_async_commit();
     }
-
-    // Rows of this thread in the mma accumulators: r0 = lane / 4 and r0 + 8 of
-    // the warp's row block.
-    uint64_t rmask[2];
+    // Segment k's warps, for the tiles committed in the loop (after its
+    // first barrier; here, once the first K/V copies are out).
+    if constexpr (kSkipUnseen) {
+      if (masked && tid < nseg) {
+        uint32_t warps = 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = wm * 16 + (lane >> 2) + 8 * i;
-      rmask[i] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
+        for (int w = 0; w < Tr::kWarps; ++w) warps |= uint32_t((misc.warp_sees[w] >> tid) & 1) << w;
+        misc.seg_warps[tid] = warps;
+      }
+    }
+
+    // The segments seen by the rows of this thread in the mma accumulators:
+    // r0 = lane / 4 and r0 + 8 of the warp's row block (kSkipUnseen: read
+    // from row_mask where a tile needs them, which leaves the K/V loop the
+    // registers its skip test takes).
+    uint64_t rmask[2] = {~0ull, ~0ull};
+    if constexpr (!kSkipUnseen) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = wm * 16 + (lane >> 2) + 8 * i;
+        rmask[i] = (masked && r < rows) ? misc.ent_mask[entry_of_row(r)] : ~0ull;
+      }
     }
 
     float o[D / 8][4];
@@ -462,6 +531,29 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
     int st = 0, sl = 0, st_issue = S - 1, sl_issue = S - 1, sl_fill = S;
     for (int t = 0; t < num_tiles; ++t) {
       if (persistent && tid == 0 && t == claim_at) claimed = atomicAdd(p.work, 1u);  // in flight during the wait
+      // A masked tile that none of the rows of this warp (mma.sync) or
+      // warpgroup (wgmma) see leaves their softmax state as it is (every
+      // score -inf: P = 0, no rescale): they skip it. The test is uniform
+      // over the warp or warpgroup (shared memory, read by all), as wgmma
+      // needs; the busy warps are gathered per 32 positions, so a warp's
+      // slice of 16 tokens may count as seen for its neighbour's (it then
+      // computes). Read before this tile's barrier: tile t's slot was
+      // committed before the barrier of tile t - 1 (of the prologue for the
+      // first S), and is committed again only after the next one.
+      bool idle = false;
+      if constexpr (kSkipUnseen) {
+        if (any_missing != 0) {
+          uint32_t busy = 0;
+          if constexpr (Tr::kWgmma) {
+#pragma unroll
+            for (int w = 0; w < N / 32; ++w) busy |= misc.tile_flag[sl][w][1];
+            idle = ((busy >> (warp & ~3)) & 0xfu) == 0;
+          } else {
+            for (int w = wn * WT / 32; w <= (wn * WT + WT - 1) / 32; ++w) busy |= misc.tile_flag[sl][w][1];
+            idle = ((busy >> warp) & 1u) == 0;
+          }
+        }
+      }
       if (Tr::kMinStages == 1 && S == 1) {
         // One stage: tile t is issued and awaited here (one-tile units only, so
         // nothing is lost); the barrier before the issue frees the stage, and
@@ -487,7 +579,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
         __syncthreads();
       }
       if (t + S < num_tiles) {
-        commit(next, sl_fill);
+        commit(next, sl_fill, true);
         next = lookup(t + S + 1);
       }
 
@@ -495,201 +587,207 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) attention_k
       const uint8_t* Ks = Tr::kKvFp8 && Tr::kWgmma ? sKc : sK + st * Tr::kStageBytes;
       const uint8_t* Vs = Tr::kKvFp8 && Tr::kWgmma ? sVc : sV + st * Tr::kStageBytes;
 
-      // S = Q K^T over this warp's WT tokens.
-      float s[WT / 8][4];
+      if (!idle) {
+        // S = Q K^T over this warp's WT tokens.
+        float s[WT / 8][4];
 #pragma unroll
-      for (int j = 0; j < WT / 8; ++j)
+        for (int j = 0; j < WT / 8; ++j)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
-      if constexpr (Tr::kWgmma) {
-        // Q rows of this warpgroup and the K tile, both K-major; a k-step of 16
-        // elements is 32 bytes into a 128-byte row of a 64-element region.
-        // The warpgroup index from a shuffle: the compiler then knows it is
-        // warp-uniform and builds the descriptors in uniform registers.
-        const int warpgroup = __shfl_sync(0xffffffffu, warp / 4, 0);
-        const WgmmaDescBase<16> q_desc(smem_addr(sQ) + warpgroup * 64 * 128), k_desc(smem_addr(Ks));
-        wgmma_fence();
+          for (int c = 0; c < 4; ++c) s[j][c] = 0.f;
+        if constexpr (Tr::kWgmma) {
+          // Q rows of this warpgroup and the K tile, both K-major; a k-step of 16
+          // elements is 32 bytes into a 128-byte row of a 64-element region.
+          // The warpgroup index from a shuffle: the compiler then knows it is
+          // warp-uniform and builds the descriptors in uniform registers.
+          const int warpgroup = __shfl_sync(0xffffffffu, warp / 4, 0);
+          const WgmmaDescBase<16> q_desc(smem_addr(sQ) + warpgroup * 64 * 128), k_desc(smem_addr(Ks));
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          const uint32_t step = (kk & 3) * 32;
-          Wgmma<T, N>::ss(s, q_desc.at((kk >> 2) * M * 128 + step), k_desc.at((kk >> 2) * N * 128 + step), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-      } else if constexpr (Tr::kFp8InRegisters) {
-        // head_dim in a permuted order, the same for Q and K: k-step kk's
-        // logical k = 2t + j (+ 8) of thread t = lane % 4 is element
-        // 16 kk + 4t + j (+ 2), so that one ldmatrix row of 16 fp8 bytes
-        // gives thread t the 4 bytes of K it needs for a k-step, and Q's A
-        // fragment is 8 bytes of a row (a0 a2 of row g, a1 a3 of row g + 8).
-#pragma unroll
-        for (int k4 = 0; k4 < D / 64; ++k4) {
-          uint32_t a[4][4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int col = 16 * (4 * k4 + i) + 4 * (lane & 3);  // element of the Q row
-            const int r = wm * 16 + (lane >> 2);
-            const uint2 lo = *reinterpret_cast<const uint2*>(sQ + swz<Tr, M>(r, col >> 3) + ((col & 7) << 1));
-            const uint2 hi = *reinterpret_cast<const uint2*>(sQ + swz<Tr, M>(r + 8, col >> 3) + ((col & 7) << 1));
-            a[i][0] = lo.x;
-            a[i][1] = hi.x;
-            a[i][2] = lo.y;
-            a[i][3] = hi.y;
+          for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t step = (kk & 3) * 32;
+            Wgmma<T, N>::ss(s, q_desc.at((kk >> 2) * M * 128 + step), k_desc.at((kk >> 2) * N * 128 + step), kk > 0);
           }
+          wgmma_commit();
+          wgmma_wait<0>();
+        } else if constexpr (Tr::kFp8InRegisters) {
+          // head_dim in a permuted order, the same for Q and K: k-step kk's
+          // logical k = 2t + j (+ 8) of thread t = lane % 4 is element
+          // 16 kk + 4t + j (+ 2), so that one ldmatrix row of 16 fp8 bytes
+          // gives thread t the 4 bytes of K it needs for a k-step, and Q's A
+          // fragment is 8 bytes of a row (a0 a2 of row g, a1 a3 of row g + 8).
 #pragma unroll
-          for (int nb = 0; nb < WT / 8; ++nb) {
-            // Matrix i: the 8 token rows of n-block nb, 16-byte chunk 4 k4 + i
-            // (k-step 4 k4 + i); register i: bytes 4t .. 4t + 3 of row g.
-            uint32_t b[4];
-            ldmatrix_x4(b, Ks + kv8_offset<Tr>(wn * WT + nb * 8 + (lane & 7), 4 * k4 + (lane >> 3)));
+          for (int k4 = 0; k4 < D / 64; ++k4) {
+            uint32_t a[4][4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-              MmaT::run(s[nb], a[i], fp8x2_to<T>(uint16_t(b[i] & 0xffffu)), fp8x2_to<T>(uint16_t(b[i] >> 16)));
-          }
-        }
-      } else {
-        const uint32_t q_row = smem_addr(sQ) + swz<Tr, M>(wm * 16 + (lane & 15), lane >> 4);
-        uint32_t k_row[WT / 16];
-#pragma unroll
-        for (int n2 = 0; n2 < WT / 16; ++n2)
-          k_row[n2] = smem_addr(Ks) + swz<Tr, N>(wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t a[4];
-          ldmatrix_x4(a, kstep_addr<Tr>(q_row, kk));
-#pragma unroll
-          for (int n2 = 0; n2 < WT / 16; ++n2) {
-            uint32_t b[4];
-            ldmatrix_x4(b, kstep_addr<Tr>(k_row[n2], kk));
-            MmaT::run(s[2 * n2], a, b[0], b[1]);
-            MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
-          }
-        }
-      }
-
-      // Masks only where needed: a position past the end, or a segment some
-      // entry of the unit does not see.
-      uint32_t flag = 0;
-#pragma unroll
-      for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w];
-      if (flag) {
-        // Selects, not branches: a thread's two positions of an n-block are
-        // adjacent bytes (one 16-bit load, at an even position of an
-        // even-aligned row), and a position past the end (segment 255)
-        // shifts every mask bit out (shr.b64 clamps the shift).
-        static_assert(offsetof(typename Tr::Misc, pos_seg) % 2 == 0 && N % 2 == 0 && WT % 2 == 0,
-                      "the 16-bit loads of pos_seg need even byte offsets");
-#pragma unroll
-        for (int j = 0; j < WT / 8; ++j) {
-          const uint32_t segs = *reinterpret_cast<const uint16_t*>(&misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1)]);
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const uint32_t sg = (segs >> (8 * c)) & 0xffu;
-            s[j][c] = (shr_u64(rmask[0], sg) & 1) ? s[j][c] : kNegInf;
-            s[j][2 + c] = (shr_u64(rmask[1], sg) & 1) ? s[j][2 + c] : kNegInf;
-          }
-        }
-      }
-
-      // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
-      // exp2(-inf - m_safe) = 0 instead of NaN.
-      // The reference maximum row_max moves only when a score exceeds it by
-      // more than kRescaleSlack (log2 units; the first finite score always
-      // moves it from -inf): a row's (row_max, row_sum, O) stay a consistent
-      // softmax state with any reference at or above the true maximum minus
-      // the slack, and P = 2^(s - row_max) <= 2^8 fits the 16-bit P operand
-      // and the fp32 sums. So O is rescaled on few tiles instead of on most
-      // (a row's maximum over a random prefix keeps creeping up).
-      constexpr float kRescaleSlack = 8.f;
-      float alphas[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
-        mx = quad_max(mx) * sl2;
-        const bool move = mx > row_max[i] + kRescaleSlack;  // -inf + slack = -inf
-        const float m_new = move ? mx : row_max[i];
-        const float m_safe = m_new == kNegInf ? 0.f : m_new;
-        const float alpha = move ? fast_exp2(row_max[i] - m_safe) : 1.f;
-        row_max[i] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < WT / 8; ++j) {
-          s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sl2, -m_safe));
-          s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sl2, -m_safe));
-          sum += s[j][2 * i] + s[j][2 * i + 1];
-        }
-        row_sum[i] = row_sum[i] * alpha + sum;
-        alphas[i] = alpha;
-      }
-      // Rescale O only when a row's reference maximum moved somewhere in the
-      // warp (alpha is exactly 1 otherwise): the D / 2 multiplies per thread
-      // are a tenth of a tile's instructions.
-      if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[j][0] *= alphas[0];
-          o[j][1] *= alphas[0];
-          o[j][2] *= alphas[1];
-          o[j][3] *= alphas[1];
-        }
-      }
-
-      // O += P V: the S accumulators become A fragments (16 tokens) directly.
-      auto p_fragment = [&](int kk, uint32_t (&a)[4]) {
-        a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      };
-      if constexpr (Tr::kWgmma) {
-        // V is N-major for this product: 16 tokens (rows) per k-step, the
-        // 64-element regions of head_dim N * 128 bytes apart.
-        uint32_t pa[WT / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < WT / 16; ++kk) p_fragment(kk, pa[kk]);
-        const WgmmaDescBase<N * 128> v_desc(smem_addr(Vs));
-        wgmma_fence();  // o was rescaled and pa written by ordinary instructions
-#pragma unroll
-        for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], v_desc.at(kk * 16 * 128));
-        wgmma_commit();
-        wgmma_wait<0>();
-      } else {
-        // fp8 (kFp8InRegisters): ldmatrix.trans on the fp8 rows hands thread
-        // (g, t) the bytes V[2t][2g], V[2t][2g + 1], V[2t + 1][2g],
-        // V[2t + 1][2g + 1] of a 16-byte chunk (tokens 8 apart in the next
-        // matrix): the even and the odd columns of the chunk are each a B
-        // fragment once the bytes are regrouped, o[2c] holding columns
-        // 16c + 2n and o[2c + 1] columns 16c + 2n + 1 (n: the MMA's column);
-        // the epilogue puts them back.
-#pragma unroll
-        for (int kk = 0; kk < WT / 16; ++kk) {
-          uint32_t a[4];
-          p_fragment(kk, a);
-          const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
-          if constexpr (Tr::kFp8InRegisters) {
-#pragma unroll
-            for (int c2 = 0; c2 < D / 32; ++c2) {
-              uint32_t v[4];  // tokens 0-7 and 8-15 of chunk 2 c2, then of chunk 2 c2 + 1
-              ldmatrix_x4_trans(v, Vs + kv8_offset<Tr>(r, 2 * c2 + (lane >> 4)));
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const uint32_t even = __byte_perm(v[2 * h], v[2 * h + 1], 0x6420);
-                const uint32_t odd = __byte_perm(v[2 * h], v[2 * h + 1], 0x7531);
-                const int c = 2 * c2 + h;
-                MmaT::run(o[2 * c], a, fp8x2_to<T>(uint16_t(even & 0xffffu)), fp8x2_to<T>(uint16_t(even >> 16)));
-                MmaT::run(o[2 * c + 1], a, fp8x2_to<T>(uint16_t(odd & 0xffffu)), fp8x2_to<T>(uint16_t(odd >> 16)));
-              }
+            for (int i = 0; i < 4; ++i) {
+              const int col = 16 * (4 * k4 + i) + 4 * (lane & 3);  // element of the Q row
+              const int r = wm * 16 + (lane >> 2);
+              const uint2 lo = *reinterpret_cast<const uint2*>(sQ + swz<Tr, M>(r, col >> 3) + ((col & 7) << 1));
+              const uint2 hi = *reinterpret_cast<const uint2*>(sQ + swz<Tr, M>(r + 8, col >> 3) + ((col & 7) << 1));
+              a[i][0] = lo.x;
+              a[i][1] = hi.x;
+              a[i][2] = lo.y;
+              a[i][3] = hi.y;
             }
-          } else {
-            const uint32_t v_row = smem_addr(Vs) + swz<Tr, N>(r, lane >> 4);
 #pragma unroll
-            for (int d2 = 0; d2 < D / 16; ++d2) {
+            for (int nb = 0; nb < WT / 8; ++nb) {
+              // Matrix i: the 8 token rows of n-block nb, 16-byte chunk 4 k4 + i
+              // (k-step 4 k4 + i); register i: bytes 4t .. 4t + 3 of row g.
               uint32_t b[4];
-              ldmatrix_x4_trans(b, kstep_addr<Tr>(v_row, d2));
-              MmaT::run(o[2 * d2], a, b[0], b[1]);
-              MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
+              ldmatrix_x4(b, Ks + kv8_offset<Tr>(wn * WT + nb * 8 + (lane & 7), 4 * k4 + (lane >> 3)));
+#pragma unroll
+              for (int i = 0; i < 4; ++i)
+                MmaT::run(s[nb], a[i], fp8x2_to<T>(uint16_t(b[i] & 0xffffu)), fp8x2_to<T>(uint16_t(b[i] >> 16)));
+            }
+          }
+        } else {
+          const uint32_t q_row = smem_addr(sQ) + swz<Tr, M>(wm * 16 + (lane & 15), lane >> 4);
+          uint32_t k_row[WT / 16];
+#pragma unroll
+          for (int n2 = 0; n2 < WT / 16; ++n2)
+            k_row[n2] = smem_addr(Ks) + swz<Tr, N>(wn * WT + n2 * 16 + ((lane >> 4) << 3) + (lane & 7), (lane >> 3) & 1);
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t a[4];
+            ldmatrix_x4(a, kstep_addr<Tr>(q_row, kk));
+#pragma unroll
+            for (int n2 = 0; n2 < WT / 16; ++n2) {
+              uint32_t b[4];
+              ldmatrix_x4(b, kstep_addr<Tr>(k_row[n2], kk));
+              MmaT::run(s[2 * n2], a, b[0], b[1]);
+              MmaT::run(s[2 * n2 + 1], a, b[2], b[3]);
+            }
+          }
+        }
+
+        // Masks only where needed: a position past the end, or a segment some
+        // entry of the unit does not see.
+        uint32_t flag = 0;
+#pragma unroll
+        for (int w = 0; w < N / 32; ++w) flag |= misc.tile_flag[sl][w][0];
+        if (flag) {
+          // Selects, not branches: a thread's two positions of an n-block are
+          // adjacent bytes (one 16-bit load, at an even position of an
+          // even-aligned row), and a position past the end (segment 255)
+          // shifts every mask bit out (shr.b64 clamps the shift).
+          // (pos_seg follows the int32 rows in SmemMisc: it is 4-byte aligned.)
+          static_assert(N % 2 == 0 && WT % 2 == 0, "the 16-bit loads of pos_seg need even byte offsets");
+          if constexpr (kSkipUnseen) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) rmask[i] = misc.row_mask[wm * 16 + (lane >> 2) + 8 * i];
+          }
+#pragma unroll
+          for (int j = 0; j < WT / 8; ++j) {
+            const uint32_t segs = *reinterpret_cast<const uint16_t*>(&misc.pos_seg[sl][wn * WT + j * 8 + ((lane & 3) << 1)]);
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const uint32_t sg = (segs >> (8 * c)) & 0xffu;
+              s[j][c] = (shr_u64(rmask[0], sg) & 1) ? s[j][c] : kNegInf;
+              s[j][2 + c] = (shr_u64(rmask[1], sg) & 1) ? s[j][2 + c] : kNegInf;
+            }
+          }
+        }
+
+        // Online softmax. m_safe = 0 for a row that has seen nothing yet, so that
+        // exp2(-inf - m_safe) = 0 instead of NaN.
+        // The reference maximum row_max moves only when a score exceeds it by
+        // more than kRescaleSlack (log2 units; the first finite score always
+        // moves it from -inf): a row's (row_max, row_sum, O) stay a consistent
+        // softmax state with any reference at or above the true maximum minus
+        // the slack, and P = 2^(s - row_max) <= 2^8 fits the 16-bit P operand
+        // and the fp32 sums. So O is rescaled on few tiles instead of on most
+        // (a row's maximum over a random prefix keeps creeping up).
+        constexpr float kRescaleSlack = 8.f;
+        float alphas[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float mx = kNegInf;
+#pragma unroll
+          for (int j = 0; j < WT / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * i], s[j][2 * i + 1]));
+          mx = quad_max(mx) * sl2;
+          const bool move = mx > row_max[i] + kRescaleSlack;  // -inf + slack = -inf
+          const float m_new = move ? mx : row_max[i];
+          const float m_safe = m_new == kNegInf ? 0.f : m_new;
+          const float alpha = move ? fast_exp2(row_max[i] - m_safe) : 1.f;
+          row_max[i] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < WT / 8; ++j) {
+            s[j][2 * i] = fast_exp2(fmaf(s[j][2 * i], sl2, -m_safe));
+            s[j][2 * i + 1] = fast_exp2(fmaf(s[j][2 * i + 1], sl2, -m_safe));
+            sum += s[j][2 * i] + s[j][2 * i + 1];
+          }
+          row_sum[i] = row_sum[i] * alpha + sum;
+          alphas[i] = alpha;
+        }
+        // Rescale O only when a row's reference maximum moved somewhere in the
+        // warp (alpha is exactly 1 otherwise): the D / 2 multiplies per thread
+        // are a tenth of a tile's instructions.
+        if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            o[j][0] *= alphas[0];
+            o[j][1] *= alphas[0];
+            o[j][2] *= alphas[1];
+            o[j][3] *= alphas[1];
+          }
+        }
+
+        // O += P V: the S accumulators become A fragments (16 tokens) directly.
+        auto p_fragment = [&](int kk, uint32_t (&a)[4]) {
+          a[0] = MmaT::pack(s[2 * kk][0], s[2 * kk][1]);
+          a[1] = MmaT::pack(s[2 * kk][2], s[2 * kk][3]);
+          a[2] = MmaT::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          a[3] = MmaT::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        };
+        if constexpr (Tr::kWgmma) {
+          // V is N-major for this product: 16 tokens (rows) per k-step, the
+          // 64-element regions of head_dim N * 128 bytes apart.
+          uint32_t pa[WT / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < WT / 16; ++kk) p_fragment(kk, pa[kk]);
+          const WgmmaDescBase<N * 128> v_desc(smem_addr(Vs));
+          wgmma_fence();  // o was rescaled and pa written by ordinary instructions
+#pragma unroll
+          for (int kk = 0; kk < WT / 16; ++kk) Wgmma<T, D>::rs(o, pa[kk], v_desc.at(kk * 16 * 128));
+          wgmma_commit();
+          wgmma_wait<0>();
+        } else {
+          // fp8 (kFp8InRegisters): ldmatrix.trans on the fp8 rows hands thread
+          // (g, t) the bytes V[2t][2g], V[2t][2g + 1], V[2t + 1][2g],
+          // V[2t + 1][2g + 1] of a 16-byte chunk (tokens 8 apart in the next
+          // matrix): the even and the odd columns of the chunk are each a B
+          // fragment once the bytes are regrouped, o[2c] holding columns
+          // 16c + 2n and o[2c + 1] columns 16c + 2n + 1 (n: the MMA's column);
+          // the epilogue puts them back.
+#pragma unroll
+          for (int kk = 0; kk < WT / 16; ++kk) {
+            uint32_t a[4];
+            p_fragment(kk, a);
+            const int r = wn * WT + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+            if constexpr (Tr::kFp8InRegisters) {
+#pragma unroll
+              for (int c2 = 0; c2 < D / 32; ++c2) {
+                uint32_t v[4];  // tokens 0-7 and 8-15 of chunk 2 c2, then of chunk 2 c2 + 1
+                ldmatrix_x4_trans(v, Vs + kv8_offset<Tr>(r, 2 * c2 + (lane >> 4)));
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const uint32_t even = __byte_perm(v[2 * h], v[2 * h + 1], 0x6420);
+                  const uint32_t odd = __byte_perm(v[2 * h], v[2 * h + 1], 0x7531);
+                  const int c = 2 * c2 + h;
+                  MmaT::run(o[2 * c], a, fp8x2_to<T>(uint16_t(even & 0xffffu)), fp8x2_to<T>(uint16_t(even >> 16)));
+                  MmaT::run(o[2 * c + 1], a, fp8x2_to<T>(uint16_t(odd & 0xffffu)), fp8x2_to<T>(uint16_t(odd >> 16)));
+                }
+              }
+            } else {
+              const uint32_t v_row = smem_addr(Vs) + swz<Tr, N>(r, lane >> 4);
+#pragma unroll
+              for (int d2 = 0; d2 < D / 16; ++d2) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, kstep_addr<Tr>(v_row, d2));
+                MmaT::run(o[2 * d2], a, b[0], b[1]);
+                MmaT::run(o[2 * d2 + 1], a, b[2], b[3]);
+              }
             }
           }
         }

@@ -46,4 +46,17 @@ KernelEntry find_attention_kernel(DType dtype, DType kv_dtype, int head_dim, int
   return e;
 }
 
+KernelEntry find_attention_skip_kernel(DType dtype, DType kv_dtype, int head_dim) {
+  if (kv_dtype != dtype) return {};
+  constexpr int kDefault = kDefaultKvTile;
+  const bool fp16 = dtype == DType::fp16, bf16 = dtype == DType::bf16;
+  switch (head_dim) {
+    case 64: return fp16 ? attention_entry<0, false, 64, 128, kDefault, true>()
+                  : bf16 ? attention_entry<1, false, 64, 128, kDefault, true>() : KernelEntry{};
+    case 128: return fp16 ? attention_entry<0, false, 128, 128, kDefault, true>()
+                   : bf16 ? attention_entry<1, false, 128, 128, kDefault, true>() : KernelEntry{};
+    default: return {};
+  }
+}
+
 }  // namespace treeattn::cuda

@@ -207,15 +207,29 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
       for (uint8_t& t : run_tile)
         if (t == kTile16) t = uint8_t(kTile16Short);
   }
-  for (int tile = 0; tile < int(kTileConfigs.size()); ++tile) {
+  // Masked units of the 128-row tile run its skip variant where one is
+  // compiled (a launch of their own): its warpgroups skip the masked K/V
+  // tiles none of their rows see, which the plain loop would compute as -inf
+  // scores; unmasked units keep the plain loop, whose schedule the skip's
+  // test would slow.
+  constexpr int kTile128 = tile_index(kMaxTileRows, kDefaultKvTile);
+  static_assert(kTile128 >= 0, "the 128-row tile must be compiled");
+  const cuda::KernelEntry skip_kernel = cuda::find_attention_skip_kernel(m.dtype, m.shape.kv_dtype, m.head_dim);
+  for (int group = 0; group <= int(kTileConfigs.size()); ++group) {  // the tiles, then the skip variant
+    const bool skip = group == int(kTileConfigs.size());
+    const int tile = skip ? kTile128 : group;
+    if (skip && !skip_kernel.kernel) break;
+    const auto in_group = [&](int u) {
+      return run_tile[u] == tile && (tile != kTile128 || !skip_kernel.kernel || (desc[u].any_missing != 0) == skip);
+    };
     const size_t first = unit_order.size();
     for (int u = 0; u < U; ++u)
-      if (run_tile[u] == tile) unit_order.push_back(desc[u]);
+      if (in_group(u)) unit_order.push_back(desc[u]);
     if (unit_order.size() == first) continue;
     std::stable_sort(unit_order.begin() + first, unit_order.end(),
                      [](const cuda::UnitDesc& a, const cuda::UnitDesc& b) { return a.len > b.len; });
-    Launch l{cuda::find_attention_kernel(m.dtype, m.shape.kv_dtype, m.head_dim, tile), int32_t(first),
-             int32_t(unit_order.size() - first)};
+    Launch l{skip ? skip_kernel : cuda::find_attention_kernel(m.dtype, m.shape.kv_dtype, m.head_dim, tile),
+             int32_t(first), int32_t(unit_order.size() - first)};
     if (int64_t(l.num_units) * m.num_kv_heads > int64_t(INT32_MAX))
       throw Error("cuda executor: " + std::to_string(l.num_units) + " units x " + std::to_string(m.num_kv_heads) +
                   " kv heads exceed the grid");
@@ -377,7 +391,8 @@ std::string CudaExecutor::describe() const {
   std::string out;
   for (const Launch& l : impl_->launches)
     out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) +
-           (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) + " ctas=" +
+           (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) +
+           (l.kernel.skips_unseen ? " skip" : "") + " ctas=" +
            std::to_string(l.grid) + (l.persistent ? " persistent" : "") + " stages=" + std::to_string(l.stages) +
            " smem=" + std::to_string(l.smem / 1024) + "K maxlen=" + std::to_string(l.max_len);
   if (impl_->merge.num_merges) out += "; merge " + std::to_string(impl_->merge.num_merges) + " queries";
@@ -431,7 +446,7 @@ std::string CudaExecutor::trace_report() const {
   };
   for (const Launch& l : m.launches)
     line("m" + std::to_string(l.kernel.m) + "n" + std::to_string(l.kernel.n) + " s" + std::to_string(l.stages) +
-             (l.persistent ? " p" : ""),
+             (l.persistent ? " p" : "") + (l.kernel.skips_unseen ? " skip" : ""),
          l.first_cta, l.grid, false);
   if (m.merge_ctas) line("merge", m.attention_ctas, m.merge_ctas, true);
   return out;

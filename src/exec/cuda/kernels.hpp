@@ -59,18 +59,24 @@ struct KernelEntry {
   int m = 0, n = 0;
   int min_stages = 0, max_stages = 0;
   bool persistent = false;   // may run a persistent launch (AttnTraits::kPersistent)
+  bool skips_unseen = false; // skips masked K/V tiles a warpgroup's rows do not see (AttnTraits::kSkipUnseen)
   int smem_base = 0;         // dynamic shared memory besides the K/V stages
   int smem_per_stage = 0;    // one K + one V tile
   int smem_bytes(int stages) const { return smem_base + stages * smem_per_stage; }
 };
 
-// Defined in attention_kernel.cuh; explicitly instantiated in kernels/*.cu.
-// kDType is int(DType): 0 fp16, 1 bf16; kKvFp8: K/V pools of fp8_e4m3.
-template <int kDType, bool kKvFp8, int D, int M, int N>
+// Defined in attention_instance.cuh; explicitly instantiated in kernels/*.cu.
+// kDType is int(DType): 0 fp16, 1 bf16; kKvFp8: K/V pools of fp8_e4m3;
+// kSkip: the 128-row tile's variant that skips masked K/V tiles none of a
+// warpgroup's rows see (AttnTraits::kSkipUnseen).
+template <int kDType, bool kKvFp8, int D, int M, int N, bool kSkip = false>
 KernelEntry attention_entry();
 
 // Throws Error for a combination that is not compiled.
 KernelEntry find_attention_kernel(DType dtype, DType kv_dtype, int head_dim, int tile);
+// The skip variant of the 128-row tile where one is compiled (K/V of the
+// dtype), else an entry without a kernel: the plain tile then runs.
+KernelEntry find_attention_skip_kernel(DType dtype, DType kv_dtype, int head_dim);
 
 // The merge kernel over (query, qo head): launches and returns without syncing.
 // chained: launched with programmatic stream serialization (sm_90+), so it

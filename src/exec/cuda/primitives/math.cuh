@@ -38,10 +38,16 @@ __device__ __forceinline__ uint64_t shr_u64(uint64_t x, uint32_t n) {
   return y;
 }
 
+// OR over the 32 lanes of a warp (all active): two redux.sync on sm_80+.
 __device__ __forceinline__ uint64_t warp_or(uint64_t x) {
+#if __CUDA_ARCH__ >= 800
+  const uint32_t lo = __reduce_or_sync(0xffffffffu, uint32_t(x)), hi = __reduce_or_sync(0xffffffffu, uint32_t(x >> 32));
+  return uint64_t(hi) << 32 | lo;
+#else
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) x |= __shfl_xor_sync(0xffffffffu, x, o);
   return x;
+#endif
 }
 
 }  // namespace treeattn::cuda
