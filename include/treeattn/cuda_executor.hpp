@@ -81,6 +81,11 @@ struct CudaExecutorOptions {
   // and fetching the next item's descriptor while it finishes one. false:
   // one CTA per item, scheduled by the hardware.
   bool persistent = true;
+  // Masked units of the 128-row tile run its skip variant (a launch of its
+  // own; fp16 / bf16 K/V at head_dim 64 and 128), whose warpgroups skip the
+  // masked K/V tiles none of their rows see instead of computing them as -inf
+  // scores. false: every unit runs the plain loop.
+  bool skip_unseen = true;
   // Record when each CTA of a run starts, has its first K/V tile, leaves its
   // KV loop, has issued its output stores and is done (ns stamps of the GPU's
   // global timer), for trace_report(). Needs a library built with

@@ -381,6 +381,40 @@ TEST(CudaExecutor, SanitizeCompactSubtrees) {
   expect_ok(spec, p, check_plan(spec, p, 32), "small random tree, 1-token pages");
 }
 
+// Compact subtrees of 128-row units (GQA 4: 32 queries a unit), whose leaf
+// tiles only some rows see: CudaExecutor runs them with the 128-row tile's
+// skip variant (a launch of its own), whose warpgroups skip the masked tiles
+// none of their rows see. Its output against fp64 and against the plain loop
+// (CudaExecutorOptions::skip_unseen = false); fp16 at d = 128, bf16 at d = 64.
+TEST(CudaExecutor, SanitizeMaskedUnitsSkipUnseenTiles) {
+  for (const auto& [dtype, dim] : {std::pair{DType::fp16, 128}, std::pair{DType::bf16, 64}}) {
+    const Workload w = make_workload("fasttree:N=1,4,64:C=64,40,24", params(32, 8, dim, dtype, 16));
+    PlanOptions opt;  // the whole tree one compact subtree of two 128-row units (912 tokens each)
+    opt.extra["flat_rows"] = 128;
+    opt.extra["compact_stretch"] = 1000;
+    const Plan p = make_plan("node", w, opt);
+    bool masked128 = false;
+    for (int32_t u = 0; u < p.num_units(); ++u) masked128 |= kTileConfigs[p.unit_tile[u]].m == 128 && p.unit_masked[u];
+    ASSERT_TRUE(masked128) << to_string(dtype) << ": the plan has masked 128-row units";
+    HostTensors h = make_random_inputs(w, 51);
+    const std::vector<double> ref = reference_attention(w, h.args());
+    DeviceTensors d = DeviceTensors::upload(h);
+    CudaExecutorOptions plain_loop;
+    plain_loop.skip_unseen = false;
+    CudaExecutor ex(w, p), plain(w, p, plain_loop);
+    EXPECT_NE(ex.describe().find("skip"), std::string::npos) << ex.describe();
+    EXPECT_EQ(plain.describe().find("skip"), std::string::npos) << plain.describe();
+    for (CudaExecutor* e : {&ex, &plain}) {
+      HostTensors g = h;
+      d.poison_out();
+      e->run(d.args(), nullptr);
+      check_cuda(cudaDeviceSynchronize(), "skip variant run");
+      d.download_out(g);
+      EXPECT_LE(relative_error(w, g.out.data(), ref), tolerance(dtype)) << to_string(dtype) << ": " << e->describe();
+    }
+  }
+}
+
 // node's folded short nodes: the 32-token root opens each 64-token child's
 // unit (two segments, no mask), so each query has 2 slots instead of 3.
 TEST(CudaExecutor, NodeFoldedShortNodes) {

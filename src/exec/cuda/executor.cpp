@@ -214,7 +214,8 @@ CudaExecutor::CudaExecutor(const Workload& w, const Plan& p, const CudaExecutorO
   // test would slow.
   constexpr int kTile128 = tile_index(kMaxTileRows, kDefaultKvTile);
   static_assert(kTile128 >= 0, "the 128-row tile must be compiled");
-  const cuda::KernelEntry skip_kernel = cuda::find_attention_skip_kernel(m.dtype, m.shape.kv_dtype, m.head_dim);
+  const cuda::KernelEntry skip_kernel =
+      o.skip_unseen ? cuda::find_attention_skip_kernel(m.dtype, m.shape.kv_dtype, m.head_dim) : cuda::KernelEntry{};
   for (int group = 0; group <= int(kTileConfigs.size()); ++group) {  // the tiles, then the skip variant
     const bool skip = group == int(kTileConfigs.size());
     const int tile = skip ? kTile128 : group;
