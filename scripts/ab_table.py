@@ -6,6 +6,7 @@ the first label, and the geomean of each ratio.
 
   scripts/ab_table.py ab.txt base new      (scripts/device_kernel_ab.sh)
   scripts/ab_table.py ab.txt v0 v1 v2      (scripts/env_ab.sh)
+  COLUMN=graph scripts/ab_table.py ...     the graph replay's time (medusa_ab.sh GRAPH=1)
 
 Workload paths under $TREEATTN_DATA_DIR/workloads/ are shortened to their file names."""
 import collections
@@ -19,6 +20,7 @@ def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     path, labels = sys.argv[1], sys.argv[2:]
+    graph = os.environ.get("COLUMN", "us") == "graph"
     prefix = os.environ.get("TREEATTN_DATA_DIR", "") + "/workloads/"
     times = collections.defaultdict(list)
     cur = label = heads = None
@@ -31,10 +33,13 @@ def main():
         if m:
             cur = m.group(1).replace(prefix, "")
             continue
-        # "  auto  <units> <launches> <us> ...": the time is the third number.
-        m = re.match(r"\s+auto\s+\d+\s+\d+\s+([0-9.]+)", line)
+        # "  auto  <units> <launches> <us> <us graph> ...": the time is the third
+        # number, the graph replay's the fourth.
+        m = re.match(r"\s+auto\s+\d+\s+\d+\s+([0-9.]+)\s+([0-9.na]+)", line)
         if m and cur:
-            times[(cur, heads, label)].append(float(m.group(1)))
+            t = float(m.group(2 if graph else 1))
+            if t == t:
+                times[(cur, heads, label)].append(t)
     ref, others = labels[0], labels[1:]
     ratios = collections.defaultdict(list)
     print(f"{'config':60s} {'heads':6s} " + " ".join(f"{l + ' us':>9s}" for l in labels) + "  " +

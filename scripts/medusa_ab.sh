@@ -11,6 +11,8 @@
 #   SET=masked: trees whose plans run long masked units (compact subtrees of deep or random
 #               trees, 64- and 128-row ones at 16/1), at 16/1 and 32/8
 #   HEADS="16/1 32/8" overrides the head configs (default: 32/8 32/32; small, masked: 16/1 32/8)
+#   GRAPH=1 times the CUDA-graph replay too (default: eager only; scripts/ab_table.py's
+#           COLUMN=graph tabulates it)
 set -uo pipefail
 ROUNDS=${ROUNDS:-2}
 SET=${SET:-medusa}
@@ -35,7 +37,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for h in $HEADS; do
       case "$SET" in medusa) WS=("${MED[@]}") ;; small) WS=("${SMALL[@]}") ;; masked) WS=("${MASKED[@]}") ;; *) WS=("${OTH[@]}") ;; esac
       echo "### round $r bin $(basename "$d") heads $h"
-      "$d/treeattn" bench "${WS[@]}" --heads "$h" -p auto --verify 2 --no-graph 2>&1 |
+      "$d/treeattn" bench "${WS[@]}" --heads "$h" -p auto --verify 2 $([[ ${GRAPH:-0} == 1 ]] || echo --no-graph) 2>&1 |
         grep -E "^[a-z]|^  auto|error|Error|FAIL" | sed 's/^  auto/    auto/'
     done
   done

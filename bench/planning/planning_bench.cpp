@@ -361,16 +361,6 @@ StepCapacity capacity_of(const Workload& w, const Plan& p) {
   return cap;
 }
 
-// The step executor's default launches: one per n = 64 tile, m 128 .. 16;
-// a plan tile runs on the smallest that holds it.
-constexpr int kLaunches = 4;
-std::array<int8_t, kTileConfigs.size()> default_launch_of_tile() {
-  std::array<int8_t, kTileConfigs.size()> launch_of_tile{};
-  for (size_t t = 0; t < kTileConfigs.size(); ++t)
-    launch_of_tile[t] = int8_t(kTileConfigs[t].m >= 128 ? 0 : kTileConfigs[t].m >= 64 ? 1 : kTileConfigs[t].m >= 32 ? 2 : 3);
-  return launch_of_tile;
-}
-
 // The host half of a CUDA step's plan upload (CudaStepExecutor::set_plan
 // past its checks): the plan's kernel arrays packed into a staging buffer
 // (here pageable) for its one copy. Needs no GPU. A decode step on the CUDA
@@ -404,19 +394,19 @@ void step_pack(benchmark::State& state, int nodes, bool decode_steps) {
     cap.max_slots = std::max(cap.max_slots, c.max_slots);
     cap.max_page_refs = std::max(cap.max_page_refs, c.max_page_refs);
   }
-  const cuda::StepLayout layout = cuda::StepLayout::make(cap, kLaunches);
-  const std::array<int8_t, kTileConfigs.size()> launch_of_tile = default_launch_of_tile();
+  const cuda::UnitLaunches launches = cuda::UnitLaunches::of(cuda::default_step_tiles(128), true);  // the executor's on sm_90
+  const cuda::StepLayout layout = cuda::StepLayout::make(cap, launches.count());
   std::vector<uint8_t> host(layout.total);
   cuda::StepPackScratch scratch;
   size_t i = 0;
   for (auto _ : state) {
     const cuda::CopyRanges r =
-        cuda::pack_step_plan(trees[i], plans[i], layout, launch_of_tile, kLaunches, host.data(), scratch);
+        cuda::pack_step_plan(trees[i], plans[i], layout, launches, host.data(), scratch);
     benchmark::DoNotOptimize(r.src_bytes);
     i = (i + 1) % plans.size();
   }
   state.counters["bytes"] =
-      double(cuda::pack_step_plan(trees[0], plans[0], layout, launch_of_tile, kLaunches, host.data(), scratch).src_bytes);
+      double(cuda::pack_step_plan(trees[0], plans[0], layout, launches, host.data(), scratch).src_bytes);
 }
 
 // A CUDA decode step's host work without the GPU: the CPU runtime's step
@@ -428,8 +418,8 @@ void step_pack(benchmark::State& state, int nodes, bool decode_steps) {
 void runtime_decode_steps_and_pack(benchmark::State& state, int nodes) {
   const DecodeSteps d(nodes, Device::cpu);
   TreeAttention ta(d.config);
-  const cuda::StepLayout layout = cuda::StepLayout::make(ta.config().step_capacity(), kLaunches);
-  const std::array<int8_t, kTileConfigs.size()> launch_of_tile = default_launch_of_tile();
+  const cuda::UnitLaunches launches = cuda::UnitLaunches::of(cuda::default_step_tiles(128), true);
+  const cuda::StepLayout layout = cuda::StepLayout::make(ta.config().step_capacity(), launches.count());
   std::vector<uint8_t> host(layout.total);
   cuda::StepPackScratch scratch;
   int i = 0;
@@ -440,8 +430,8 @@ void runtime_decode_steps_and_pack(benchmark::State& state, int nodes) {
     const PageTableView pages{t.page_ids, t.page_offsets};  // the tree's, as the runtime hands them to set_plan
     const bool extension = ta.plan_stats().extended > extended;  // its entries left out, as set_plan does then
     extended = ta.plan_stats().extended;
-    const cuda::CopyRanges r = cuda::pack_step_plan(ta.workload(), ta.plan(), layout, launch_of_tile, kLaunches,
-                                                    host.data(), scratch, &pages, extension);
+    const cuda::CopyRanges r = cuda::pack_step_plan(ta.workload(), ta.plan(), layout, launches, host.data(),
+                                                    scratch, &pages, extension);
     benchmark::DoNotOptimize(r.src_bytes);
     i = (i + 1) % DecodeSteps::kSteps;
   }

@@ -30,6 +30,7 @@ struct BenchOptions {
   bool persistent = true;       // CudaExecutorOptions::persistent
   bool trace = false;           // CudaExecutorOptions::trace: GpuTiming::trace of the last timed run
   bool l2_persistent_plan = false;  // CudaExecutorOptions::l2_persistent_plan (the flush leaves the plan in L2)
+  bool skip_unseen = true;      // CudaExecutorOptions / CudaStepOptions::skip_unseen (the 128-row skip variant)
   // Run the plan through CudaStepExecutor, the runtime's executor (fixed grids
   // that read the plan's sizes from its upload, so that graphs stay valid from
   // plan to plan), made with this plan's sizes as capacities, instead of

@@ -152,6 +152,12 @@ struct CudaStepOptions {
   // valid for any later plan within capacity. Off: eager runs launch every
   // grid too.
   bool skip_unused_launches = true;
+  // With the 128-row tile among the tiles: its skip variant
+  // (CudaExecutorOptions::skip_unseen) gets a launch right after it, which
+  // runs the plan's masked units of that tile. A captured run leaves it out
+  // unless set_graph_launches() names it (the masked units then run the
+  // plain loop). false: no such launch.
+  bool skip_unseen = true;
 };
 
 // The executor of a serving engine's decode loop: made once with the engine's
@@ -222,20 +228,23 @@ class CudaStepExecutor {
   int num_eager_launches() const;
 
   // The attention launches a captured run() records, as a mask over the
-  // launches of describe() (bit i: launch i). Default: all. A recorded
-  // launch also runs the units of the launches after it that the mask leaves
-  // out (they need fewer rows), and launch 0 (the largest tile) is recorded
-  // whatever the mask: in order where the mask holds it, else last, as the
-  // fallback of plans that need it. So a graph captured under any mask runs
-  // any later plan correctly; units of a left-out launch take a larger tile
-  // (the same result up to rounding, possibly slower). A recorded launch that the plan
-  // leaves empty costs 2-3 us of a replay where it comes first, less as the
-  // last one (it then holds no SM while the others run). An engine that
-  // keeps one graph per plan_launches() value replays no empty launch but
-  // that last one. Throws on a bit past the last launch, and where a
-  // left-out launch would run on one of fewer rows (possible only with
-  // CudaStepOptions::tiles out of the default order). Changes no graph
-  // already captured.
+  // launches of describe() (bit i: launch i). Default: all but the skip
+  // variant's (CudaStepOptions::skip_unseen), which a plan without masked
+  // 128-row units leaves empty; plan_launches() names it where the plan in
+  // force uses it. A recorded launch also runs the units of the launches
+  // after it that the mask leaves out (they need no more rows), and launch 0
+  // (the largest tile) is recorded whatever the mask: in order where the
+  // mask holds it, else last, as the fallback of plans that need it. So a
+  // graph captured under any mask runs any later plan correctly; units of a
+  // left-out launch take a larger tile, or the plain loop for the skip
+  // variant's (the same result up to rounding, possibly slower). A recorded
+  // launch that the plan leaves empty costs 2-3 us of a replay where it
+  // comes first, less as the last one (it then holds no SM while the others
+  // run). An engine that keeps one graph per plan_launches() value replays
+  // no empty launch but that last one. Throws on a bit past the last
+  // launch, and where a left-out launch would run on one of fewer rows
+  // (possible only with CudaStepOptions::tiles out of the default order).
+  // Changes no graph already captured.
   void set_graph_launches(uint32_t launches);
   uint32_t graph_launches() const;
   // The launches the plan in force uses, as a mask like graph_launches()'s

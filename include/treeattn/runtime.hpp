@@ -136,7 +136,8 @@ class TreeAttention {
 
   // CUDA graphs (CudaStepExecutor::set_graph_launches): the attention
   // launches a captured run() records, a mask over describe()'s launches
-  // (default: all; launch 0 recorded anyway, last where the mask leaves it
+  // (default: all but the 128-row tile's skip variant's, whose masked units
+  // then run the plain loop; launch 0 recorded anyway, last where the mask leaves it
   // out), and a graph captured under any mask runs any later plan correctly.
   // One captured under the mask plan_launches() gave launches no tile the
   // plan leaves empty but that last launch 0, so an engine may keep a graph

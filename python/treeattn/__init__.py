@@ -503,7 +503,8 @@ class TreeAttention:
     @property
     def graph_launches(self) -> int:
         """The attention launches a captured ``run()`` records: a mask over ``describe()``'s launches (bit i:
-        launch i; default: all). A recorded launch also runs the units of the left-out launches after it, and
+        launch i; default: all but the m128 skip variant's, whose masked units then run on the plain m128 launch).
+        A recorded launch also runs the units of the left-out launches after it, and
         launch 0 (the largest tile) is recorded whatever the mask (last, where the mask leaves it out), so a graph
         captured under any mask runs any later plan correctly. A recorded launch the plan leaves empty costs 2-3
         us of a replay (less as the last one), so an engine may keep one graph per ``plan_launches`` value (set

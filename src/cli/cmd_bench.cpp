@@ -33,12 +33,15 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--iters", b->iters, "timed runs (median reported), at least 50")->capture_default_str();
   cmd->add_option("--warmup", b->warmup, "untimed runs first")->capture_default_str();
   cmd->add_option("--verify", b->verify_queries, "queries checked against fp64 (0: none)")->capture_default_str();
-  auto flags = std::make_shared<std::array<bool, 3>>();  // --no-flush, --no-graph, --no-persistent
+  auto flags = std::make_shared<std::array<bool, 4>>();  // --no-flush, --no-graph, --no-persistent, --no-skip-unseen
   cmd->add_flag("--no-flush", (*flags)[0], "keep the L2 warm between runs");
   cmd->add_flag("--no-graph", (*flags)[1], "skip the CUDA-graph replay timing");
   cmd->add_flag("--no-persistent", (*flags)[2],
                 "one CTA per (unit, kv head) even where they exceed one wave, instead of one wave of CTAs that "
                 "claim them in turn");
+  cmd->add_flag("--no-skip-unseen", (*flags)[3],
+                "run masked 128-row units with the plain loop too, instead of the tile's skip variant (whose "
+                "warpgroups skip the masked K/V tiles none of their rows see)");
   cmd->add_flag("--streams", b->streams,
                 "one internal stream per tile config, joined with events (PAT's multi-stream forward), instead of "
                 "chaining the launches in the caller's stream");
@@ -118,6 +121,7 @@ void add_bench_command(CLI::App& app) {
     b->flush_l2 = !(*flags)[0];
     b->graph = !(*flags)[1];
     b->persistent = !(*flags)[2];
+    b->skip_unseen = !(*flags)[3];
     b->seed = o->seed;
     if (!suite->suite.empty()) {
       if (!o->workloads.empty()) throw Error("suite: --suite and --workload exclude each other");

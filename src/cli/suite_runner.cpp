@@ -164,6 +164,7 @@ std::string suite_command(const SuiteRun& run, const CommonOptions& o, const Ben
   if (!b.flush_l2) add("--no-flush");
   if (!b.graph) add("--no-graph");
   if (!b.persistent) add("--no-persistent");
+  if (!b.skip_unseen) add("--no-skip-unseen");
   if (b.streams) add("--streams");
   if (b.l2_persistent_plan) add("--l2-persistent-plan");
   if (b.step_executor) add("--step-executor");

@@ -22,19 +22,17 @@ using test_support::Arrays;
 
 // The step executor's default launches (m 128, 64, 32, 16 at n = 64).
 constexpr int kLaunches = 4;
-std::array<int8_t, kTileConfigs.size()> launch_of_tile() {
-  std::array<int8_t, kTileConfigs.size()> l{};
-  for (size_t t = 0; t < kTileConfigs.size(); ++t)
-    l[t] = int8_t(kTileConfigs[t].m >= 128 ? 0 : kTileConfigs[t].m >= 64 ? 1 : kTileConfigs[t].m >= 32 ? 2 : 3);
+const cuda::UnitLaunches& default_launches() {
+  static const cuda::UnitLaunches l = cuda::UnitLaunches::of(cuda::default_step_tiles(64));
   return l;
 }
 
 // Packs (w, p) into a zeroed buffer; returns the packed bytes.
 std::vector<uint8_t> pack(const Workload& w, const Plan& p, const cuda::StepLayout& layout,
                           cuda::StepPackScratch& scratch, const PageTableView* pages, cuda::CopyRanges& ranges,
-                          bool keep_entries = false) {
+                          bool keep_entries = false, const cuda::UnitLaunches& launches = default_launches()) {
   std::vector<uint8_t> host(layout.total, 0);
-  ranges = cuda::pack_step_plan(w, p, layout, launch_of_tile(), kLaunches, host.data(), scratch, pages, keep_entries);
+  ranges = cuda::pack_step_plan(w, p, layout, launches, host.data(), scratch, pages, keep_entries);
   host.resize(ranges.src_bytes);
   return host;
 }
@@ -135,6 +133,105 @@ TEST(StepPack, KeptSortOrderFlatPageTableAndKeptEntriesPlaceTheSameBytes) {
     EXPECT_GE(ta.plan_stats().extended, 20) << spec;
     EXPECT_EQ(smaller, ta.plan_stats().extended) << spec;  // every extension's pack left its entries out
     EXPECT_GE(ta.plan_stats().planned, 3) << spec;
+  }
+}
+
+// Which launch a unit runs on: the launch of the smallest m that holds its
+// tile (n aside), in any launch order; with a skip launch, the masked units
+// of the 128-row launch go to it and no unmasked unit does; no launch that
+// holds a tile: -1.
+TEST(StepPack, UnitLaunchesTakeTheSmallestTileThatHoldsTheRows) {
+  constexpr int t16 = tile_index(16, 64), t32 = tile_index(32, 64), t64 = tile_index(64, 64),
+                t128 = tile_index(128, 64), t16n32 = tile_index(16, 32), t32n128 = tile_index(32, 128);
+  EXPECT_EQ(cuda::default_step_tiles(128), (std::vector<int>{t128, t64, t32, t16}));
+  const cuda::UnitLaunches d = default_launches();
+  EXPECT_EQ(d.count(), 4);
+  EXPECT_EQ(d.skip_launch, -1);
+  EXPECT_EQ(d.unmasked[t128], 0);
+  EXPECT_EQ(d.unmasked[t64], 1);
+  EXPECT_EQ(d.unmasked[t16n32], 3);
+  EXPECT_EQ(d.unmasked[t32n128], 2);
+  EXPECT_EQ(d.masked, d.unmasked);
+  const cuda::UnitLaunches s = cuda::UnitLaunches::of(cuda::default_step_tiles(64), true);
+  EXPECT_EQ(s.tiles, (std::vector<int>{t128, t128, t64, t32, t16}));
+  EXPECT_EQ(s.skip_launch, 1);
+  EXPECT_EQ(s.unmasked[t128], 0);
+  EXPECT_EQ(s.masked[t128], 1);
+  EXPECT_EQ(s.unmasked[t64], 2);
+  EXPECT_EQ(s.masked[t64], 2);  // a 64-row unit keeps its own tile, masked or not
+  EXPECT_EQ(s.masked[t16], 4);
+  // Out of order, and without a launch of 64 rows: m64 units take m128's,
+  // masked ones its skip variant.
+  const cuda::UnitLaunches o = cuda::UnitLaunches::of({t16, t128}, true);
+  EXPECT_EQ(o.skip_launch, 2);
+  EXPECT_EQ(o.unmasked[t64], 1);
+  EXPECT_EQ(o.masked[t64], 2);
+  EXPECT_EQ(o.unmasked[t32], 1);
+  EXPECT_EQ(o.unmasked[t16], 0);
+  const cuda::UnitLaunches small = cuda::UnitLaunches::of({t32, t16}, true);  // no 128-row tile: no skip launch
+  EXPECT_EQ(small.skip_launch, -1);
+  EXPECT_EQ(small.unmasked[t128], -1);
+  EXPECT_EQ(small.masked[t64], -1);
+}
+
+// A pack with a skip launch: the masked units of the 128-row tile go to it,
+// every other unit where the default launches put it; the plan buffer is
+// otherwise that of the pack without it. A unit whose tile no launch holds
+// is refused before anything is written.
+TEST(StepPack, MaskedUnitsOfTheLargestTileGoToTheSkipLaunch) {
+  WorkloadParams wp;
+  wp.heads = {32, 8, 64};
+  wp.page_size = 16;
+  const Workload w = make_workload("fasttree:N=1,2,64:C=512,300,24", wp);
+  PlanOptions opt;  // the root in four unmasked 128-row units, each subtree one masked one
+  opt.extra["flat_rows"] = 128;
+  opt.extra["compact_stretch"] = 1000;
+  const Plan p = make_plan("node", w, opt);
+  constexpr int t128 = tile_index(128, 64);
+  int masked128 = 0, plain128 = 0;
+  for (int32_t u = 0; u < p.num_units(); ++u)
+    if (p.unit_tile[u] == t128) (p.unit_masked[u] ? masked128 : plain128) += 1;
+  ASSERT_GT(masked128, 0) << "the plan has masked 128-row units";
+  ASSERT_GT(plain128, 0) << "the plan has unmasked 128-row units";
+  const cuda::UnitLaunches skip = cuda::UnitLaunches::of(cuda::default_step_tiles(64), true);
+  StepCapacity cap;
+  cap.max_units = p.num_units();
+  cap.max_segments = int32_t(p.segments.size());
+  cap.max_entries = int32_t(p.entry_query.size());
+  cap.max_slots = std::max(1, p.num_slots);
+  cap.max_page_refs = w.layout.num_pages;
+  const cuda::StepLayout l4 = cuda::StepLayout::make(cap, 4), l5 = cuda::StepLayout::make(cap, 5);
+  cuda::StepPackScratch s4, s5;
+  cuda::CopyRanges r4, r5;
+  const std::vector<uint8_t> b4 = pack(w, p, l4, s4, nullptr, r4);
+  const std::vector<uint8_t> b5 = pack(w, p, l5, s5, nullptr, r5, false, skip);
+  const auto* c4 = reinterpret_cast<const int32_t*>(b4.data() + r4.src_off[0]);
+  const auto* c5 = reinterpret_cast<const int32_t*>(b5.data() + r5.src_off[0]);
+  EXPECT_EQ(c4[1], masked128 + plain128);
+  EXPECT_EQ(c5[1], plain128);
+  EXPECT_EQ(c5[2], plain128);  // the skip launch's first unit
+  EXPECT_EQ(c5[3], masked128);
+  for (int l = 1; l < 4; ++l) EXPECT_EQ(c5[2 * l + 3], c4[2 * l + 1]) << "launch " << l;
+  EXPECT_EQ(c5[10], c4[8]);  // the merges
+  const auto* units = reinterpret_cast<const cuda::UnitDesc*>(b5.data() + r5.src_off[1]);
+  for (int32_t i = 0; i < c5[1] + c5[3]; ++i)
+    EXPECT_EQ(units[i].any_missing != 0, i >= c5[1]) << "unit " << i << " of the 128-row launches";
+  // Past the header, the same bytes (the units in another order).
+  ASSERT_EQ(r4.count, r5.count);
+  for (int i = 2; i < r4.count; ++i)
+    EXPECT_TRUE(std::equal(b4.begin() + r4.src_off[i], b4.begin() + (i + 1 < r4.count ? r4.src_off[i + 1] : b4.size()),
+                           b5.begin() + r5.src_off[i]))
+        << "range " << i;
+  const cuda::UnitLaunches none = cuda::UnitLaunches::of({tile_index(32, 64), tile_index(16, 64)});
+  cuda::StepPackScratch s2;
+  cuda::CopyRanges r2;
+  try {
+    pack(w, p, cuda::StepLayout::make(cap, 2), s2, nullptr, r2, false, none);
+    FAIL() << "no launch holds the 128-row units";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs tile m=128, larger than any tile this executor launches"),
+              std::string::npos)
+        << e.what();
   }
 }
 

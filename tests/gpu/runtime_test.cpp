@@ -448,11 +448,15 @@ TEST(Runtime, SanitizeEagerRunsLaunchOnlyWhatThePlanUses) {
       DeviceTensors d = DeviceTensors::upload(h);
       skipping.set_plan(w, plan, nullptr);
       every.set_plan(w, plan, nullptr);
-      // The default launches, one per m of the n = 64 tiles: a unit runs on
-      // the launch of its tile's m.
-      std::set<int> ms;
-      for (const uint8_t t : plan.unit_tile) ms.insert(kTileConfigs[t].m);
-      const int expected = int(ms.size()) + (plan.num_slots > 0 ? 1 : 0);
+      // The default launches, one per m of the n = 64 tiles and the 128-row
+      // tile's skip variant: a unit runs on the launch of its tile's m, a
+      // masked one of 128 rows on the skip variant's.
+      std::set<std::pair<int, bool>> used;
+      for (int32_t u = 0; u < plan.num_units(); ++u) {
+        const int m = kTileConfigs[plan.unit_tile[u]].m;
+        used.insert({m, m == 128 && plan.unit_masked[u]});
+      }
+      const int expected = int(used.size()) + (plan.num_slots > 0 ? 1 : 0);
       EXPECT_EQ(skipping.num_eager_launches(), expected) << cases[i].spec;
       EXPECT_EQ(every.num_eager_launches(), every.num_launches() + 1) << cases[i].spec;
       (plan.num_slots > 0 ? with_merges : without_merges) += 1;
@@ -500,7 +504,9 @@ TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
   const int32_t max_q = pc.max_queries;
   StepCapacity cap;
   cap.max_queries = max_q;
-  CudaStepExecutor ex(p.heads, layout, cap);
+  CudaStepOptions four;  // the four plain launches (the skip variant's has a test of its own)
+  four.skip_unseen = false;
+  CudaStepExecutor ex(p.heads, layout, cap, four);
   ASSERT_EQ(ex.num_launches(), 4) << ex.describe();
   EXPECT_EQ(ex.graph_launches(), 15u);
   EXPECT_THROW(ex.set_graph_launches(16), Error);
@@ -571,6 +577,98 @@ TEST(Runtime, SanitizeGraphsOfFewerLaunchesRunAnyPlan) {
   EXPECT_GT(covered, 0);
   EXPECT_GT(left_out, 0);
   for (const Captured& g : graphs) cudaGraphExecDestroy(g.exec);
+  cudaStreamDestroy(st);
+}
+
+// The 128-row tile's skip variant in the step executor
+// (CudaStepOptions::skip_unseen): a launch right after the plain 128-row one
+// runs the plan's masked units of that tile, the plain launch its unmasked
+// ones. A tree planned as both (the root in unmasked 128-row units, each
+// subtree one masked unit), and one without masked units, in turn: eager
+// runs within tolerance of fp64 and bit-equal to an executor without the
+// variant; plan_launches() names the skip launch only where the plan has
+// masked 128-row units. A graph under the default mask (the skip launch left
+// out: its units run on the plain launch) and one under every launch,
+// replayed after each plan, bit-equal to the eager runs.
+TEST(Runtime, SanitizeSkipLaunchRunsMaskedUnitsOfTheLargestTile) {
+  WorkloadParams p;
+  p.heads = {32, 8, 128};
+  p.page_size = 16;
+  const std::vector<PlannedCase> cases = {{"fasttree:N=1,2,64:C=512,300,24", "node"},
+                                          {"fewshot:prompt=600:branches=32:len=20", "node"}};
+  const PlannedCases pc = workloads_of(cases, p);
+  PlanOptions opt;  // 128-row compact subtrees, however long
+  opt.extra["flat_rows"] = 128;
+  opt.extra["compact_stretch"] = 1000;
+  StepCapacity cap;
+  cap.max_queries = pc.max_queries;
+  CudaStepOptions plain_loop;
+  plain_loop.skip_unseen = false;
+  CudaStepExecutor ex(p.heads, pc.layout, cap), plain(p.heads, pc.layout, cap, plain_loop);
+  ASSERT_EQ(ex.num_launches(), 5) << ex.describe();
+  ASSERT_EQ(plain.num_launches(), 4) << plain.describe();
+  EXPECT_NE(ex.describe().find("m128 skip"), std::string::npos) << ex.describe();
+  EXPECT_EQ(plain.describe().find("skip"), std::string::npos) << plain.describe();
+  EXPECT_EQ(ex.graph_launches(), 0b11101u) << "the default graph leaves out the skip launch";
+  const Workload& w0 = pc.workloads[0];
+  Workload big = w0;
+  big.query_nodes.assign(size_t(pc.max_queries), 0);
+  HostTensors h = make_random_inputs(big, 13);
+  DeviceTensors d = DeviceTensors::upload(h);
+  cudaStream_t st;
+  check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  ex.set_plan(w0, make_plan(cases[0].planner, w0, opt), st);
+  std::vector<cudaGraphExec_t> graphs;  // the default mask, then every launch
+  for (const uint32_t mask : {ex.graph_launches(), 0b11111u}) {
+    ex.set_graph_launches(mask);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
+    ex.run(d.args(), st);
+    check_cuda(cudaStreamEndCapture(st, &graph), "end capture");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    cudaGraphDestroy(graph);
+    graphs.push_back(exec);
+  }
+  size_t bytes = 0;  // of the step's output
+  auto output = [&](auto&& run) {
+    d.poison_out(st);
+    run();
+    check_cuda(cudaStreamSynchronize(st), "skip launch run");
+    std::vector<uint8_t> out(bytes);
+    check_cuda(cudaMemcpy(out.data(), d.out.get(), bytes, cudaMemcpyDeviceToHost), "out");
+    return out;
+  };
+  int with_skip = 0;
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Workload& w = pc.workloads[i];
+      const Plan plan = make_plan(cases[i].planner, w, opt);
+      bool masked128 = false;
+      for (int32_t u = 0; u < plan.num_units(); ++u)
+        masked128 |= kTileConfigs[plan.unit_tile[u]].m == 128 && plan.unit_masked[u];
+      with_skip += masked128;
+      ex.set_plan(w, plan, st);
+      plain.set_plan(w, plan, st);
+      EXPECT_EQ((ex.plan_launches() >> 1) & 1u, masked128 ? 1u : 0u) << cases[i].spec;
+      EXPECT_EQ(ex.plan_launches() & ~2u, plain.plan_launches()) << cases[i].spec;
+      HostTensors hw = make_random_inputs(w, 1);  // the step's shapes; its data are views of h's
+      hw.q.assign(h.q.begin(), h.q.begin() + hw.q.size());
+      hw.k = h.k;
+      hw.v = h.v;
+      bytes = hw.out.size();
+      const std::vector<uint8_t> eager = output([&] { ex.run(d.args(), st); });
+      HostTensors got = hw;
+      std::memcpy(got.out.data(), eager.data(), bytes);
+      EXPECT_LE(relative_error(w, got.out.data(), reference_attention(w, hw.args())), tolerance(w.layout.dtype))
+          << cases[i].spec;
+      EXPECT_EQ(output([&] { plain.run(d.args(), st); }), eager) << cases[i].spec << ": the plain loop differs";
+      for (size_t g = 0; g < graphs.size(); ++g)
+        EXPECT_EQ(output([&] { check_cuda(cudaGraphLaunch(graphs[g], st), "replay"); }), eager)
+            << cases[i].spec << ": graph " << g << " differs from the eager run";
+    }
+  EXPECT_EQ(with_skip, 2) << "one of the two trees has masked 128-row units";
+  for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
   cudaStreamDestroy(st);
 }
 

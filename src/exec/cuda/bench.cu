@@ -411,6 +411,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     cap.max_page_refs = std::max<int64_t>(1, refs);
     CudaStepOptions so;
     so.l2_persistent_plan = o.l2_persistent_plan;
+    so.skip_unseen = o.skip_unseen;
     so.tiles = o.step_tiles;
     if (o.step_plan_tiles) {
       so.tiles.clear();
@@ -430,6 +431,7 @@ GpuTiming GpuBench::time(const Plan& p, const BenchOptions& o) {
     eo.persistent = o.persistent;
     eo.trace = o.trace;
     eo.l2_persistent_plan = o.l2_persistent_plan;
+    eo.skip_unseen = o.skip_unseen;
     ex.emplace(w, p, eo);
   }
   const AttentionArgs args = m.d.args();

@@ -73,7 +73,7 @@ struct CudaStepExecutor::Impl {
   StepCapacity cap;
   cuda::StepLayout layout{};
   std::vector<cuda::Launch> launches;
-  std::array<int8_t, kTileConfigs.size()> launch_of_tile{};  // plan tile -> launch (-1: none holds it)
+  cuda::UnitLaunches unit_launches;  // plan tile (and mask) -> launch
   DeviceBuffer plan_buf, workspace;
   DeviceBuffer packed;  // the staged copy lands here, then copy_ranges places it in plan_buf
   std::vector<std::unique_ptr<PinnedBuffer>> staging;
@@ -144,36 +144,39 @@ CudaStepExecutor::CudaStepExecutor(const HeadConfig& heads, const KvLayout& layo
   m.skip_unused_launches = o.skip_unused_launches;
   const cuda::DeviceLimits dl = cuda::DeviceLimits::current();
 
-  // The launches: one per tile, in order of preference; each plan tile maps
-  // to the first launch whose m holds it.
-  // Default: the n = 64 tiles, largest m first. The launch order is the
-  // start order: a tree's shared nodes are the long units of many rows, and
-  // must not queue behind a wave of short leaves (the tail).
-  std::vector<int> tiles = o.tiles;
-  if (tiles.empty())
-    for (int t = int(kTileConfigs.size()) - 1; t >= 0; --t)
-      if (kTileConfigs[t].n == kDefaultKvTile && tile_fits_head_dim(t, heads.head_dim)) tiles.push_back(t);
-  for (int t : tiles) {
+  // The launches: one per tile, in the order given; a plan tile runs on the
+  // launch of the smallest m that holds its rows. Default: the n = 64 tiles,
+  // largest m first. The launch order is the start order: a tree's shared
+  // nodes are the long units of many rows, and must not queue behind a wave
+  // of short leaves (the tail).
+  std::vector<int> tiles = o.tiles.empty() ? cuda::default_step_tiles(heads.head_dim) : o.tiles;
+  for (int t : tiles)
     if (t < 0 || t >= int(kTileConfigs.size()) || !tile_fits_head_dim(t, heads.head_dim))
       throw Error("step executor: tile " + std::to_string(t) + " is not a compiled tile that fits head_dim " +
                   std::to_string(heads.head_dim));
+  // The 128-row tile's skip variant, where one is compiled, gets a launch of
+  // its own right after the plain one, for the masked units that launch
+  // would run (as CudaExecutor runs them).
+  const cuda::KernelEntry skip_kernel =
+      o.skip_unseen ? cuda::find_attention_skip_kernel(dtype, kv_dtype, heads.head_dim) : cuda::KernelEntry{};
+  m.unit_launches = cuda::UnitLaunches::of(std::move(tiles), skip_kernel.kernel != nullptr);
+  const int skip_launch = m.unit_launches.skip_launch;
+  for (int i = 0; i < m.unit_launches.count(); ++i) {
     cuda::Launch l;
-    l.kernel = cuda::find_attention_kernel(dtype, kv_dtype, heads.head_dim, t);
+    l.kernel = i == skip_launch
+                   ? skip_kernel
+                   : cuda::find_attention_kernel(dtype, kv_dtype, heads.head_dim, m.unit_launches.tiles[size_t(i)]);
     l.max_len = 1 << 20;  // any plan: as deep a pipeline as the occupancy allows
     cuda::set_kernel_attributes(l.kernel, dl);
     m.launches.push_back(l);
   }
   if (m.launches.size() > 31)  // the launch masks are 32-bit
-    throw Error("step executor: " + std::to_string(m.launches.size()) + " tiles, at most 31");
-  m.graph_launches = m.all_launches();
-  // A plan tile runs on the launch of the smallest listed m that holds it.
-  for (int t = 0; t < int(kTileConfigs.size()); ++t) {
-    m.launch_of_tile[t] = -1;
-    for (size_t i = 0; i < tiles.size(); ++i)
-      if (kTileConfigs[tiles[i]].m >= kTileConfigs[t].m &&
-          (m.launch_of_tile[t] < 0 || kTileConfigs[tiles[i]].m < kTileConfigs[tiles[m.launch_of_tile[t]]].m))
-        m.launch_of_tile[t] = int8_t(i);
-  }
+    throw Error("step executor: " + std::to_string(m.launches.size()) + " launches, at most 31");
+  // A graph records every launch but the skip variant's by default: a plan
+  // without masked 128-row units leaves that launch empty, and an empty
+  // launch before others costs a replay 2-3 us; masked units then run on the
+  // plain launch (the same result). A mask that names it records it.
+  m.graph_launches = m.all_launches() & ~(skip_launch >= 0 ? 1u << skip_launch : 0u);
   const int64_t many = int64_t(dl.num_sms) * 64;  // stands for "more items than one wave"
   for (cuda::Launch& l : m.launches) {
     cuda::choose_stages(l, many, dl, m.launches.size() > 1);
@@ -261,7 +264,8 @@ std::string CudaStepExecutor::describe() const {
   std::string out;
   for (const cuda::Launch& l : impl_->launches)
     out += (out.empty() ? "" : "; ") + std::string("m") + std::to_string(l.kernel.m) +
-           (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) + " ctas=" + std::to_string(l.grid) +
+           (l.kernel.n != 64 ? "n" + std::to_string(l.kernel.n) : std::string()) +
+           (l.kernel.skips_unseen ? " skip" : "") + " ctas=" + std::to_string(l.grid) +
            (l.persistent ? " persistent" : " grid-stride") + " stages=" + std::to_string(l.stages) +
            " smem=" + std::to_string(l.smem / 1024) + "K";
   return out + "; merge ctas=" + std::to_string(impl_->merge_grid);
@@ -309,8 +313,8 @@ void CudaStepExecutor::set_plan(const Workload& w, const Plan& p, cudaStream_t s
   // The pack throws (a unit's tile) before it changes anything; after it,
   // its scratch describes this plan, which is in force once its upload is
   // enqueued (a failed driver call leaves no plan to run or extend).
-  cuda::CopyRanges ranges = cuda::pack_step_plan(w, p, m.layout, m.launch_of_tile, int(m.launches.size()), host,
-                                                 m.pack_scratch, pages, /*keep_entries=*/extension);
+  cuda::CopyRanges ranges =
+      cuda::pack_step_plan(w, p, m.layout, m.unit_launches, host, m.pack_scratch, pages, /*keep_entries=*/extension);
   m.has_plan = false;
   ranges.src = m.packed.as<uint8_t>();
   ranges.dst = m.plan_buf.as<uint8_t>();

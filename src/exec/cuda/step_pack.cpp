@@ -31,14 +31,40 @@ StepLayout StepLayout::make(const StepCapacity& c, int num_launches) {
   return l;
 }
 
-CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly,
-                          const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
+UnitLaunches UnitLaunches::of(std::vector<int> tiles, bool skip) {
+  constexpr int kTile128 = tile_index(kMaxTileRows, kDefaultKvTile);
+  UnitLaunches l;
+  if (const auto at = std::find(tiles.begin(), tiles.end(), kTile128); skip && at != tiles.end()) {
+    l.skip_launch = int(at - tiles.begin()) + 1;
+    tiles.insert(tiles.begin() + l.skip_launch, kTile128);
+  }
+  l.tiles = std::move(tiles);
+  for (size_t t = 0; t < kTileConfigs.size(); ++t) {
+    int8_t& at = l.unmasked[t];
+    at = -1;
+    for (int i = 0; i < l.count(); ++i)
+      if (i != l.skip_launch && kTileConfigs[l.tiles[i]].m >= kTileConfigs[t].m &&
+          (at < 0 || kTileConfigs[l.tiles[i]].m < kTileConfigs[l.tiles[at]].m))
+        at = int8_t(i);
+    l.masked[t] = l.skip_launch >= 0 && at == l.skip_launch - 1 ? int8_t(l.skip_launch) : at;
+  }
+  return l;
+}
+
+std::vector<int> default_step_tiles(int head_dim) {
+  std::vector<int> tiles;
+  for (int t = int(kTileConfigs.size()) - 1; t >= 0; --t)
+    if (kTileConfigs[t].n == kDefaultKvTile && tile_fits_head_dim(t, head_dim)) tiles.push_back(t);
+  return tiles;  // (the n = 64 tiles come first in kTileConfigs, by m ascending)
+}
+
+CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly, const UnitLaunches& launches,
                           uint8_t* host, StepPackScratch& sc, const PageTableView* pages, bool keep_entries) {
-  const int U = p.num_units(), L = num_launches;
+  const int U = p.num_units(), L = launches.count();
   sc.desc.resize(size_t(U));
   sc.unit_launch.resize(size_t(U));
   for (int u = 0; u < U; ++u) {
-    sc.unit_launch[u] = launch_of_tile[p.unit_tile[u]];
+    sc.unit_launch[u] = launches.unmasked[p.unit_tile[u]];
     if (sc.unit_launch[u] < 0)
       throw Error("step executor: unit " + std::to_string(u) + " needs tile m=" +
                   std::to_string(kTileConfigs[p.unit_tile[u]].m) + ", larger than any tile this executor launches");
@@ -87,6 +113,9 @@ CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& ly
     node_page_offset = sc.node_page_offset.data();
   }
   build_unit_descs(w, p, node_page_offset, sc.desc.data(), segs);
+  if (launches.masked != launches.unmasked)
+    for (int u = 0; u < U; ++u)
+      if (sc.desc[u].any_missing != 0) sc.unit_launch[u] = launches.masked[p.unit_tile[u]];
   // Last, as its size is known only once written: at most one per query.
   if (!keep_entries) {
     const size_t merges_at = ranges.src_bytes;

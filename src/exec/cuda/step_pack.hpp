@@ -24,6 +24,29 @@ struct StepLayout {
   static StepLayout make(const StepCapacity& c, int num_launches);
 };
 
+// The launch each plan unit runs on, by its tile (kTileConfigs index): the
+// launch of the smallest m that holds the tile's rows (n only sets the K/V
+// tile length; -1: no launch holds them). `masked`, for units some entry of
+// which does not see a segment (UnitDesc::any_missing != 0): the same, but
+// those of the 128-row launch run on its skip variant's launch where the
+// executor has one (the variant computes any unit; it is faster only for
+// masked ones, and its per-tile test would slow the others).
+struct UnitLaunches {
+  std::vector<int> tiles;  // each launch's tile, in launch order (the skip variant's: the 128-row tile)
+  int skip_launch = -1;    // the skip variant's launch (-1: none)
+  std::array<int8_t, kTileConfigs.size()> unmasked{}, masked{};
+  int count() const { return int(tiles.size()); }
+  // A launch per tile of `tiles`, in order, and where `skip` and the
+  // 128-row tile is among them, its skip variant's right after it (left out
+  // of a graph, its units then run on the plain launch before it).
+  static UnitLaunches of(std::vector<int> tiles, bool skip = false);
+};
+
+// The step executor's default launch tiles: the n = 64 tiles that fit
+// head_dim, largest m first (a tree's shared nodes are the long units of
+// many rows, and must not queue behind a wave of short leaves).
+std::vector<int> default_step_tiles(int head_dim);
+
 // Host memory a pack reuses from step to step (no allocation once grown).
 struct StepPackScratch {
   std::vector<int32_t> node_page_offset;
@@ -37,7 +60,7 @@ struct StepPackScratch {
 
 // Writes plan p of tree w (validated, within the capacities of `layout`)
 // into `host` (room for layout.total bytes): the header, the units grouped
-// by launch (launch_of_tile[tile]; -1: no launch holds it, an Error) and
+// by launch (`launches`, by tile and mask; -1: no launch holds it, an Error) and
 // longest first within each, segments, entries, the tree's page table,
 // merge slots and descriptors, each array's used part 16-byte aligned one
 // after another. Returns the ranges that place them (src/dst left null).
@@ -46,8 +69,7 @@ struct StepPackScratch {
 // merge lists are those of the last plan packed with this scratch, and are
 // left out (their device copies stay as they are).
 CopyRanges pack_step_plan(const Workload& w, const Plan& p, const StepLayout& layout,
-                          const std::array<int8_t, kTileConfigs.size()>& launch_of_tile, int num_launches,
-                          uint8_t* host, StepPackScratch& scratch, const PageTableView* pages = nullptr,
+                          const UnitLaunches& launches, uint8_t* host, StepPackScratch& scratch, const PageTableView* pages = nullptr,
                           bool keep_entries = false);
 
 // Why a captured run may not record only the launches of `mask` (with
