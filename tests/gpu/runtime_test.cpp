@@ -651,7 +651,8 @@ TEST(Runtime, SanitizeSkipLaunchRunsMaskedUnitsOfTheLargestTile) {
       ex.set_plan(w, plan, st);
       plain.set_plan(w, plan, st);
       EXPECT_EQ((ex.plan_launches() >> 1) & 1u, masked128 ? 1u : 0u) << cases[i].spec;
-      EXPECT_EQ(ex.plan_launches() & ~2u, plain.plan_launches()) << cases[i].spec;
+      const uint32_t others = plain.plan_launches();  // the plain launches, launch 1 on: one place later in ex
+      EXPECT_EQ(ex.plan_launches() & ~2u, (others & 1u) | (others & ~1u) << 1) << cases[i].spec;
       HostTensors hw = make_random_inputs(w, 1);  // the step's shapes; its data are views of h's
       hw.q.assign(h.q.begin(), h.q.begin() + hw.q.size());
       hw.k = h.k;
