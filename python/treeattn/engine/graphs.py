@@ -47,7 +47,7 @@ class GraphRunner:
 
         # (bucket, attention launches) -> graph and its static logits
         self.graphs, self.logits, self.pool = {}, {}, None
-        self.every_launch = engine.attention.graph_launches   # the default: every launch
+        self.every_launch = engine.attention.graph_launches   # the default: every launch but the m128 skip variant's
 
     def bucket(self, n):
         """The smallest bucket that holds n queries."""
