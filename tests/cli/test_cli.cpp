@@ -432,11 +432,12 @@ TEST(Cli, SuiteCommandKeepsEveryOptionThatChangesTheRun) {
   b.flush_l2 = false;
   b.graph = false;
   b.l2_persistent_plan = true;
+  b.skip_unseen = false;
   b.verify_queries = 0;
   EXPECT_EQ(suite_command(run, o, b),
             "treeattn bench --suite offsuite --quick -p auto -p node --kv-dtype fp8_e4m3 --plan-opt tile_rows=32 "
             "--plan-opt split_tokens=512 --seed 7 --sms 66 --auto-cost my_table.json --iters 200 --no-flush "
-            "--no-graph --l2-persistent-plan --verify 0");
+            "--no-graph --no-skip-unseen --l2-persistent-plan --verify 0");
   b.step_executor = true;
   b.step_tiles = {treeattn::tile_index(128, 64), treeattn::tile_index(16, 32)};
   EXPECT_NE(suite_command(run, o, b).find("--l2-persistent-plan --step-executor --step-tiles 128x64,16x32 --verify 0"),
