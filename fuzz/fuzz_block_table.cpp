@@ -112,7 +112,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The spaced-out batch adds n - 1 rows (the builder limit is 4096 nodes)
   // and n pages past the pool: only where no page the sequences use lies
   // outside it (the pool grows for the spacers) and the ids still fit.
-  if (2 * n > 4000 || in.num_pages + int64_t(n) > std::numeric_limits<int32_t>::max()) return 0;
+  // (Compared as num_pages > INT32_MAX - n: a pool of INT64_MAX pages would overflow the sum.)
+  if (2 * n > 4000 || in.num_pages > std::numeric_limits<int32_t>::max() - int64_t(n)) return 0;
   for (size_t s = 0; s < n; ++s) {
     const int64_t need = (int64_t(in.seq_lens[s]) + in.params.page_size - 1) / std::max(1, in.params.page_size);
     for (int64_t k = 0; k < need && k < int64_t(in.block_tables[s].size()); ++k)
