@@ -39,7 +39,6 @@ constexpr Knob kKnobs[] = {
     {"tile_rows", true, 1, kMaxTileRows},
     {"reread_ratio", false, 0, kMaxKnob},
     {"compact_stretch", false, 0, kMaxKnob},
-    {"one_launch", true, 0, 1},
     // fasttree
     {"alpha", false, -kMaxKnob, kMaxKnob},
     {"beta", false, -kMaxKnob, kMaxKnob},

@@ -251,12 +251,6 @@ void plan_node_reusing(const Workload& w, const TreeIndex& ix, const PlanOptions
   m.sub.build(w, ix);
   m.down.build(w, ix);
   planning::plan_node_shaped(w, ix, opt, planning::node_shape(opt), scratch, out);
-  if (planning::integer_option(opt, "node", "one_launch", 0, 0) == 1) {
-    int m = 0;
-    for (const uint8_t t : out.unit_tile) m = std::max(m, kTileConfigs[t].m);
-    const int big = smallest_tile_for_rows(m);
-    for (uint8_t& t : out.unit_tile) t = uint8_t(big);
-  }
 }
 
 planning::NodeShape planning::node_shape(const PlanOptions& opt) {
