@@ -85,7 +85,10 @@ Suite load_suite(const std::string& name_or_path, const std::string& data_dir) {
   namespace fs = std::filesystem;
   fs::path path = name_or_path;
   std::string name = name_or_path;
-  if (!fs::exists(path)) {
+  // A name that is no regular file is a built-in suite's: a directory of that
+  // name (a run's own --out, as `--suite pat --out pat` makes) is not a suite.
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
     path = fs::path(data_dir) / "suites" / (name_or_path + ".suite");
   } else {
     name = path.stem().string();

@@ -4,6 +4,8 @@
 
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "bench/suite.hpp"
 #include "treeattn/workloads.hpp"
 
@@ -46,6 +48,22 @@ TEST(Suites, BadSuiteFilesNameTheLine) {
   EXPECT_THROW(bench::parse_suite("heads: 30/8\nfasttree:N=1:C=8\n", "x"), Error);
   EXPECT_THROW(bench::parse_suite("heads: 32/8\n", "x"), Error);
   EXPECT_THROW(bench::load_suite("no-such-suite", "/nonexistent"), Error);
+}
+
+// `bench --suite pat --out pat --resume` from the same directory: the run's
+// own output directory, named like the suite, is not read as a suite file.
+TEST(Suites, ADirectoryNamedLikeTheSuiteIsNotASuiteFile) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("treeattn_suite_dir_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "pat");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir);
+  bench::Suite s;
+  EXPECT_NO_THROW(s = bench::load_suite("pat", std::string(TREEATTN_SOURCE_DIR) + "/data"));
+  EXPECT_EQ(s.name, "pat");
+  EXPECT_EQ(s.entries.size(), 20u);
+  fs::current_path(cwd);
+  fs::remove_all(dir);
 }
 
 TEST(Suites, ReportGeomeans) {
