@@ -1,6 +1,7 @@
 // Suite files and reports; see suite.hpp for the format.
 #include "bench/suite.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -94,8 +95,14 @@ Suite load_suite(const std::string& name_or_path, const std::string& data_dir) {
     name = path.stem().string();
   }
   if (!std::ifstream(path)) {
+    // The suites the data directory holds (offsuite too), else the built-in names.
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(fs::path(data_dir) / "suites", ec))
+      if (e.path().extension() == ".suite") names.push_back(e.path().stem().string());
+    if (names.empty()) names = builtin_suites();
+    std::sort(names.begin(), names.end());
     std::string known;
-    for (const auto& b : builtin_suites()) known += " " + b;
+    for (const auto& b : names) known += " " + b;
     throw Error("suite: '" + name_or_path + "' is neither a built-in suite (" + trim(known) + ") nor a readable file");
   }
   return parse_suite(detail::read_text_file(path.string(), "suite"), name);  // size-limited

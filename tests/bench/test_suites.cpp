@@ -48,6 +48,13 @@ TEST(Suites, BadSuiteFilesNameTheLine) {
   EXPECT_THROW(bench::parse_suite("heads: 30/8\nfasttree:N=1:C=8\n", "x"), Error);
   EXPECT_THROW(bench::parse_suite("heads: 32/8\n", "x"), Error);
   EXPECT_THROW(bench::load_suite("no-such-suite", "/nonexistent"), Error);
+  // The error names every suite of the data directory, offsuite too.
+  try {
+    bench::load_suite("no-such-suite", std::string(TREEATTN_SOURCE_DIR) + "/data");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deft fasttree flashforge forests offsuite pat"), std::string::npos) << e.what();
+  }
 }
 
 // `bench --suite pat --out pat --resume` from the same directory: the run's
