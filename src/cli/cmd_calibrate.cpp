@@ -176,8 +176,7 @@ struct CalibrationConfigs {
 
   explicit CalibrationConfigs(const AutoCostRun& run) {
     for (const std::string& name : run.suites)
-      suites.push_back(bench::load_suite(
-          name, std::filesystem::is_regular_file(name) ? std::string() : require_data_dir("calibrate --auto --suite " + name)));
+      suites.push_back(load_named_suite(name, "calibrate --auto --suite"));
     for (const bench::Suite& suite : suites)
       for (const HeadConfig& h : run.quick ? suite.quick_heads : suite.heads)
         for (const auto& e : suite.entries)

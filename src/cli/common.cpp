@@ -260,6 +260,11 @@ std::string require_data_dir(const std::string& what) {
   return d.dir;
 }
 
+bench::Suite load_named_suite(const std::string& name, const std::string& what) {
+  return bench::load_suite(name, std::filesystem::is_regular_file(name) ? std::string()
+                                                                        : require_data_dir(what + " " + name));
+}
+
 // ---- Progress ------------------------------------------------------------
 
 struct Progress::State {

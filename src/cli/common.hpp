@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/suite.hpp"
 #include "treeattn/planner.hpp"
 #include "treeattn/workloads.hpp"
 
@@ -87,6 +88,10 @@ struct DataDir {
 const DataDir& data_dir();
 // data_dir().dir, or Error "<what>: no data directory found (looked in: ...)".
 std::string require_data_dir(const std::string& what);
+// A suite named on the command line (`what`: the option, for errors): the
+// file NAME where it is a regular file, else the data directory's
+// suites/NAME.suite (bench::load_suite).
+bench::Suite load_named_suite(const std::string& name, const std::string& what);
 
 // Progress of a long command on stderr. Silent for its first 2 s, so short
 // runs (and their parseable stdout) look as before; then, on a terminal, one

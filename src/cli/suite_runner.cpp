@@ -184,8 +184,7 @@ std::string suite_command(const SuiteRun& run, const CommonOptions& o, const Ben
 
 bool run_suite(const SuiteRun& run, const CommonOptions& common, const BenchOptions& b) {
   namespace fs = std::filesystem;
-  const bench::Suite suite = bench::load_suite(
-      run.suite, std::filesystem::is_regular_file(run.suite) ? std::string() : require_data_dir("bench --suite " + run.suite));
+  const bench::Suite suite = load_named_suite(run.suite, "bench --suite");
   const std::string device = gpu_device_name();
   const std::string commit = current_commit(TREEATTN_SOURCE_DIR);
   const fs::path out = run.out_dir.empty()
